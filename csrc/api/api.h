@@ -1,0 +1,13 @@
+/* Python-facing types: fastcompile.graph.Graph, Value, Compiled.
+ * In: calls from Python. Out: the core's graph and the runtime's plans. */
+#ifndef FC_API_H
+#define FC_API_H
+
+#include <Python.h>
+#include "../core/ir.h"
+
+/* Adds Graph, Value, Compiled and ops() to `module`. module: borrowed.
+ * Returns 0, or -1 with an exception set. */
+FC_INTERNAL int fc_api_init(PyObject *module);
+
+#endif

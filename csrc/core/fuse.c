@@ -1,0 +1,731 @@
+/* Fusion: partition a typed, shaped segment into kernels.
+ * In: FcSpec after fc_shape_infer. Out: FcKernelIR list (nodes, operands,
+ * buffers to materialize, execution order).
+ *
+ * A kernel iterates a space F and reduces the positions in `mask` (0 for a
+ * pointwise kernel). Its values are FULL (one per point of F) or OUTER (one
+ * per point of F outside the mask: reduction results and pointwise work on
+ * them). Reductions that read FULL values computed from earlier reductions
+ * of the same kernel run in later phases, so softmax and layernorm are one
+ * kernel each: one sweep per reduction level, plus a final sweep that writes
+ * FULL outputs. A value read in an index pattern its kernel cannot produce
+ * is materialized and read by another kernel. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "spec.h"
+
+#define FC_MAX_KERNEL_NODES 96
+
+/* ------------------------------------------------------------------------
+ * shapes as class tuples
+ * ---------------------------------------------------------------------- */
+
+/* equal up to leading size-1 dims */
+static int
+same_shape(const int *a, int na, const int *b, int nb)
+{
+    while (na > 0 && a[0] == 0) {
+        a++, na--;
+    }
+    while (nb > 0 && b[0] == 0) {
+        b++, nb--;
+    }
+    if (na != nb) {
+        return 0;
+    }
+    for (int i = 0; i < na; i++) {
+        if (a[i] != b[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int
+all_ones(const int *a, int na)
+{
+    for (int i = 0; i < na; i++) {
+        if (a[i] != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* F with reduced positions set to 1 (keep) or dropped (nokeep) */
+static int
+outer_shape(const FcKernelIR *K, int keep, int *out)
+{
+    int r = 0;
+    for (int d = 0; d < K->nd; d++) {
+        if (K->mask & (1u << d)) {
+            if (keep) {
+                out[r++] = 0;
+            }
+        }
+        else {
+            out[r++] = K->F[d];
+        }
+    }
+    return r;
+}
+
+static int
+matches_outer(const FcKernelIR *K, const int *dims, int nd, int keep)
+{
+    int o[FC_MAXDIM];
+    int no = outer_shape(K, keep, o);
+    return same_shape(dims, nd, o, no);
+}
+
+/* ------------------------------------------------------------------------
+ * kernels and their dependencies
+ * ---------------------------------------------------------------------- */
+
+static int
+grow(void **p, int *cap, int need, size_t elem)
+{
+    if (need <= *cap) {
+        return 0;
+    }
+    int ncap = *cap ? *cap : 8;
+    while (ncap < need) {
+        ncap *= 2;
+    }
+    void *q = PyMem_Realloc(*p, ncap * elem);
+    if (q == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *p = q;
+    *cap = ncap;
+    return 0;
+}
+
+static int
+new_kernel(FcSpec *s, const int *F, int nd, uint32_t mask)
+{
+    FcKernelIR *K;
+    if (grow((void **)&s->kernels, &s->capkernels, s->nkernels + 1, sizeof(FcKernelIR)) < 0) {
+        return -1;
+    }
+    K = &s->kernels[s->nkernels];
+    memset(K, 0, sizeof(*K));
+    K->nd = nd;
+    memcpy(K->F, F, nd * sizeof(int));
+    K->mask = mask;
+    return s->nkernels++;
+}
+
+static int
+kernel_add_node(FcSpec *s, int k, int node)
+{
+    FcKernelIR *K = &s->kernels[k];
+    if (grow((void **)&K->nodes, &K->capnodes, K->nnodes + 1, sizeof(int)) < 0) {
+        return -1;
+    }
+    K->nodes[K->nnodes++] = node;
+    s->sn[node].kernel = k;
+    return 0;
+}
+
+static int
+kernel_add_dep(FcSpec *s, int k, int dep)
+{
+    FcKernelIR *K = &s->kernels[k];
+    for (int i = 0; i < K->ndeps; i++) {
+        if (K->deps[i] == dep) {
+            return 0;
+        }
+    }
+    if (grow((void **)&K->deps, &K->capdeps, K->ndeps + 1, sizeof(int)) < 0) {
+        return -1;
+    }
+    K->deps[K->ndeps++] = dep;
+    return 0;
+}
+
+/* does kernel `from` depend on kernel `to`, directly or not? */
+static int
+reaches(const FcSpec *s, int from, int to, int depth)
+{
+    const FcKernelIR *K = &s->kernels[from];
+    if (from == to) {
+        return 1;
+    }
+    if (depth > s->nkernels) {
+        return 1;   /* cannot happen in a DAG; be conservative */
+    }
+    for (int i = 0; i < K->ndeps; i++) {
+        if (reaches(s, K->deps[i], to, depth + 1)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* a value computed in the segment (not a buffer, not a constant) */
+static int
+computed(const FcSpec *s, int v)
+{
+    return s->sn[v].in_seg && s->g->nodes[v].op != FC_OP_CONST;
+}
+
+/* may a consumer of kind `ck` (keep form `ckeep`) in kernel k read value v? */
+static int
+readable(const FcSpec *s, int k, int v, FcValKind ck, int ckeep)
+{
+    const FcSNode *vs = &s->sn[v];
+    const FcKernelIR *K = &s->kernels[k];
+    if (!computed(s, v) || vs->kernel != k) {
+        return 1;   /* buffers are read through strides in any pattern */
+    }
+    if (vs->kind == FC_VK_FULL) {
+        return ck == FC_VK_FULL;
+    }
+    if (all_ones(vs->dims, vs->ndim)) {
+        return 1;
+    }
+    if (ck == FC_VK_FULL || ckeep) {
+        return matches_outer(K, vs->dims, vs->ndim, 1);
+    }
+    return matches_outer(K, vs->dims, vs->ndim, 0);
+}
+
+/* may node i join kernel k as kind ck? Also checks that its inputs from other
+ * kernels do not themselves depend on k (that would be a cycle). */
+static int
+can_join(FcSpec *s, int k, int i, FcValKind ck, int ckeep)
+{
+    const FcNode *n = &s->g->nodes[i];
+    if (s->kernels[k].nnodes >= FC_MAX_KERNEL_NODES) {
+        return 0;
+    }
+    for (int j = 0; j < n->nin; j++) {
+        int v = n->in[j];
+        if (!computed(s, v)) {
+            continue;
+        }
+        if (s->sn[v].kernel == k) {
+            if (!readable(s, k, v, ck, ckeep)) {
+                return 0;
+            }
+        }
+        else if (reaches(s, s->sn[v].kernel, k, 0)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int
+join(FcSpec *s, int k, int i, FcValKind kind, int keep)
+{
+    const FcNode *n = &s->g->nodes[i];
+    s->sn[i].kind = kind;
+    s->sn[i].keepform = keep;
+    if (kernel_add_node(s, k, i) < 0) {
+        return -1;
+    }
+    for (int j = 0; j < n->nin; j++) {
+        int v = n->in[j];
+        if (computed(s, v) && s->sn[v].kernel != k) {
+            if (kernel_add_dep(s, k, s->sn[v].kernel) < 0) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* candidate kernels for node i: its producers' kernels, newest first */
+static int
+candidates(const FcSpec *s, int i, int *out)
+{
+    const FcNode *n = &s->g->nodes[i];
+    int nc = 0;
+    for (int j = 0; j < n->nin; j++) {
+        int v = n->in[j], k, dup = 0;
+        if (!computed(s, v)) {
+            continue;
+        }
+        k = s->sn[v].kernel;
+        for (int c = 0; c < nc; c++) {
+            dup |= out[c] == k;
+        }
+        if (!dup) {
+            out[nc++] = k;
+        }
+    }
+    for (int a = 1; a < nc; a++) {   /* newest first */
+        for (int b = a; b > 0 && out[b] > out[b - 1]; b--) {
+            int t = out[b];
+            out[b] = out[b - 1];
+            out[b - 1] = t;
+        }
+    }
+    return nc;
+}
+
+static int
+place_reduction(FcSpec *s, int i)
+{
+    const FcNode *n = &s->g->nodes[i];
+    const FcSNode *src = &s->sn[n->in[0]];
+    FcSNode *sn = &s->sn[i];
+    int cand[4], nc = 0, k;
+    int keep = n->keepdim;
+
+    if (computed(s, n->in[0])) {
+        cand[nc++] = src->kernel;
+    }
+    /* horizontal: the newest kernel, if it iterates the same space */
+    if (s->nkernels > 0 && (nc == 0 || cand[0] != s->nkernels - 1)) {
+        cand[nc++] = s->nkernels - 1;
+    }
+    for (int c = 0; c < nc; c++) {
+        FcKernelIR *K = &s->kernels[cand[c]];
+        int exact = K->nd == src->ndim;
+        for (int d = 0; exact && d < K->nd; d++) {
+            exact = K->F[d] == src->dims[d];
+        }
+        if (!exact || (K->mask != 0 && K->mask != sn->axes)) {
+            continue;
+        }
+        if (computed(s, n->in[0]) && src->kernel == cand[c] && src->kind != FC_VK_FULL) {
+            continue;
+        }
+        if (K->mask == 0) {
+            /* a pointwise kernel becomes this reduction's prologue; its values stay FULL */
+            if (!can_join(s, cand[c], i, FC_VK_FULL, 1)) {
+                continue;
+            }
+            K->mask = sn->axes;
+        }
+        else if (!can_join(s, cand[c], i, FC_VK_FULL, 1)) {
+            continue;
+        }
+        keep = keep || matches_outer(K, sn->dims, sn->ndim, 1);
+        return join(s, cand[c], i, FC_VK_OUTER, keep);
+    }
+    if ((k = new_kernel(s, src->dims, src->ndim, sn->axes)) < 0) {
+        return -1;
+    }
+    keep = keep || matches_outer(&s->kernels[k], sn->dims, sn->ndim, 1);
+    return join(s, k, i, FC_VK_OUTER, keep);
+}
+
+static int
+place_pointwise(FcSpec *s, int i)
+{
+    FcSNode *sn = &s->sn[i];
+    int cand[3], nc = candidates(s, i, cand), k;
+
+    for (int c = 0; c < nc; c++) {
+        const FcKernelIR *K = &s->kernels[cand[c]];
+        if (same_shape(sn->dims, sn->ndim, K->F, K->nd)) {
+            if (can_join(s, cand[c], i, FC_VK_FULL, 1)) {
+                return join(s, cand[c], i, FC_VK_FULL, 1);
+            }
+            continue;
+        }
+        if (K->mask == 0) {
+            continue;
+        }
+        for (int keep = 1; keep >= 0; keep--) {
+            if (matches_outer(K, sn->dims, sn->ndim, keep) &&
+                    can_join(s, cand[c], i, FC_VK_OUTER, keep)) {
+                return join(s, cand[c], i, FC_VK_OUTER, keep);
+            }
+        }
+    }
+    if ((k = new_kernel(s, sn->dims, sn->ndim, 0)) < 0) {
+        return -1;
+    }
+    return join(s, k, i, FC_VK_FULL, 1);
+}
+
+/* ------------------------------------------------------------------------
+ * buffers, operands, order
+ * ---------------------------------------------------------------------- */
+
+static int
+add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig)
+{
+    FcSlot *sl;
+    const FcSNode *sn = &s->sn[node];
+    if (grow((void **)&s->slots, &s->capslots, s->nslots + 1, sizeof(FcSlot)) < 0) {
+        return -1;
+    }
+    sl = &s->slots[s->nslots];
+    memset(sl, 0, sizeof(*sl));
+    sl->kind = kind;
+    sl->node = node;
+    sl->input = input;
+    sl->dtype = sn->dtype;
+    sl->ndim = sn->ndim;
+    memcpy(sl->dims, sn->dims, sn->ndim * sizeof(int));
+    sl->contig = contig;
+    return s->nslots++;
+}
+
+static int
+add_operand(FcSpec *s, int k, int slot, FcAlign align, int is_out, int node)
+{
+    FcKernelIR *K = &s->kernels[k];
+    for (int o = 0; o < K->nops; o++) {
+        if (K->ops[o].slot == slot && K->ops[o].align == align) {
+            return 0;
+        }
+    }
+    if (K->nops == FC_MAXOPS) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "fastcompile: a fused kernel needs more than %d arrays; "
+                     "split the graph (this limit will be lifted)", FC_MAXOPS);
+        return -1;
+    }
+    K->ops[K->nops].slot = slot;
+    K->ops[K->nops].align = align;
+    K->ops[K->nops].is_out = is_out;
+    K->ops[K->nops].node = node;
+    K->nops++;
+    return 0;
+}
+
+static FcAlign
+align_for(const FcSNode *consumer)
+{
+    if (consumer->kind == FC_VK_OUTER && !consumer->keepform) {
+        return FC_ALIGN_OUTER;
+    }
+    return FC_ALIGN_FULL;
+}
+
+static int
+topo_visit(FcSpec *s, int k, char *state, int *n)
+{
+    if (state[k] == 2) {
+        return 0;
+    }
+    if (state[k] == 1) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: fusion produced a kernel cycle");
+        return -1;
+    }
+    state[k] = 1;
+    for (int d = 0; d < s->kernels[k].ndeps; d++) {
+        if (topo_visit(s, s->kernels[k].deps[d], state, n) < 0) {
+            return -1;
+        }
+    }
+    state[k] = 2;
+    s->order[(*n)++] = k;
+    return 0;
+}
+
+static int
+finish(FcSpec *s)
+{
+    const FcGraph *g = s->g;
+    char *state = NULL;
+    int n = 0, rc = -1;
+
+    /* which values leave their kernel */
+    for (int o = 0; o < s->noutputs; o++) {
+        int v = s->outputs[o];
+        if (computed(s, v)) {
+            s->sn[v].materialize = 1;
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const FcNode *nd = &g->nodes[i];
+        if (!computed(s, i)) {
+            continue;
+        }
+        for (int j = 0; j < nd->nin; j++) {
+            int v = nd->in[j];
+            if (computed(s, v) && s->sn[v].kernel != s->sn[i].kernel) {
+                s->sn[v].materialize = 1;
+            }
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        if (computed(s, i) && s->sn[i].materialize) {
+            if ((s->sn[i].slot = add_slot(s, FC_SLOT_ALLOC, i, -1, 1)) < 0) {
+                goto cleanup;
+            }
+        }
+    }
+    /* operands: outputs first, then inputs in the order nodes read them */
+    for (int k = 0; k < s->nkernels; k++) {
+        FcKernelIR *K = &s->kernels[k];
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            if (s->sn[v].materialize &&
+                    add_operand(s, k, s->sn[v].slot, align_for(&s->sn[v]), 1, v) < 0) {
+                goto cleanup;
+            }
+        }
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            const FcNode *nd = &g->nodes[v];
+            if (nd->op == FC_OP_RCOUNT) {
+                continue;
+            }
+            for (int j = 0; j < nd->nin; j++) {
+                int u = nd->in[j];
+                FcAlign al = (fc_ops[nd->op].kind == FC_KIND_RED && s->sn[v].axes != 0)
+                             ? FC_ALIGN_FULL : align_for(&s->sn[v]);
+                if (g->nodes[u].op == FC_OP_CONST || (computed(s, u) && s->sn[u].kernel == k)) {
+                    continue;
+                }
+                if (add_operand(s, k, s->sn[u].slot, al, 0, u) < 0) {
+                    goto cleanup;
+                }
+            }
+        }
+        /* flat: pointwise, every operand dense over F or a scalar */
+        K->flat = K->mask == 0;
+        for (int o = 0; K->flat && o < K->nops; o++) {
+            const FcSlot *sl = &s->slots[K->ops[o].slot];
+            if (all_ones(sl->dims, sl->ndim)) {
+                continue;
+            }
+            if (!sl->contig || !same_shape(sl->dims, sl->ndim, K->F, K->nd)) {
+                K->flat = 0;
+            }
+            for (int d = 0; K->flat && d < K->nd; d++) {
+                int sd = d - (K->nd - sl->ndim);
+                if (K->F[d] != 0 && (sd < 0 || sl->dims[sd] != K->F[d])) {
+                    K->flat = 0;
+                }
+            }
+        }
+        /* reduction levels */
+        K->nphases = 0;
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m], lvl = 0;
+            const FcNode *nd = &g->nodes[v];
+            for (int j = 0; j < nd->nin && nd->op != FC_OP_RCOUNT; j++) {
+                int u = nd->in[j];
+                if (computed(s, u) && s->sn[u].kernel == k && s->sn[u].level > lvl) {
+                    lvl = s->sn[u].level;
+                }
+            }
+            if (fc_ops[nd->op].kind == FC_KIND_RED && s->sn[v].axes != 0) {
+                lvl += 1;
+                K->nphases = lvl > K->nphases ? lvl : K->nphases;
+            }
+            s->sn[v].level = lvl;
+        }
+    }
+    s->order = PyMem_Malloc((s->nkernels + 1) * sizeof(int));
+    state = PyMem_Calloc(s->nkernels + 1, 1);
+    if (s->order == NULL || state == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (int k = 0; k < s->nkernels; k++) {
+        if (topo_visit(s, k, state, &n) < 0) {
+            goto cleanup;
+        }
+    }
+    rc = 0;
+cleanup:
+    PyMem_Free(state);
+    return rc;
+}
+
+int
+fc_fuse(FcSpec *s)
+{
+    const FcGraph *g = s->g;
+    for (int i = 0; i < g->nnodes; i++) {
+        s->sn[i].kernel = -1;
+        s->sn[i].slot = -1;
+    }
+    for (int k = 0; k < s->ninputs; k++) {
+        int v = s->inputs[k];
+        if ((s->sn[v].slot = add_slot(s, FC_SLOT_INPUT, v, k, s->metas[k].contig)) < 0) {
+            return -1;
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        int op = g->nodes[i].op;
+        if (!computed(s, i)) {
+            continue;
+        }
+        if ((fc_ops[op].kind == FC_KIND_RED || op == FC_OP_RCOUNT) && s->sn[i].axes != 0) {
+            if (place_reduction(s, i) < 0) {
+                return -1;
+            }
+        }
+        else if (place_pointwise(s, i) < 0) {
+            return -1;
+        }
+    }
+    return finish(s);
+}
+
+/* ------------------------------------------------------------------------
+ * verifier and dump
+ * ---------------------------------------------------------------------- */
+
+#define VERIFY(cond, ...)                                          \
+    do {                                                           \
+        if (!(cond)) {                                             \
+            PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: " __VA_ARGS__); \
+            return -1;                                             \
+        }                                                          \
+    } while (0)
+
+int
+fc_spec_verify(const FcSpec *s)
+{
+    const FcGraph *g = s->g;
+    int *pos = NULL;
+    for (int i = 0; i < g->nnodes; i++) {
+        const FcSNode *sn = &s->sn[i];
+        if (!computed(s, i)) {
+            continue;
+        }
+        VERIFY(sn->kernel >= 0 && sn->kernel < s->nkernels, "node %d has no kernel", i);
+        VERIFY(sn->kind == FC_VK_FULL || sn->kind == FC_VK_OUTER, "node %d has no kind", i);
+        VERIFY(sn->dtype >= 0 && sn->dtype < FC_NDTYPES, "node %d has dtype %d", i, sn->dtype);
+        VERIFY(!sn->materialize || (sn->slot >= 0 && sn->slot < s->nslots),
+               "materialized node %d has no slot", i);
+        for (int j = 0; j < g->nodes[i].nin; j++) {
+            int u = g->nodes[i].in[j];
+            VERIFY(g->nodes[u].op == FC_OP_CONST || (computed(s, u) && s->sn[u].kernel == sn->kernel)
+                   || s->sn[u].slot >= 0, "node %d reads node %d, which is nowhere", i, u);
+        }
+    }
+    pos = PyMem_Calloc(s->nkernels + 1, sizeof(int));
+    if (pos == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int o = 0; o < s->nkernels; o++) {
+        pos[s->order[o]] = o;
+    }
+    for (int k = 0; k < s->nkernels; k++) {
+        const FcKernelIR *K = &s->kernels[k];
+        for (int d = 0; d < K->ndeps; d++) {
+            if (pos[K->deps[d]] >= pos[k]) {
+                PyMem_Free(pos);
+                PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: kernel %d runs before its input kernel %d",
+                             k, K->deps[d]);
+                return -1;
+            }
+        }
+        for (int m = 1; m < K->nnodes; m++) {
+            if (K->nodes[m] <= K->nodes[m - 1]) {
+                PyMem_Free(pos);
+                PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: kernel %d nodes out of order", k);
+                return -1;
+            }
+        }
+        for (int o = 0; o < K->nops; o++) {
+            if (K->ops[o].slot < 0 || K->ops[o].slot >= s->nslots) {
+                PyMem_Free(pos);
+                PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: kernel %d operand %d bad slot", k, o);
+                return -1;
+            }
+        }
+    }
+    PyMem_Free(pos);
+    return 0;
+}
+
+void
+fc_spec_free(FcSpec *s)
+{
+    for (int k = 0; k < s->nkernels; k++) {
+        PyMem_Free(s->kernels[k].nodes);
+        PyMem_Free(s->kernels[k].deps);
+    }
+    PyMem_Free(s->kernels);
+    PyMem_Free(s->slots);
+    PyMem_Free(s->order);
+    PyMem_Free(s->parent);
+    PyMem_Free(s->reps);
+    PyMem_Free(s->sn);
+    PyMem_Free(s->inputs);
+    PyMem_Free(s->outputs);
+    memset(s, 0, sizeof(*s));
+}
+
+static void
+dims_str(char *buf, size_t cap, const int *dims, int nd)
+{
+    size_t used = 0;
+    used += snprintf(buf + used, cap - used, "(");
+    for (int d = 0; d < nd && used < cap; d++) {
+        if (dims[d] == 0) {
+            used += snprintf(buf + used, cap - used, d ? ", 1" : "1");
+        }
+        else {
+            used += snprintf(buf + used, cap - used, d ? ", s%d" : "s%d", dims[d]);
+        }
+    }
+    if (used < cap) {
+        snprintf(buf + used, cap - used, nd == 1 ? ",)" : ")");
+    }
+}
+
+char *
+fc_spec_dump(const FcSpec *s)
+{
+    size_t cap = 4096, used = 0;
+    char *out = PyMem_Malloc(cap), tmp[256];
+    if (out == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    out[0] = 0;
+#define EMIT(...)                                                       \
+    do {                                                                \
+        int need_ = snprintf(NULL, 0, __VA_ARGS__);                     \
+        if (used + need_ + 1 > cap) {                                   \
+            while (used + need_ + 1 > cap) cap *= 2;                    \
+            char *q_ = PyMem_Realloc(out, cap);                         \
+            if (q_ == NULL) { PyMem_Free(out); PyErr_NoMemory(); return NULL; } \
+            out = q_;                                                   \
+        }                                                               \
+        used += snprintf(out + used, cap - used, __VA_ARGS__);          \
+    } while (0)
+    for (int o = 0; o < s->nkernels; o++) {
+        int k = s->order[o];
+        const FcKernelIR *K = &s->kernels[k];
+        dims_str(tmp, sizeof(tmp), K->F, K->nd);
+        EMIT("kernel %d: space %s", o, tmp);
+        if (K->mask) {
+            EMIT(" reduce axes {");
+            for (int d = 0, first = 1; d < K->nd; d++) {
+                if (K->mask & (1u << d)) {
+                    EMIT(first ? "%d" : ", %d", d);
+                    first = 0;
+                }
+            }
+            EMIT("} in %d sweep%s", K->nphases + 1, K->nphases ? "s" : "");
+        }
+        EMIT("%s\n", K->flat ? " [flat]" : "");
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            const FcNode *nd = &s->g->nodes[v];
+            const FcSNode *sn = &s->sn[v];
+            dims_str(tmp, sizeof(tmp), sn->dims, sn->ndim);
+            EMIT("  %%%d = %s(", v, fc_ops[nd->op].name);
+            for (int j = 0; j < nd->nin; j++) {
+                EMIT(j ? ", %%%d" : "%%%d", nd->in[j]);
+            }
+            EMIT(") : %s%s %s %s%s\n", fc_dtypes[sn->dtype].name, tmp,
+                 sn->kind == FC_VK_FULL ? "full" : "outer",
+                 sn->materialize ? "-> buffer" : "", "");
+        }
+    }
+#undef EMIT
+    return out;
+}

@@ -1,0 +1,952 @@
+/* Renderer, CPU: one fused kernel -> C11 + OpenMP source text.
+ * In: FcSpec + kernel index. Out: a malloc'd string. Never compiles or runs
+ * anything (csrc/runtime does); loop skeletons live in fc_kernel.h.
+ *
+ * Shape of the output:
+ *   pointwise:  NAME_range(L, lo, hi) over the outer space, split by threads
+ *   reduction:  NAME_rows(L, lo, hi): a thread owns whole outer elements, or
+ *               NAME_split(L): threads share each outer element's inner range
+ *               (few, long rows), combining partials at barriers. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "shape.h"
+#include "spec.h"
+#include "strbuf.h"
+
+#define EXPR 512
+#define FC_MAX_KERNEL_REDS 32
+
+typedef enum { SP_FLAT, SP_OUTER_RUN, SP_INNER_RUN, SP_OUTER_POINT } Space;
+
+typedef struct {
+    const FcSpec *s;
+    const FcKernelIR *K;
+    FcStr *b;
+    int depth;
+    Space sp;            /* how buffer operands are addressed right now */
+    char *loaded;        /* per operand: a local x<o> holds its value in this body */
+    char opname[FC_MAXOPS][16];
+} Gen;
+
+static const char *
+ctname(int dt)
+{
+    switch (dt) {
+    case FC_BOOL: return "_Bool";
+    case FC_I8: return "int8_t";
+    case FC_I16: return "int16_t";
+    case FC_I32: return "int32_t";
+    case FC_I64: return "int64_t";
+    case FC_U8: return "uint8_t";
+    case FC_U16: return "uint16_t";
+    case FC_U32: return "uint32_t";
+    case FC_U64: return "uint64_t";
+    case FC_F64: return "double";
+    default: return "float";
+    }
+}
+
+static const char *
+storename(int dt)
+{
+    return fc_dtypes[dt].ctype;
+}
+
+#define LINE(G, ...)                            \
+    do {                                        \
+        fc_str_indent((G)->b, (G)->depth);      \
+        fc_str_printf((G)->b, __VA_ARGS__);     \
+        fc_str_puts((G)->b, "\n");              \
+    } while (0)
+
+/* ------------------------------------------------------------------------
+ * conversions
+ * ---------------------------------------------------------------------- */
+
+/* expr (of compute type `from`) as compute type `to` */
+static void
+convert(char *out, const char *expr, int from, int to)
+{
+    from = fc_dtype_compute(from);
+    to = fc_dtype_compute(to);
+    if (from == to) {
+        snprintf(out, EXPR, "%s", expr);
+    }
+    else if (to == FC_BOOL) {
+        snprintf(out, EXPR, "((%s) != 0)", expr);
+    }
+    else if (fc_dtypes[from].kind == 'f' && fc_dtypes[to].kind != 'f') {
+        snprintf(out, EXPR, "fc_f2%s(%s)", fc_dtypes[to].suffix, expr);
+    }
+    else {
+        snprintf(out, EXPR, "((%s)(%s))", ctname(to), expr);
+    }
+}
+
+static void
+load_expr(char *out, const char *mem, int dt)
+{
+    switch (dt) {
+    case FC_F16: snprintf(out, EXPR, "fc_load_f16(%s)", mem); break;
+    case FC_BF16: snprintf(out, EXPR, "fc_load_bf16(%s)", mem); break;
+    case FC_BOOL: snprintf(out, EXPR, "((_Bool)%s)", mem); break;
+    default: snprintf(out, EXPR, "%s", mem); break;
+    }
+}
+
+static void
+store_expr(char *out, const char *val, int dt)
+{
+    switch (dt) {
+    case FC_F16: snprintf(out, EXPR, "fc_store_f16(%s)", val); break;
+    case FC_BF16: snprintf(out, EXPR, "fc_store_bf16(%s)", val); break;
+    case FC_BOOL: snprintf(out, EXPR, "((uint8_t)%s)", val); break;
+    default: snprintf(out, EXPR, "%s", val); break;
+    }
+}
+
+static void
+literal(char *out, const FcNode *n, int dt)
+{
+    if (n->ckind == FC_CONST_FLOAT) {
+        if (isnan(n->fval)) {
+            snprintf(out, EXPR, "((%s)NAN)", ctname(dt));
+        }
+        else if (isinf(n->fval)) {
+            snprintf(out, EXPR, "((%s)%sINFINITY)", ctname(dt), n->fval < 0 ? "-" : "");
+        }
+        else {
+            snprintf(out, EXPR, "((%s)%.17g)", ctname(dt), n->fval);
+        }
+    }
+    else if (n->ckind == FC_CONST_BOOL) {
+        snprintf(out, EXPR, "((%s)%d)", ctname(dt), n->ival != 0);
+    }
+    else if (n->ival == INT64_MIN) {
+        snprintf(out, EXPR, "((%s)INT64_MIN)", ctname(dt));
+    }
+    else {
+        snprintf(out, EXPR, "((%s)%lldLL)", ctname(dt), (long long)n->ival);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * operands
+ * ---------------------------------------------------------------------- */
+
+static int
+is_red(const FcSpec *s, int v)
+{
+    return fc_ops[s->g->nodes[v].op].kind == FC_KIND_RED && s->sn[v].axes != 0;
+}
+
+static int
+in_kernel(const Gen *G, int v)
+{
+    return G->s->sn[v].in_seg && G->s->g->nodes[v].op != FC_OP_CONST &&
+           G->s->sn[v].kernel == (int)(G->K - G->s->kernels);
+}
+
+static FcAlign
+consumer_align(const FcSpec *s, int consumer)
+{
+    const FcSNode *c = &s->sn[consumer];
+    if (is_red(s, consumer)) {
+        return FC_ALIGN_FULL;
+    }
+    return (c->kind == FC_VK_OUTER && !c->keepform) ? FC_ALIGN_OUTER : FC_ALIGN_FULL;
+}
+
+static int
+find_operand(const Gen *G, int slot, FcAlign al)
+{
+    for (int o = 0; o < G->K->nops; o++) {
+        if (G->K->ops[o].slot == slot && G->K->ops[o].align == al) {
+            return o;
+        }
+    }
+    return -1;
+}
+
+static int
+operand_is_scalar(const Gen *G, int o)
+{
+    const FcSlot *sl = &G->s->slots[G->K->ops[o].slot];
+    for (int d = 0; d < sl->ndim; d++) {
+        if (sl->dims[d] != 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* memory expression of operand o at the current point */
+static void
+mem_expr(const Gen *G, int o, char *out)
+{
+    switch (G->sp) {
+    case SP_FLAT:
+        snprintf(out, EXPR, operand_is_scalar(G, o) ? "%s[0]" : "%s[i]", G->opname[o]);
+        break;
+    case SP_OUTER_RUN:
+    case SP_INNER_RUN:
+        snprintf(out, EXPR, "p%d[i * s%d]", o, o);
+        break;
+    case SP_OUTER_POINT:
+        snprintf(out, EXPR, "%s[ob%d]", G->opname[o], o);
+        break;
+    }
+}
+
+/* C expression for value u read by `consumer`, in u's compute type */
+static int
+value_of(Gen *G, int u, int consumer, char *out)
+{
+    const FcSpec *s = G->s;
+    const FcNode *n = &s->g->nodes[u];
+    if (n->op == FC_OP_CONST) {
+        literal(out, n, s->sn[u].dtype);
+        return 0;
+    }
+    if (in_kernel(G, u)) {
+        snprintf(out, EXPR, "t%d", u);
+        return 0;
+    }
+    {
+        int o = find_operand(G, s->sn[u].slot, consumer_align(s, consumer));
+        char mem[EXPR], val[EXPR];
+        if (o < 0) {
+            PyErr_Format(PyExc_SystemError, "gen_c: node %d reads node %d with no operand", consumer, u);
+            return -1;
+        }
+        if (!G->loaded[o]) {
+            mem_expr(G, o, mem);
+            load_expr(val, mem, s->slots[G->K->ops[o].slot].dtype);
+            LINE(G, "const %s x%d = %s;", ctname(fc_dtype_compute(s->slots[G->K->ops[o].slot].dtype)), o, val);
+            G->loaded[o] = 1;
+        }
+        snprintf(out, EXPR, "x%d", o);
+        return 0;
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * one node as a statement: const T tN = expr;
+ * ---------------------------------------------------------------------- */
+
+static void
+subst(char *out, const char *tmpl, char args[3][EXPR], const char *suffix)
+{
+    size_t used = 0;
+    out[0] = 0;
+    for (const char *p = tmpl; *p && used < EXPR - 1; p++) {
+        const char *piece = NULL;
+        char one[2] = {*p, 0};
+        if (p[0] == '%' && p[1] >= '0' && p[1] <= '2') {
+            piece = args[p[1] - '0'];
+            p++;
+        }
+        else if (p[0] == '%' && p[1] == 't') {
+            piece = suffix;
+            p++;
+        }
+        else {
+            piece = one;
+        }
+        used += snprintf(out + used, EXPR - used, "%s", piece);
+    }
+}
+
+static int
+emit_node(Gen *G, int v)
+{
+    const FcSpec *s = G->s;
+    const FcNode *n = &s->g->nodes[v];
+    const FcSNode *sn = &s->sn[v];
+    int ct = fc_dtype_compute(sn->dtype);
+    char args[3][EXPR], raw[EXPR], expr[EXPR];
+    int dt[3] = {0, 0, 0}, wk[3] = {0, 0, 0};
+
+    if (n->op == FC_OP_RCOUNT) {
+        LINE(G, "const int64_t t%d = %s;", v, sn->axes ? "L->n_inner" : "1");
+        return 0;
+    }
+    for (int j = 0; j < n->nin; j++) {
+        dt[j] = s->sn[n->in[j]].dtype;
+        wk[j] = s->sn[n->in[j]].weak;
+    }
+    if (n->op == FC_OP_CAST || fc_ops[n->op].kind == FC_KIND_RED) {
+        /* casts; reductions over no axes are casts too (np.sum(x, axis=())) */
+        if (value_of(G, n->in[0], v, raw) < 0) {
+            return -1;
+        }
+        if (n->op == FC_OP_ARGMAX || n->op == FC_OP_ARGMIN) {
+            snprintf(expr, EXPR, "((int64_t)0)");
+        }
+        else if (n->op == FC_OP_ANY || n->op == FC_OP_ALL) {
+            convert(expr, raw, dt[0], FC_BOOL);
+        }
+        else {
+            convert(expr, raw, dt[0], ct);
+        }
+        LINE(G, "const %s t%d = %s;", ctname(ct), v, expr);
+        return 0;
+    }
+    {
+        int opct = fc_op_compute_dtype(n, sn->dtype, dt, wk);
+        for (int j = 0; j < n->nin; j++) {
+            int want = opct;
+            if (n->op == FC_OP_WHERE) {
+                want = j == 0 ? FC_BOOL : ct;
+            }
+            if (value_of(G, n->in[j], v, raw) < 0) {
+                return -1;
+            }
+            convert(args[j], raw, dt[j], want);
+        }
+        subst(raw, fc_ops[n->op].cexpr, args, fc_dtypes[opct].suffix);
+        if (opct != ct && fc_ops[n->op].rule != FC_R_BOOL) {
+            convert(expr, raw, opct, ct);
+        }
+        else {
+            snprintf(expr, EXPR, "%s", raw);
+        }
+        LINE(G, "const %s t%d = %s;", ctname(ct), v, expr);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * reductions: accumulators
+ * ---------------------------------------------------------------------- */
+
+static int
+acc_dtype(const FcSpec *s, int v)
+{
+    int op = s->g->nodes[v].op;
+    int in = fc_dtype_compute(s->sn[s->g->nodes[v].in[0]].dtype);
+    switch (op) {
+    case FC_OP_SUM:
+    case FC_OP_PROD:
+        if (fc_dtypes[in].kind == 'f') {
+            return FC_F64;
+        }
+        return fc_dtypes[in].kind == 'u' ? FC_U64 : FC_I64;
+    case FC_OP_ANY:
+    case FC_OP_ALL:
+        return FC_I32;
+    default:
+        return in;
+    }
+}
+
+static void
+acc_init(const FcSpec *s, int v, char *out)
+{
+    int op = s->g->nodes[v].op, a = acc_dtype(s, v);
+    int isf = fc_dtypes[a].kind == 'f';
+    const char *lo = "0", *hi = "0";
+    static const char *mins[] = {"0", "INT8_MIN", "INT16_MIN", "INT32_MIN", "INT64_MIN",
+                                 "0", "0", "0", "0"};
+    static const char *maxs[] = {"1", "INT8_MAX", "INT16_MAX", "INT32_MAX", "INT64_MAX",
+                                 "UINT8_MAX", "UINT16_MAX", "UINT32_MAX", "UINT64_MAX"};
+    if (isf) {
+        lo = "-INFINITY";
+        hi = "INFINITY";
+    }
+    else if (a <= FC_U64) {
+        lo = mins[a];
+        hi = maxs[a];
+    }
+    switch (op) {
+    case FC_OP_SUM: snprintf(out, EXPR, "0"); break;
+    case FC_OP_PROD: snprintf(out, EXPR, "1"); break;
+    case FC_OP_AMAX: case FC_OP_ARGMAX: snprintf(out, EXPR, "%s", lo); break;
+    case FC_OP_AMIN: case FC_OP_ARGMIN: snprintf(out, EXPR, "%s", hi); break;
+    case FC_OP_ANY: snprintf(out, EXPR, "0"); break;
+    default: snprintf(out, EXPR, "1"); break;
+    }
+}
+
+static int
+has_nan_flag(const FcSpec *s, int v)
+{
+    int op = s->g->nodes[v].op;
+    return (op == FC_OP_AMAX || op == FC_OP_AMIN) && fc_dtypes[acc_dtype(s, v)].kind == 'f';
+}
+
+static int
+has_index(const FcSpec *s, int v)
+{
+    int op = s->g->nodes[v].op;
+    return op == FC_OP_ARGMAX || op == FC_OP_ARGMIN;
+}
+
+static void
+declare_acc(Gen *G, int v)
+{
+    char init[EXPR];
+    acc_init(G->s, v, init);
+    LINE(G, "%s acc%d = %s;", ctname(acc_dtype(G->s, v)), v, init);
+    if (has_nan_flag(G->s, v)) {
+        LINE(G, "int nan%d = 0;", v);
+    }
+    if (has_index(G->s, v)) {
+        LINE(G, "int64_t idx%d = 0;", v);
+    }
+}
+
+/* fold value `x` (with flat inner index `j`) into v's accumulator */
+static void
+accumulate(Gen *G, int v, const char *x, const char *j)
+{
+    int op = G->s->g->nodes[v].op;
+    const char *ty = ctname(acc_dtype(G->s, v));
+    switch (op) {
+    case FC_OP_SUM: LINE(G, "acc%d += (%s)%s;", v, ty, x); break;
+    case FC_OP_PROD: LINE(G, "acc%d *= (%s)%s;", v, ty, x); break;
+    case FC_OP_AMAX:
+    case FC_OP_AMIN:
+        LINE(G, "acc%d = %s %s acc%d ? %s : acc%d;", v, x, op == FC_OP_AMAX ? ">" : "<", v, x, v);
+        if (has_nan_flag(G->s, v)) {
+            LINE(G, "nan%d |= %s != %s;", v, x, x);
+        }
+        break;
+    case FC_OP_ARGMAX:
+    case FC_OP_ARGMIN:
+        /* the first extreme wins; the first NaN beats everything */
+        LINE(G, "if (%s %s acc%d || (%s != %s && acc%d == acc%d)) {", x,
+             op == FC_OP_ARGMAX ? ">" : "<", v, x, x, v, v);
+        LINE(G, "    acc%d = %s;", v, x);
+        LINE(G, "    idx%d = %s;", v, j);
+        LINE(G, "}");
+        break;
+    case FC_OP_ANY: LINE(G, "acc%d |= (%s != 0);", v, x); break;
+    default: LINE(G, "acc%d &= (%s != 0);", v, x); break;
+    }
+}
+
+static void
+simd_clauses(const Gen *G, const int *reds, int nreds, char *out, size_t cap)
+{
+    size_t used = snprintf(out, cap, "#pragma omp simd");
+    for (int r = 0; r < nreds && used < cap; r++) {
+        int v = reds[r], op = G->s->g->nodes[v].op;
+        const char *how = op == FC_OP_SUM ? "+" : op == FC_OP_PROD ? "*" : op == FC_OP_AMAX ? "max"
+                        : op == FC_OP_AMIN ? "min" : op == FC_OP_ANY ? "|" : "&";
+        if (has_index(G->s, v)) {
+            snprintf(out, cap, "%s", "");    /* first-index order: keep the loop scalar */
+            return;
+        }
+        used += snprintf(out + used, cap - used, " reduction(%s:acc%d)", how, v);
+        if (has_nan_flag(G->s, v)) {
+            used += snprintf(out + used, cap - used, " reduction(|:nan%d)", v);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * sweeps: loops over the outer space (pointwise) or one row's inner space
+ * ---------------------------------------------------------------------- */
+
+/* mark every FULL node of this kernel that `v` needs */
+static void
+need_full(const Gen *G, int v, char *need)
+{
+    const FcNode *n = &G->s->g->nodes[v];
+    if (!in_kernel(G, v) || G->s->sn[v].kind != FC_VK_FULL || is_red(G->s, v) || need[v]) {
+        return;
+    }
+    need[v] = 1;
+    for (int j = 0; j < n->nin; j++) {
+        need_full(G, n->in[j], need);
+    }
+}
+
+/* operands a sweep reads or writes through strides */
+static void
+sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int store, char *use)
+{
+    const FcSpec *s = G->s;
+    memset(use, 0, FC_MAXOPS);
+    for (int v = 0; v < s->g->nnodes; v++) {
+        int reads = need[v];
+        for (int r = 0; r < nreds; r++) {
+            reads |= reds[r] == v;
+        }
+        if (!reads) {
+            continue;
+        }
+        for (int j = 0; j < s->g->nodes[v].nin; j++) {
+            int u = s->g->nodes[v].in[j];
+            if (s->g->nodes[u].op != FC_OP_CONST && !in_kernel(G, u)) {
+                int o = find_operand(G, s->sn[u].slot, FC_ALIGN_FULL);
+                if (o >= 0) {
+                    use[o] = 1;
+                }
+            }
+        }
+        if (store && need[v] && s->sn[v].materialize) {
+            use[find_operand(G, s->sn[v].slot, FC_ALIGN_FULL)] = 1;
+        }
+    }
+}
+
+/* One sweep. inner: over the row's inner space [jlo, jhi) (reductions), else
+ * over the outer space [lo, hi) (pointwise, strided). reds: reductions fed
+ * by this sweep; store: write materialized FULL values. */
+static int
+emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    int nn = s->g->nnodes, rc = -1;
+    char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS], pragma[1024], saved[FC_MAXOPS];
+    const char *nd = inner ? "L->nd_inner" : "L->nd_outer";
+    const char *shape = inner ? "L->ishape" : "L->oshape";
+    const char *stride = inner ? "L->istride" : "L->ostride";
+    const char *lo = inner ? "jlo" : "lo", *hi = inner ? "jhi" : "hi";
+
+    if (need == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int r = 0; r < nreds; r++) {
+        need_full(G, s->g->nodes[reds[r]].in[0], need);
+    }
+    if (store) {
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
+                need_full(G, v, need);
+            }
+        }
+    }
+    sweep_operands(G, need, reds, nreds, store, use);
+    memcpy(saved, G->loaded, FC_MAXOPS);   /* locals loaded inside the loop die with it */
+
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int64_t idx[FC_LAUNCH_MAXDIM];");
+    LINE(G, "fc_unravel(%s, %s, %s, idx);", lo, nd, shape);
+    LINE(G, "for (int64_t j0 = %s; j0 < %s;) {", lo, hi);
+    G->depth++;
+    LINE(G, "const int64_t len = fc_run_length(%s, %s, idx, %s - j0);", nd, shape, hi);
+    for (int o = 0; o < K->nops; o++) {
+        int dt;
+        if (!use[o]) {
+            continue;
+        }
+        dt = s->slots[K->ops[o].slot].dtype;
+        if (inner) {
+            /* the row's outer offset, then the run's inner offset */
+            LINE(G, "%s%s *restrict p%d = %s + ob%d + fc_offset(%s, idx, %s[%d]);",
+                 K->ops[o].is_out ? "" : "const ", storename(dt), o, G->opname[o], o, nd, stride, o);
+        }
+        else {
+            LINE(G, "%s%s *restrict p%d = %s + fc_offset(%s, idx, %s[%d]);",
+                 K->ops[o].is_out ? "" : "const ", storename(dt), o, G->opname[o], nd, stride, o);
+        }
+        LINE(G, "const int64_t s%d = %s[%d][%s - 1];", o, stride, o, nd);
+    }
+    simd_clauses(G, reds, nreds, pragma, sizeof(pragma));
+    if (pragma[0]) {
+        LINE(G, "%s", pragma);
+    }
+    LINE(G, "for (int64_t i = 0; i < len; i++) {");
+    G->depth++;
+    G->sp = inner ? SP_INNER_RUN : SP_OUTER_RUN;
+    memset(G->loaded, 0, FC_MAXOPS);
+    for (int v = 0; v < nn; v++) {
+        if (need[v] && emit_node(G, v) < 0) {
+            goto cleanup;
+        }
+    }
+    for (int r = 0; r < nreds; r++) {
+        const FcNode *n = &s->g->nodes[reds[r]];
+        char raw[EXPR], x[EXPR];
+        int ct = fc_dtype_compute(s->sn[n->in[0]].dtype);
+        if (value_of(G, n->in[0], reds[r], raw) < 0) {
+            goto cleanup;
+        }
+        convert(x, raw, s->sn[n->in[0]].dtype, ct);
+        if (strcmp(x, raw) != 0) {
+            LINE(G, "const %s r%d = %s;", ctname(ct), reds[r], x);
+            snprintf(x, EXPR, "r%d", reds[r]);
+        }
+        accumulate(G, reds[r], x, "(j0 + i)");
+    }
+    if (store) {
+        for (int v = 0; v < nn; v++) {
+            if (need[v] && s->sn[v].materialize) {
+                int o = find_operand(G, s->sn[v].slot, FC_ALIGN_FULL);
+                char val[EXPR], name[32];
+                snprintf(name, sizeof(name), "t%d", v);
+                store_expr(val, name, s->slots[K->ops[o].slot].dtype);
+                LINE(G, "p%d[i * s%d] = %s;", o, o, val);
+            }
+        }
+    }
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "j0 += len;");
+    LINE(G, "fc_advance(%s, %s, idx, len);", nd, shape);
+    G->depth--;
+    LINE(G, "}");
+    G->depth--;
+    LINE(G, "}");
+    rc = 0;
+cleanup:
+    memcpy(G->loaded, saved, FC_MAXOPS);
+    PyMem_Free(need);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * kernel bodies
+ * ---------------------------------------------------------------------- */
+
+static void
+emit_operand_decls(Gen *G)
+{
+    const FcKernelIR *K = G->K;
+    for (int o = 0; o < K->nops; o++) {
+        int dt = G->s->slots[K->ops[o].slot].dtype;
+        LINE(G, "%s%s *restrict %s = (%s%s *)L->ptr[%d];", K->ops[o].is_out ? "" : "const ",
+             storename(dt), G->opname[o], K->ops[o].is_out ? "" : "const ", storename(dt), o);
+    }
+}
+
+static int
+emit_pointwise(Gen *G, const char *name)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    LINE(G, "static void");
+    LINE(G, "%s_range(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int fc_err = 0;");
+    emit_operand_decls(G);
+    if (K->flat) {
+        LINE(G, "#pragma omp simd");
+        LINE(G, "for (int64_t i = lo; i < hi; i++) {");
+        G->depth++;
+        G->sp = SP_FLAT;
+        memset(G->loaded, 0, FC_MAXOPS);
+        for (int m = 0; m < K->nnodes; m++) {
+            if (emit_node(G, K->nodes[m]) < 0) {
+                return -1;
+            }
+        }
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            if (s->sn[v].materialize) {
+                int o = find_operand(G, s->sn[v].slot, FC_ALIGN_FULL);
+                char val[EXPR], tn[32];
+                snprintf(tn, sizeof(tn), "t%d", v);
+                store_expr(val, tn, s->slots[K->ops[o].slot].dtype);
+                LINE(G, "%s[i] = %s;", G->opname[o], val);
+            }
+        }
+        G->depth--;
+        LINE(G, "}");
+    }
+    else if (emit_sweep(G, 0, NULL, 0, 1) < 0) {
+        return -1;
+    }
+    LINE(G, "fc_report(err, fc_err);");
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "");
+    LINE(G, "FC_EXPORT int");
+    LINE(G, "%s(const fc_launch *L)", name);
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int err = 0;");
+    LINE(G, "FC_RUN_RANGES(L, L->n_outer, %s_range, &err);", name);
+    LINE(G, "return err;");
+    G->depth--;
+    LINE(G, "}");
+    return 0;
+}
+
+/* the body for one outer element o (offsets ob<k> already set) */
+static int
+emit_row(Gen *G, int split)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    int reds[FC_MAX_KERNEL_REDS], has_full_out = 0;
+
+    G->sp = SP_OUTER_POINT;
+    memset(G->loaded, 0, FC_MAXOPS);
+    for (int level = 0; level <= K->nphases; level++) {
+        int nreds = 0;
+        if (level > 0) {
+            for (int m = 0; m < K->nnodes; m++) {
+                int v = K->nodes[m];
+                if (is_red(s, v) && s->sn[v].level == level && nreds < FC_MAX_KERNEL_REDS) {
+                    reds[nreds++] = v;
+                }
+            }
+            LINE(G, "/* sweep %d: %d reduction%s */", level, nreds, nreds == 1 ? "" : "s");
+            for (int r = 0; r < nreds; r++) {
+                declare_acc(G, reds[r]);
+            }
+            if (emit_sweep(G, 1, reds, nreds, 0) < 0) {
+                return -1;
+            }
+            G->sp = SP_OUTER_POINT;
+            if (split) {
+                /* publish partials, then every thread folds them in thread order */
+                for (int r = 0; r < nreds; r++) {
+                    int v = reds[r];
+                    LINE(G, "part%d[tid] = acc%d;", v, v);
+                    if (has_nan_flag(s, v)) {
+                        LINE(G, "partnan%d[tid] = nan%d;", v, v);
+                    }
+                    if (has_index(s, v)) {
+                        LINE(G, "partidx%d[tid] = idx%d;", v, v);
+                    }
+                }
+                LINE(G, "#pragma omp barrier");
+                for (int r = 0; r < nreds; r++) {
+                    char init[EXPR], px[32], pj[32];
+                    int v = reds[r];
+                    acc_init(s, v, init);
+                    LINE(G, "acc%d = %s;", v, init);
+                    if (has_nan_flag(s, v)) {
+                        LINE(G, "nan%d = 0;", v);
+                    }
+                    LINE(G, "for (int t = 0; t < nth; t++) {");
+                    G->depth++;
+                    snprintf(px, sizeof(px), "part%d[t]", v);
+                    snprintf(pj, sizeof(pj), "partidx%d[t]", v);
+                    if (s->g->nodes[v].op == FC_OP_SUM) {
+                        LINE(G, "acc%d += %s;", v, px);
+                    }
+                    else if (s->g->nodes[v].op == FC_OP_PROD) {
+                        LINE(G, "acc%d *= %s;", v, px);
+                    }
+                    else {
+                        accumulate(G, v, px, pj);
+                        if (has_nan_flag(s, v)) {
+                            LINE(G, "nan%d |= partnan%d[t];", v, v);
+                        }
+                    }
+                    G->depth--;
+                    LINE(G, "}");
+                }
+                LINE(G, "#pragma omp barrier");
+            }
+            for (int r = 0; r < nreds; r++) {
+                int v = reds[r], op = s->g->nodes[v].op;
+                int ct = fc_dtype_compute(s->sn[v].dtype);
+                if (has_index(s, v)) {
+                    LINE(G, "const int64_t t%d = idx%d;", v, v);
+                }
+                else if (has_nan_flag(s, v)) {
+                    LINE(G, "const %s t%d = nan%d ? (%s)NAN : (%s)acc%d;", ctname(ct), v, v,
+                         ctname(ct), ctname(ct), v);
+                }
+                else if (op == FC_OP_ANY || op == FC_OP_ALL) {
+                    LINE(G, "const _Bool t%d = acc%d != 0;", v, v);
+                }
+                else {
+                    LINE(G, "const %s t%d = (%s)acc%d;", ctname(ct), v, ctname(ct), v);
+                }
+            }
+        }
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            if (s->sn[v].kind == FC_VK_OUTER && !is_red(s, v) && s->sn[v].level == level) {
+                if (emit_node(G, v) < 0) {
+                    return -1;
+                }
+            }
+        }
+    }
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        has_full_out |= s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL;
+    }
+    if (has_full_out) {
+        LINE(G, "/* final sweep: write full-size results */");
+        if (emit_sweep(G, 1, NULL, 0, 1) < 0) {
+            return -1;
+        }
+        G->sp = SP_OUTER_POINT;
+    }
+    if (split) {
+        LINE(G, "if (tid == 0) {");
+        G->depth++;
+    }
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_OUTER) {
+            FcAlign al = s->sn[v].keepform ? FC_ALIGN_FULL : FC_ALIGN_OUTER;
+            int o = find_operand(G, s->sn[v].slot, al);
+            char val[EXPR], tn[32];
+            snprintf(tn, sizeof(tn), "t%d", v);
+            store_expr(val, tn, s->slots[K->ops[o].slot].dtype);
+            LINE(G, "%s[ob%d] = %s;", G->opname[o], o, val);
+        }
+    }
+    if (split) {
+        G->depth--;
+        LINE(G, "}");
+    }
+    return 0;
+}
+
+static void
+emit_outer_offsets(Gen *G)
+{
+    for (int o = 0; o < G->K->nops; o++) {
+        LINE(G, "const int64_t ob%d = fc_offset(L->nd_outer, oidx, L->ostride[%d]);", o, o);
+    }
+}
+
+static int
+needs_nonempty(const Gen *G)
+{
+    for (int m = 0; m < G->K->nnodes; m++) {
+        int v = G->K->nodes[m], op = G->s->g->nodes[v].op;
+        if (is_red(G->s, v) && (op == FC_OP_AMAX || op == FC_OP_AMIN || has_index(G->s, v))) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int
+emit_reduction(Gen *G, const char *name)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+
+    /* rows: each thread owns whole outer elements */
+    LINE(G, "static void");
+    LINE(G, "%s_rows(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int fc_err = 0;");
+    LINE(G, "const int64_t jlo = 0, jhi = L->n_inner;");
+    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
+    emit_operand_decls(G);
+    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
+    LINE(G, "for (int64_t o = lo; o < hi; o++) {");
+    G->depth++;
+    emit_outer_offsets(G);
+    if (emit_row(G, 0) < 0) {
+        return -1;
+    }
+    LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, 1);");
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "fc_report(err, fc_err);");
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "");
+
+    /* split: all threads share each outer element's inner range */
+    LINE(G, "static void");
+    LINE(G, "%s_split(const fc_launch *L, int *err)", name);
+    LINE(G, "{");
+    G->depth++;
+    emit_operand_decls(G);
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (!is_red(s, v)) {
+            continue;
+        }
+        LINE(G, "%s part%d[FC_MAX_THREADS];", ctname(acc_dtype(s, v)), v);
+        if (has_nan_flag(s, v)) {
+            LINE(G, "int partnan%d[FC_MAX_THREADS];", v);
+        }
+        if (has_index(s, v)) {
+            LINE(G, "int64_t partidx%d[FC_MAX_THREADS];", v);
+        }
+    }
+    LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int fc_err = 0;");
+    LINE(G, "const int tid = omp_get_thread_num(), nth = omp_get_num_threads();");
+    LINE(G, "int64_t jlo, jhi;");
+    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
+    LINE(G, "fc_thread_range(L->n_inner, tid, nth, &jlo, &jhi);");
+    LINE(G, "(void)nth;");
+    LINE(G, "fc_unravel(0, L->nd_outer, L->oshape, oidx);");
+    LINE(G, "for (int64_t o = 0; o < L->n_outer; o++) {");
+    G->depth++;
+    emit_outer_offsets(G);
+    if (emit_row(G, 1) < 0) {
+        return -1;
+    }
+    LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, 1);");
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "fc_report(err, fc_err);");
+    G->depth--;
+    LINE(G, "}");
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "");
+
+    LINE(G, "FC_EXPORT int");
+    LINE(G, "%s(const fc_launch *L)", name);
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int err = 0;");
+    if (needs_nonempty(G)) {
+        LINE(G, "if (L->n_inner == 0 && L->n_outer > 0) {");
+        LINE(G, "    return FC_ERR_EMPTY_REDUCE;");
+        LINE(G, "}");
+    }
+    LINE(G, "if (fc_use_split(L)) {");
+    LINE(G, "    %s_split(L, &err);", name);
+    LINE(G, "}");
+    LINE(G, "else {");
+    LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %s_rows, &err);", name);
+    LINE(G, "}");
+    LINE(G, "return err;");
+    G->depth--;
+    LINE(G, "}");
+    return 0;
+}
+
+char *
+fc_gen_c(const FcSpec *s, int k, const char *name, const char *header_comment)
+{
+    FcStr b = {0};
+    Gen G;
+    char loaded[FC_MAXOPS];
+    int nin = 0, nout = 0, rc;
+
+    memset(&G, 0, sizeof(G));
+    G.s = s;
+    G.K = &s->kernels[k];
+    G.b = &b;
+    G.loaded = loaded;
+    for (int o = 0; o < G.K->nops; o++) {
+        if (G.K->ops[o].is_out) {
+            snprintf(G.opname[o], sizeof(G.opname[o]), "out%d", nout++);
+        }
+        else {
+            snprintf(G.opname[o], sizeof(G.opname[o]), "in%d", nin++);
+        }
+    }
+    fc_str_printf(&b, "/* %s */\n#include \"fc_kernel.h\"\n\n", header_comment ? header_comment : "fastcompile kernel");
+    rc = G.K->mask ? emit_reduction(&G, name) : emit_pointwise(&G, name);
+    if (rc < 0) {
+        fc_str_free(&b);
+        return NULL;
+    }
+    return fc_str_take(&b);
+}

@@ -1,0 +1,18 @@
+/* Graph: building and checking the core's graph.
+ * In: ops and attributes from the graph API. Out: FcGraph nodes. */
+#ifndef FC_GRAPH_H
+#define FC_GRAPH_H
+
+#include "ir.h"
+
+/* Add op over inputs `in` (attrs may be NULL). Composite ops are decomposed
+ * here. Returns the result's node index, or -1 with an exception set
+ * (TypeError for dtypes NumPy rejects, AxisError for bad axes). */
+FC_INTERNAL int fc_graph_add(FcGraph *g, int op, const int *in, int nin, const FcNode *attrs);
+FC_INTERNAL int fc_graph_add_composite(FcGraph *g, int op, int x, const FcNode *attrs);
+/* Structural checks; 0, or -1 with RuntimeError naming the broken node. */
+FC_INTERNAL int fc_graph_verify(const FcGraph *g);
+/* Deep copy into an uninitialized dst; 0, or -1 with MemoryError. */
+FC_INTERNAL int fc_graph_copy(FcGraph *dst, const FcGraph *src);
+
+#endif

@@ -1,0 +1,98 @@
+/* Specialization: one segment of a graph, typed and shaped for one input key.
+ * In: FcGraph + segment input metas. Out: typed nodes, symbolic shapes,
+ * fused kernels (FcKernelIR) that gen_c renders and the plan runs. */
+#ifndef FC_SPEC_H
+#define FC_SPEC_H
+
+#include "ir.h"
+
+/* A symbolic dim is a class id: 0 means "size 1", any other id is a size
+ * known at run time, equal for every dim in the class (broadcasting unified
+ * them). Each class has a representative dim of a segment input. */
+
+typedef enum { FC_VK_NONE, FC_VK_FULL, FC_VK_OUTER } FcValKind;
+typedef enum { FC_ALIGN_FULL, FC_ALIGN_OUTER } FcAlign;
+
+/* per graph node, for the segment being specialized */
+typedef struct {
+    int in_seg;          /* computed by this segment (else: a segment input or unused) */
+    int slot;            /* buffer slot holding its value, -1 if none */
+    int dtype, weak, ndim;
+    int dims[FC_MAXDIM]; /* class ids */
+    uint32_t axes;       /* reductions: normalized mask over the input's dims */
+    /* fusion results */
+    int kernel;          /* kernel index, -1 for constants and buffers */
+    FcValKind kind;
+    int keepform;        /* OUTER values: 1 if shaped like F with 1s at reduced dims */
+    int level;           /* reductions finished before it can be computed */
+    int materialize;     /* written to its slot by its kernel */
+} FcSNode;
+
+/* a runtime array */
+typedef enum { FC_SLOT_INPUT, FC_SLOT_ALLOC } FcSlotKind;
+typedef struct {
+    FcSlotKind kind;
+    int node;
+    int input;           /* FC_SLOT_INPUT: position among the segment inputs */
+    int dtype, ndim;
+    int dims[FC_MAXDIM];
+    int contig;          /* C-contiguous (inputs: from the key; allocs: always) */
+} FcSlot;
+
+typedef struct {
+    int slot;
+    FcAlign align;
+    int is_out;
+    int node;            /* the node whose value this operand holds */
+} FcOperand;
+
+typedef struct {
+    int nd;
+    int F[FC_MAXDIM];    /* iteration space (class ids) */
+    uint32_t mask;       /* reduced positions of F; 0 for pointwise kernels */
+    int *nodes; int nnodes, capnodes;  /* member nodes, topological order */
+    int *deps; int ndeps, capdeps;     /* kernels this one reads from */
+    FcOperand ops[FC_MAXOPS]; int nops;
+    int flat;            /* pointwise, every operand contiguous over F or a scalar */
+    int nphases;         /* highest reduction level */
+} FcKernelIR;
+
+typedef struct {
+    int cls_input, cls_dim;   /* representative: segment input, dim */
+} FcClassRep;
+
+typedef struct { int dtype, ndim; uint32_t ones; int contig; } FcMeta;
+
+typedef struct {
+    const FcGraph *g;
+    const FcMeta *metas;      /* borrowed: the key, one per segment input */
+    FcSNode *sn;              /* g->nnodes entries */
+    /* segment inputs, in key order */
+    int *inputs; int ninputs;
+    /* nodes the segment must leave in slots for later (graph outputs, externs, later segments) */
+    int *outputs; int noutputs;
+    /* symbolic classes */
+    int *parent; int nclasses, capclasses;
+    FcClassRep *reps;
+    /* buffers and kernels */
+    FcSlot *slots; int nslots, capslots;
+    FcKernelIR *kernels; int nkernels, capkernels;
+    int *order;               /* kernel execution order */
+} FcSpec;
+
+/* shape.c: dtypes and symbolic shapes for every segment node.
+ * metas: per segment input (dtype, ndim, size-1 mask, contiguous). */
+FC_INTERNAL int fc_shape_infer(FcSpec *s, const FcMeta *metas);
+FC_INTERNAL int fc_class_find(FcSpec *s, int c);
+
+/* fuse.c: partition the segment's nodes into kernels. */
+FC_INTERNAL int fc_fuse(FcSpec *s);
+FC_INTERNAL int fc_spec_verify(const FcSpec *s);   /* -1 + RuntimeError if broken */
+FC_INTERNAL void fc_spec_free(FcSpec *s);
+
+/* gen_c.c: one kernel -> C source (malloc'd). name: the symbol to define. */
+FC_INTERNAL char *fc_gen_c(const FcSpec *s, int k, const char *name, const char *header_comment);
+/* a human-readable dump of the fused segment (malloc'd) */
+FC_INTERNAL char *fc_spec_dump(const FcSpec *s);
+
+#endif

@@ -1,0 +1,108 @@
+/* Module init: fastcompile._C. In: nothing. Out: the module object wired to
+ * every stage (api types, runtime configuration, counters). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "api/api.h"
+#include "runtime/cpu.h"
+#include "runtime/plan.h"
+
+#define FC_NUMPY_MAIN
+#include "fc_numpy.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
+static PyObject *
+mod_configure(PyObject *self, PyObject *cfg)
+{
+    if (!PyDict_Check(cfg)) {
+        PyErr_SetString(PyExc_TypeError, "_configure expects a dict");
+        return NULL;
+    }
+    if (fc_cpu_configure(cfg) < 0 || fc_plan_configure(cfg) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_stats(PyObject *self, PyObject *unused)
+{
+    return fc_cpu_stats();
+}
+
+static PyObject *
+mod_cache_clear(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"disk", NULL};
+    int disk = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|p", kwlist, &disk)) {
+        return NULL;
+    }
+    if (fc_cpu_cache_clear(disk) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+/* The floating-point control register, for tests that a kernel load leaves
+ * FTZ/DAZ and the rounding mode alone. -1 where there is no MXCSR. */
+static PyObject *
+mod_mxcsr(PyObject *self, PyObject *unused)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    return PyLong_FromUnsignedLong(_mm_getcsr());
+#else
+    return PyLong_FromLong(-1);
+#endif
+}
+
+static PyMethodDef mod_methods[] = {
+    {"_configure", mod_configure, METH_O, "push fastcompile.config values to the core"},
+    {"stats", mod_stats, METH_NOARGS, "counters: compiles, disk_hits, memory_hits"},
+    {"cache_clear", (PyCFunction)(void (*)(void))mod_cache_clear, METH_VARARGS | METH_KEYWORDS,
+     "forget loaded kernels; with disk=True (default) also empty the disk cache"},
+    {"_mxcsr", mod_mxcsr, METH_NOARGS, "the MXCSR register (tests)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+mod_exec(PyObject *m)
+{
+    if (PyArray_ImportNumPyAPI() < 0) {
+        return -1;
+    }
+    if (fc_api_init(m) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+static void
+mod_free(void *m)
+{
+    fc_cpu_free();
+}
+
+static PyModuleDef_Slot mod_slots[] = {
+    {Py_mod_exec, mod_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef mod_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fastcompile._C",
+    .m_doc = "fastcompile's C core: graph API, fusion, codegen, kernel runtime",
+    .m_size = 0,
+    .m_methods = mod_methods,
+    .m_slots = mod_slots,
+    .m_free = mod_free,
+};
+
+PyMODINIT_FUNC
+PyInit__C(void)
+{
+    return PyModuleDef_Init(&mod_def);
+}

@@ -1,0 +1,35 @@
+/* Runtime, CPU: C source text -> shared object on disk -> loaded kernel.
+ * In: kernel source from gen_c. Out: a function pointer, the .so and .c paths. */
+#ifndef FC_CPU_H
+#define FC_CPU_H
+
+#include <Python.h>
+#include "../core/ir.h"
+#include "../../python/fastcompile/include/fc_launch.h"
+
+typedef struct {
+    fc_kernel_fn fn;     /* borrowed: lives as long as the process (dlopen'd) */
+    const char *so_path; /* borrowed: owned by the runtime's kernel table */
+    const char *c_path;  /* borrowed: the source beside it */
+    const char *key;     /* borrowed: hex sha256 disk-cache key */
+} FcLoaded;
+
+/* Configure the CPU runtime once (module exec and fastcompile.config changes).
+ * cfg: borrowed dict with str values: "cc", "cflags", "include_dir",
+ * "cache_dir", "version". Returns 0, or -1 with an exception set. */
+FC_INTERNAL int fc_cpu_configure(PyObject *cfg);
+
+/* Compile (or find in the memory/disk cache) `source` and look up `symbol`.
+ * Returns 0 and fills *out, or -1 with an exception set (RuntimeError carrying
+ * the numbered source and the compiler log on a compile failure). */
+FC_INTERNAL int fc_cpu_load(const char *source, const char *symbol, FcLoaded *out);
+
+/* Counters: compiles (compiler invocations), disk_hits, memory_hits.
+ * Returns a new reference to a dict. */
+FC_INTERNAL PyObject *fc_cpu_stats(void);
+/* Forget loaded kernels' table entries (not unloading them) and, if
+ * `disk` is true, delete the on-disk cache contents. Returns 0 or -1. */
+FC_INTERNAL int fc_cpu_cache_clear(int disk);
+FC_INTERNAL void fc_cpu_free(void);
+
+#endif

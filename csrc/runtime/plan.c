@@ -1,0 +1,546 @@
+/* Plans: build (infer, fuse, render, load) and run a specialized segment.
+ * In: FcGraph segment + NumPy arrays. Out: output arrays; running a built
+ * plan calls kernels straight from C, releasing the GIL for large work. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+#include <time.h>
+
+#include "../core/strbuf.h"
+#include "../fc_numpy.h"
+#include "plan.h"
+
+static struct {
+    FcPlanConfig c;
+    char version[32];
+} plan_rt = {{1, 32768, 0, 0, NULL}, "0"};
+
+const FcPlanConfig *
+fc_plan_config(void)
+{
+    return &plan_rt.c;
+}
+
+/* cfg: borrowed dict (fastcompile.config.resolved()) */
+int
+fc_plan_configure(PyObject *cfg)
+{
+    PyObject *v;
+    if ((v = PyDict_GetItemString(cfg, "num_threads")) != NULL && PyLong_Check(v)) {
+        long n = PyLong_AsLong(v);
+        plan_rt.c.num_threads = n < 1 ? 1 : n > 256 ? 256 : (int)n;
+    }
+    if ((v = PyDict_GetItemString(cfg, "serial_below")) != NULL && PyLong_Check(v)) {
+        plan_rt.c.serial_below = PyLong_AsLongLong(v);
+    }
+    if ((v = PyDict_GetItemString(cfg, "debug")) != NULL && PyLong_Check(v)) {
+        plan_rt.c.debug = (int)PyLong_AsLong(v);
+    }
+    if ((v = PyDict_GetItemString(cfg, "verify")) != NULL) {
+        plan_rt.c.verify = PyObject_IsTrue(v) == 1;
+    }
+    if ((v = PyDict_GetItemString(cfg, "version")) != NULL && PyUnicode_Check(v)) {
+        snprintf(plan_rt.version, sizeof(plan_rt.version), "%s", PyUnicode_AsUTF8(v));
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------------
+ * keys
+ * ---------------------------------------------------------------------- */
+
+static int
+dtype_of(PyArrayObject *a)
+{
+    PyArray_Descr *d = PyArray_DESCR(a);
+    int size = (int)PyDataType_ELSIZE(d);
+    switch (d->kind) {
+    case 'b': return FC_BOOL;
+    case 'i': return size == 1 ? FC_I8 : size == 2 ? FC_I16 : size == 4 ? FC_I32 : size == 8 ? FC_I64 : -1;
+    case 'u': return size == 1 ? FC_U8 : size == 2 ? FC_U16 : size == 4 ? FC_U32 : size == 8 ? FC_U64 : -1;
+    case 'f': return size == 2 ? FC_F16 : size == 4 ? FC_F32 : size == 8 ? FC_F64 : -1;
+    default: return -1;
+    }
+}
+
+int
+fc_plan_meta(PyObject *obj, FcMeta *m)
+{
+    PyArrayObject *a = (PyArrayObject *)obj;
+    int nd = PyArray_NDIM(a);
+    m->dtype = dtype_of(a);
+    if (m->dtype < 0 || !PyArray_ISNOTSWAPPED(a)) {
+        PyObject *r = PyObject_Repr((PyObject *)PyArray_DESCR(a));
+        PyErr_Format(PyExc_TypeError,
+                     "fastcompile: arrays of dtype %S are not supported by the core "
+                     "(supported: bool, int8-64, uint8-64, float16/32/64, native byte order)", r);
+        Py_XDECREF(r);
+        return -1;
+    }
+    if (nd > FC_MAXDIM) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: arrays of rank %d are not supported (at most %d)",
+                     nd, FC_MAXDIM);
+        return -1;
+    }
+    m->ndim = nd;
+    m->ones = 0;
+    for (int d = 0; d < nd; d++) {
+        if (PyArray_DIM(a, d) == 1) {
+            m->ones |= 1u << d;
+        }
+    }
+    m->contig = PyArray_IS_C_CONTIGUOUS(a) ? 1 : 0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * build
+ * ---------------------------------------------------------------------- */
+
+static void
+log_debug(const char *text)
+{
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    {
+    PyObject *logging = PyImport_ImportModule("logging");
+    PyObject *logger = logging ? PyObject_CallMethod(logging, "getLogger", "s", "fastcompile") : NULL;
+    PyObject *r = logger ? PyObject_CallMethod(logger, "debug", "s", text) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(logger);
+    Py_XDECREF(logging);
+    PyErr_Clear();
+    }
+    PyErr_Restore(et, ev, tb);
+}
+
+static double
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static int
+copy_ints(int **dst, const int *src, int n)
+{
+    *dst = PyMem_Malloc((n + 1) * sizeof(int));
+    if (*dst == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(*dst, src, n * sizeof(int));
+    return 0;
+}
+
+static char *
+kernel_header(const FcSpec *s, int k, const char *name, const char *dump_hash, const char *origin)
+{
+    FcStr b = {0};
+    const FcKernelIR *K = &s->kernels[k];
+    int nodes = K->nnodes;
+    fc_str_printf(&b, "fastcompile %s: kernel %s\n * graph %s from %s\n * %d op%s, %s",
+                  plan_rt.version, name, dump_hash, origin ? origin : "<unknown>", nodes,
+                  nodes == 1 ? "" : "s", K->mask ? "reduction" : K->flat ? "pointwise (flat)" : "pointwise");
+    if (K->mask) {
+        fc_str_printf(&b, ", %d sweep%s per row", K->nphases + 1, K->nphases ? "s" : "");
+    }
+    return fc_str_take(&b);
+}
+
+FcPlan *
+fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin)
+{
+    FcPlan *p = NULL;
+    FcSpec *s;
+    char ghash[24];
+    double t0 = now_ms();
+
+    p = PyMem_Calloc(1, sizeof(FcPlan));
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    s = &p->spec;
+    s->g = g;
+    p->metas = PyMem_Malloc((seg->ninputs + 1) * sizeof(FcMeta));
+    s->sn = PyMem_Calloc(g->nnodes + 1, sizeof(FcSNode));
+    if (p->metas == NULL || s->sn == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    memcpy(p->metas, metas, seg->ninputs * sizeof(FcMeta));
+    s->metas = p->metas;
+    for (int i = 0; i < g->nnodes; i++) {
+        s->sn[i].in_seg = seg->in_seg[i];
+    }
+    if (copy_ints(&s->inputs, seg->inputs, seg->ninputs) < 0 ||
+            copy_ints(&s->outputs, seg->outputs, seg->noutputs) < 0) {
+        goto error;
+    }
+    s->ninputs = seg->ninputs;
+    s->noutputs = seg->noutputs;
+
+    if (fc_shape_infer(s, metas) < 0 || fc_fuse(s) < 0) {
+        goto error;
+    }
+    if (plan_rt.c.verify && fc_spec_verify(s) < 0) {
+        goto error;
+    }
+    if ((p->dump = fc_spec_dump(s)) == NULL) {
+        goto error;
+    }
+    snprintf(ghash, sizeof(ghash), "%016llx", (unsigned long long)fc_fnv1a(p->dump));
+    if (plan_rt.c.debug >= 2) {
+        char *msg = fc_str_replace(p->dump, "\n", "\n  ");
+        if (msg != NULL) {
+            FcStr b = {0};
+            fc_str_printf(&b, "fused graph %s (%s):\n  %s", ghash, origin ? origin : "?", msg);
+            PyMem_Free(msg);
+            msg = fc_str_take(&b);
+            if (msg != NULL) {
+                log_debug(msg);
+                PyMem_Free(msg);
+            }
+        }
+        PyErr_Clear();
+    }
+
+    p->kernels = PyMem_Calloc(s->nkernels + 1, sizeof(FcPlanKernel));
+    if (p->kernels == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (int o = 0; o < s->nkernels; o++) {
+        int k = s->order[o];
+        FcPlanKernel *pk = &p->kernels[o];
+        char name[40], *draft = NULL, *header = NULL;
+        pk->kernel = k;
+        /* the name is a hash of the body, so equal kernels share a name */
+        draft = fc_gen_c(s, k, "FCKNAME", "");
+        if (draft == NULL) {
+            goto error;
+        }
+        snprintf(name, sizeof(name), "fc_%016llx", (unsigned long long)fc_fnv1a(draft));
+        PyMem_Free(draft);
+        header = kernel_header(s, k, name, ghash, origin);
+        if (header == NULL) {
+            goto error;
+        }
+        pk->source = fc_gen_c(s, k, name, header);
+        PyMem_Free(header);
+        pk->name = PyMem_Malloc(strlen(name) + 1);
+        if (pk->source == NULL || pk->name == NULL) {
+            PyErr_NoMemory();
+            goto error;
+        }
+        strcpy(pk->name, name);
+        p->nkernels = o + 1;
+        if (plan_rt.c.debug >= 3) {
+            log_debug(pk->source);
+        }
+        if (fc_cpu_load(pk->source, pk->name, &pk->loaded) < 0) {
+            goto error;
+        }
+    }
+    p->nkernels = s->nkernels;
+    p->compile_ms = now_ms() - t0;
+    if (plan_rt.c.debug >= 1) {
+        char msg[256];
+        snprintf(msg, sizeof(msg), "built plan for graph %s (%s): %d kernel%s in %.1f ms",
+                 ghash, origin ? origin : "?", p->nkernels, p->nkernels == 1 ? "" : "s", p->compile_ms);
+        log_debug(msg);
+    }
+    return p;
+error:
+    fc_plan_free(p);
+    return NULL;
+}
+
+void
+fc_plan_free(FcPlan *p)
+{
+    if (p == NULL) {
+        return;
+    }
+    for (int k = 0; k < p->nkernels; k++) {
+        PyMem_Free(p->kernels[k].name);
+        PyMem_Free(p->kernels[k].source);
+    }
+    PyMem_Free(p->kernels);
+    PyMem_Free(p->dump);
+    PyMem_Free(p->metas);
+    fc_spec_free(&p->spec);
+    PyMem_Free(p);
+}
+
+/* ------------------------------------------------------------------------
+ * run
+ * ---------------------------------------------------------------------- */
+
+static void
+raise_broadcast(const FcSpec *s, PyObject **vals)
+{
+    FcStr b = {0};
+    char *text;
+    fc_str_puts(&b, "operands could not be broadcast together with shapes");
+    for (int k = 0; k < s->ninputs; k++) {
+        PyArrayObject *a = (PyArrayObject *)vals[s->inputs[k]];
+        fc_str_puts(&b, " (");
+        for (int d = 0; d < PyArray_NDIM(a); d++) {
+            fc_str_printf(&b, d ? ",%lld" : "%lld", (long long)PyArray_DIM(a, d));
+        }
+        fc_str_puts(&b, PyArray_NDIM(a) == 1 ? ",)" : ")");
+    }
+    text = fc_str_take(&b);
+    if (text != NULL) {
+        PyErr_SetString(PyExc_ValueError, text);
+        PyMem_Free(text);
+    }
+}
+
+static void
+raise_kernel_error(const FcSpec *s, int k, int err)
+{
+    if (err == FC_ERR_NEGATIVE_POWER) {
+        PyErr_SetString(PyExc_ValueError, "Integers to negative integer powers are not allowed.");
+        return;
+    }
+    if (err == FC_ERR_EMPTY_REDUCE) {
+        const FcKernelIR *K = &s->kernels[k];
+        for (int m = 0; m < K->nnodes; m++) {
+            int op = s->g->nodes[K->nodes[m]].op;
+            if (op == FC_OP_ARGMAX || op == FC_OP_ARGMIN) {
+                PyErr_Format(PyExc_ValueError, "attempt to get %s of an empty sequence", fc_ops[op].name);
+                return;
+            }
+            if (op == FC_OP_AMAX || op == FC_OP_AMIN) {
+                PyErr_Format(PyExc_ValueError,
+                             "zero-size array to reduction operation %s which has no identity",
+                             op == FC_OP_AMAX ? "maximum" : "minimum");
+                return;
+            }
+        }
+    }
+    PyErr_Format(PyExc_RuntimeError, "fastcompile: kernel failed with code %d", err);
+}
+
+/* collapse the F positions listed in `pos` into shape/strides (see fc_launch) */
+static int
+collapse(const int *pos, int npos, const int64_t *fsz, int64_t (*st)[FC_MAXDIM], int nops,
+         int64_t *shape, int64_t (*stride)[FC_LAUNCH_MAXDIM], int64_t *count)
+{
+    int m = 0;
+    int64_t n = 1;
+    for (int q = 0; q < npos; q++) {
+        int d = pos[q];
+        int merge = m > 0;
+        if (fsz[d] == 1) {
+            continue;
+        }
+        for (int o = 0; merge && o < nops; o++) {
+            merge = stride[o][m - 1] == st[o][d] * fsz[d];
+        }
+        if (merge) {
+            shape[m - 1] *= fsz[d];
+            for (int o = 0; o < nops; o++) {
+                stride[o][m - 1] = st[o][d];
+            }
+        }
+        else {
+            shape[m] = fsz[d];
+            for (int o = 0; o < nops; o++) {
+                stride[o][m] = st[o][d];
+            }
+            m++;
+        }
+        n *= fsz[d];
+    }
+    if (m == 0) {
+        shape[0] = 1;
+        for (int o = 0; o < nops; o++) {
+            stride[o][0] = 0;
+        }
+        m = 1;
+    }
+    *count = n;
+    return m;
+}
+
+static int
+launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes)
+{
+    const FcSpec *s = &p->spec;
+    int k = p->kernels[o].kernel;
+    const FcKernelIR *K = &s->kernels[k];
+    fc_launch L;
+    int64_t fsz[FC_MAXDIM], st[FC_MAXOPS][FC_MAXDIM];
+    int outer[FC_MAXDIM], inner[FC_MAXDIM], nouter = 0, ninner = 0, err;
+
+    for (int d = 0; d < K->nd; d++) {
+        fsz[d] = K->F[d] ? sizes[K->F[d]] : 1;
+        if (K->mask & (1u << d)) {
+            inner[ninner++] = d;
+        }
+        else {
+            outer[nouter++] = d;
+        }
+    }
+    L.nops = K->nops;
+    L.nthreads = plan_rt.c.num_threads;
+    L.serial_below = plan_rt.c.serial_below;
+    for (int q = 0; q < K->nops; q++) {
+        PyArrayObject *a = arrs[K->ops[q].slot];
+        int nda = PyArray_NDIM(a);
+        int64_t el = PyArray_ITEMSIZE(a);
+        L.ptr[q] = PyArray_BYTES(a);
+        if (K->flat) {
+            continue;
+        }
+        for (int d = 0; d < K->nd; d++) {
+            int sd;
+            if (K->ops[q].align == FC_ALIGN_FULL) {
+                sd = d - (K->nd - nda);
+            }
+            else if (K->mask & (1u << d)) {
+                sd = -1;
+            }
+            else {
+                int qpos = 0;
+                for (int e = 0; e < d; e++) {
+                    qpos += !(K->mask & (1u << e));
+                }
+                sd = qpos - (nouter - nda);
+            }
+            st[q][d] = (sd >= 0 && PyArray_DIM(a, sd) != 1) ? PyArray_STRIDE(a, sd) / el : 0;
+        }
+    }
+    if (K->flat) {
+        int64_t n = 1;
+        for (int d = 0; d < K->nd; d++) {
+            n *= fsz[d];
+        }
+        L.n_outer = n;
+        L.n_inner = 1;
+        L.nd_outer = L.nd_inner = 1;
+        L.oshape[0] = n;
+        L.ishape[0] = 1;
+    }
+    else {
+        L.nd_outer = collapse(outer, nouter, fsz, st, K->nops, L.oshape, L.ostride, &L.n_outer);
+        L.nd_inner = collapse(inner, ninner, fsz, st, K->nops, L.ishape, L.istride, &L.n_inner);
+    }
+    if (L.n_outer == 0) {
+        return 0;
+    }
+    if (L.n_outer * L.n_inner >= L.serial_below) {
+        Py_BEGIN_ALLOW_THREADS
+        err = p->kernels[o].loaded.fn(&L);
+        Py_END_ALLOW_THREADS
+    }
+    else {
+        err = p->kernels[o].loaded.fn(&L);
+    }
+    if (err) {
+        raise_kernel_error(s, k, err);
+        return -1;
+    }
+    return 0;
+}
+
+#define FC_STACK_SLOTS 64
+#define FC_STACK_CLASSES 64
+
+int
+fc_plan_run(FcPlan *p, PyObject **vals)
+{
+    const FcSpec *s = &p->spec;
+    PyArrayObject *stack_arrs[FC_STACK_SLOTS], **arrs = stack_arrs;
+    int64_t stack_sizes[FC_STACK_CLASSES], *sizes = stack_sizes;
+    int rc = -1, nalloc = 0;
+
+    if (s->nslots > FC_STACK_SLOTS) {
+        arrs = PyMem_Malloc(s->nslots * sizeof(PyArrayObject *));
+    }
+    if (s->nclasses > FC_STACK_CLASSES) {
+        sizes = PyMem_Malloc(s->nclasses * sizeof(int64_t));
+    }
+    if (arrs == NULL || sizes == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (int c = 0; c < s->nclasses; c++) {
+        sizes[c] = -1;
+    }
+    sizes[0] = 1;
+    /* sizes of every symbolic dim; a mismatch is NumPy's broadcast error */
+    for (int k = 0; k < s->ninputs; k++) {
+        int v = s->inputs[k];
+        PyArrayObject *a = (PyArrayObject *)vals[v];
+        for (int d = 0; d < s->sn[v].ndim; d++) {
+            int c = s->sn[v].dims[d];
+            npy_intp n = PyArray_DIM(a, d);
+            if (c == 0) {
+                continue;
+            }
+            if (sizes[c] < 0) {
+                sizes[c] = n;
+            }
+            else if (sizes[c] != n) {
+                raise_broadcast(s, vals);
+                goto cleanup;
+            }
+        }
+    }
+    for (int i = 0; i < s->nslots; i++) {
+        const FcSlot *sl = &s->slots[i];
+        if (sl->kind == FC_SLOT_INPUT) {
+            arrs[i] = (PyArrayObject *)vals[sl->node];
+            continue;
+        }
+        {
+            npy_intp shape[FC_MAXDIM];
+            static const int typenum[FC_NDTYPES] = {
+                NPY_BOOL, NPY_INT8, NPY_INT16, NPY_INT32, NPY_INT64, NPY_UINT8, NPY_UINT16,
+                NPY_UINT32, NPY_UINT64, NPY_HALF, NPY_HALF, NPY_FLOAT32, NPY_FLOAT64};
+            for (int d = 0; d < sl->ndim; d++) {
+                shape[d] = sl->dims[d] ? sizes[sl->dims[d]] : 1;
+            }
+            if (sl->dtype == FC_BF16) {
+                PyErr_SetString(PyExc_TypeError, "fastcompile: bfloat16 results need torch tensors");
+                goto cleanup;
+            }
+            arrs[i] = (PyArrayObject *)PyArray_SimpleNew(sl->ndim, shape, typenum[sl->dtype]);
+            if (arrs[i] == NULL) {
+                goto cleanup;
+            }
+            nalloc = i + 1;
+        }
+    }
+    for (int o = 0; o < p->nkernels; o++) {
+        if (launch(p, o, arrs, sizes) < 0) {
+            goto cleanup;
+        }
+    }
+    for (int q = 0; q < s->noutputs; q++) {
+        int v = s->outputs[q];
+        PyObject *a = (PyObject *)arrs[s->sn[v].slot];
+        Py_INCREF(a);
+        Py_XSETREF(vals[v], a);
+    }
+    rc = 0;
+cleanup:
+    for (int i = 0; i < nalloc; i++) {
+        if (s->slots[i].kind == FC_SLOT_ALLOC) {
+            Py_XDECREF(arrs[i]);
+        }
+    }
+    if (arrs != stack_arrs) {
+        PyMem_Free(arrs);
+    }
+    if (sizes != stack_sizes) {
+        PyMem_Free(sizes);
+    }
+    return rc;
+}

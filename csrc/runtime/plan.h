@@ -1,0 +1,62 @@
+/* Plans: a graph segment specialized for one input key, ready to run.
+ * In: FcGraph + segment + input arrays. Out: output arrays, via kernels
+ * loaded by cpu.c; the per-call path runs no Python. */
+#ifndef FC_PLAN_H
+#define FC_PLAN_H
+
+#include <Python.h>
+
+#include "../core/spec.h"
+#include "cpu.h"
+
+typedef struct {
+    char *name;          /* fc_<hash> */
+    char *source;        /* the C text */
+    FcLoaded loaded;     /* function, .so/.c paths */
+    int kernel;          /* index into spec.kernels */
+} FcPlanKernel;
+
+typedef struct FcPlan {
+    struct FcPlan *next;      /* MRU list per segment */
+    FcMeta *metas;            /* the key: one per segment input */
+    FcSpec spec;
+    FcPlanKernel *kernels; int nkernels;
+    char *dump;               /* the fused segment, for explain() and debug */
+    double compile_ms;
+} FcPlan;
+
+/* A segment: the core nodes between two rounds of extern calls. */
+typedef struct {
+    char *in_seg;             /* per graph node */
+    int *inputs; int ninputs; /* nodes it reads from outside (inputs, externs, earlier segments) */
+    int *outputs; int noutputs;
+    FcPlan *plans;
+    int nplans;
+} FcSegment;
+
+typedef struct {
+    int num_threads;          /* resolved, >= 1 */
+    int64_t serial_below;
+    int debug;
+    int verify;
+    const char *origin;       /* "file:line" of the graph, for kernel headers (borrowed) */
+} FcPlanConfig;
+
+FC_INTERNAL int fc_plan_configure(PyObject *cfg);
+FC_INTERNAL const FcPlanConfig *fc_plan_config(void);
+
+/* NumPy array -> meta (dtype, rank, size-1 mask, contiguity). Returns 0, or -1
+ * with TypeError for a dtype the core does not have. arr: borrowed. */
+FC_INTERNAL int fc_plan_meta(PyObject *arr, FcMeta *m);
+
+/* Build a plan for `metas` (shape inference, fusion, codegen, compile/load).
+ * origin: "file:line" for kernel headers. Returns a new plan or NULL + exception. */
+FC_INTERNAL FcPlan *fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
+                                  const char *origin);
+FC_INTERNAL void fc_plan_free(FcPlan *p);
+
+/* Run: vals[node] holds a new reference to each available array; the
+ * segment's outputs are stored there (new references). Returns 0 or -1. */
+FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals);
+
+#endif

@@ -1,0 +1,36 @@
+"""fastcompile: a compile backend for Python numerical code.
+
+The C core takes a graph of array ops (``fastcompile.graph``), fuses it into a
+few kernels, writes C with OpenMP, compiles it once, caches it in memory and on
+disk, and runs it at memory speed.
+"""
+__version__ = "0.1.0"
+
+import logging as _logging
+
+from . import config
+from . import _C
+from . import graph
+
+_C._configure(dict(config.resolved(), version=__version__))
+
+if config.get("debug") >= 1:
+    _log = _logging.getLogger("fastcompile")
+    _log.setLevel(_logging.DEBUG)
+    if not _log.handlers:
+        _h = _logging.StreamHandler()
+        _h.setFormatter(_logging.Formatter("[fastcompile] %(message)s"))
+        _log.addHandler(_h)
+
+
+def cache_clear(disk=True):
+    """Forget every loaded kernel; with ``disk=True`` also empty the disk cache."""
+    _C.cache_clear(disk=disk)
+
+
+def stats():
+    """Counters: ``compiles`` (compiler invocations), ``disk_hits``, ``memory_hits``."""
+    return _C.stats()
+
+
+__all__ = ["graph", "config", "cache_clear", "stats"]

@@ -1,0 +1,100 @@
+"""Every fastcompile knob, in one place: environment name, type, default, one line.
+
+Values are read from the environment at import. Change them at run time with
+``fastcompile.config.set(name=value)``; the C core re-reads them then.
+"""
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str           # attribute name: fastcompile.config.<name>
+    env: str            # environment variable
+    type: Callable      # parser for the environment string
+    default: Any
+    doc: str
+
+
+def _bool(s):
+    return str(s).strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _default_cache_dir():
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return os.path.join(xdg, "fastcompile")
+    home = os.path.expanduser("~")
+    if home and home != "~" and os.path.isdir(home):
+        return os.path.join(home, ".cache", "fastcompile")
+    return os.path.join("/tmp", "fastcompile-uid%d" % os.getuid())
+
+
+KNOBS = [
+    Knob("cache_dir", "FASTCOMPILE_CACHE_DIR", str, None,
+         "kernel cache folder; default $XDG_CACHE_HOME/fastcompile, else ~/.cache/fastcompile"),
+    Knob("cc", "FASTCOMPILE_CC", str, None, "C compiler for CPU kernels; default $CC, else cc"),
+    Knob("cflags", "FASTCOMPILE_CFLAGS", str, "", "extra flags appended to the kernel compile line"),
+    Knob("num_threads", "FASTCOMPILE_NUM_THREADS", int, 0, "OpenMP threads per kernel; 0 = all cores"),
+    Knob("serial_below", "FASTCOMPILE_SERIAL_BELOW", int, 32768,
+         "kernels over fewer elements than this run on one thread"),
+    Knob("debug", "FASTCOMPILE_DEBUG", int, 0,
+         "log ladder: 1 compiles and cache misses, 2 graphs after fusion, 3 generated source"),
+    Knob("dump_dir", "FASTCOMPILE_DUMP_DIR", str, None, "write every stage (graph, fused, .c) here"),
+    Knob("always_compile", "FASTCOMPILE_ALWAYS_COMPILE", _bool, False,
+         "ignore the disk cache (still writes it)"),
+    Knob("verify", "FASTCOMPILE_VERIFY", _bool, False, "run fc_graph_verify after every pass (tests turn it on)"),
+]
+
+_values = {}
+
+
+def _load():
+    for k in KNOBS:
+        raw = os.environ.get(k.env)
+        _values[k.name] = k.type(raw) if raw not in (None, "") else k.default
+
+
+_load()
+
+
+def get(name):
+    return _values[name]
+
+
+def resolved():
+    """The values the C core uses, with defaults resolved (a plain dict)."""
+    v = dict(_values)
+    v["cache_dir"] = v["cache_dir"] or _default_cache_dir()
+    v["cc"] = shutil.which(v["cc"] or os.environ.get("CC") or "cc") or (v["cc"] or "cc")
+    v["include_dir"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
+    v["python"] = "%d.%d" % sys.version_info[:2]
+    if not v["num_threads"]:
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        v["num_threads"] = int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0))
+    return v
+
+
+def set(**kwargs):
+    """Change knobs at run time, e.g. ``fastcompile.config.set(num_threads=1)``."""
+    names = {k.name for k in KNOBS}
+    for key, val in kwargs.items():
+        if key not in names:
+            raise AttributeError("fastcompile.config has no knob %r (knobs: %s)" % (key, ", ".join(sorted(names))))
+        _values[key] = val
+    from . import _C, __version__
+    _C._configure(dict(resolved(), version=__version__))
+
+
+def __getattr__(name):
+    if name in _values:
+        return _values[name]
+    raise AttributeError(name)
+
+
+def describe():
+    """One line per knob: env name, current value, doc."""
+    return "\n".join("%-28s %-12r %s" % (k.env, _values[k.name], k.doc) for k in KNOBS)

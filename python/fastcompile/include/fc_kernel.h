@@ -1,0 +1,107 @@
+/* Kernel support: the fixed loop skeletons every generated CPU kernel uses.
+ * In: an fc_launch from the runtime. Out: index helpers and thread splitting;
+ * per-type math lives in fc_math.h. Shipped with the package; its bytes are
+ * part of the disk cache key, so editing it recompiles every kernel. */
+#ifndef FC_KERNEL_H
+#define FC_KERNEL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <omp.h>
+
+#include "fc_launch.h"
+#include "fc_math.h"
+
+#define FC_EXPORT __attribute__((visibility("default")))
+#define FC_MAX_THREADS 256     /* the runtime never asks for more */
+
+/* first error wins; kernels return it to the runtime, which raises */
+static inline void
+fc_report(int *err, int e)
+{
+    if (e) {
+        __atomic_store_n(err, e, __ATOMIC_RELAXED);
+    }
+}
+
+/* thread tid's share [lo, hi) of n items, in 16-item steps (whole cache
+ * lines of float32 for dense outputs) */
+static inline void
+fc_thread_range(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi)
+{
+    int64_t chunk = (n + nth - 1) / nth;
+    chunk = (chunk + 15) & ~(int64_t)15;
+    *lo = (int64_t)tid * chunk < n ? (int64_t)tid * chunk : n;
+    *hi = *lo + chunk < n ? *lo + chunk : n;
+}
+
+/* C-order multi-index of flat position lin */
+static inline void
+fc_unravel(int64_t lin, int nd, const int64_t *shape, int64_t *idx)
+{
+    for (int d = nd - 1; d >= 0; d--) {
+        int64_t s = shape[d] > 0 ? shape[d] : 1;
+        idx[d] = lin % s;
+        lin /= s;
+    }
+}
+
+/* element offset of idx under stride */
+static inline int64_t
+fc_offset(int nd, const int64_t *idx, const int64_t *stride)
+{
+    int64_t off = 0;
+    for (int d = 0; d < nd; d++) {
+        off += idx[d] * stride[d];
+    }
+    return off;
+}
+
+/* elements left in the innermost dim from idx, at most `left` */
+static inline int64_t
+fc_run_length(int nd, const int64_t *shape, const int64_t *idx, int64_t left)
+{
+    int64_t run = shape[nd - 1] - idx[nd - 1];
+    return run < left ? run : left;
+}
+
+/* move idx forward by n (n never crosses more than the innermost dim's end) */
+static inline void
+fc_advance(int nd, const int64_t *shape, int64_t *idx, int64_t n)
+{
+    idx[nd - 1] += n;
+    for (int d = nd - 1; d > 0 && idx[d] >= shape[d]; d--) {
+        idx[d] = 0;
+        idx[d - 1]++;
+    }
+}
+
+/* few, long rows: threads share each row instead of owning rows */
+static inline int
+fc_use_split(const fc_launch *L)
+{
+    return L->nthreads > 1 && L->n_outer < 2 * (int64_t)L->nthreads &&
+           L->n_outer * L->n_inner >= L->serial_below;
+}
+
+/* fn(L, lo, hi, err) over [0, n), on one thread below the serial threshold */
+#define FC_RUN_RANGES(L, n, fn, errp)                                              \
+    do {                                                                           \
+        const int64_t n_ = (n);                                                    \
+        if ((L)->nthreads <= 1 || n_ < 2 || n_ * (L)->n_inner < (L)->serial_below) { \
+            fn((L), 0, n_, (errp));                                                \
+        }                                                                          \
+        else {                                                                     \
+            _Pragma("omp parallel num_threads(L->nthreads)")                       \
+            {                                                                      \
+                int64_t lo_, hi_;                                                  \
+                fc_thread_range(n_, omp_get_thread_num(), omp_get_num_threads(),   \
+                                &lo_, &hi_);                                       \
+                if (lo_ < hi_) {                                                   \
+                    fn((L), lo_, hi_, (errp));                                     \
+                }                                                                  \
+            }                                                                      \
+        }                                                                          \
+    } while (0)
+
+#endif
