@@ -12,7 +12,7 @@ import numpy
 from setuptools import Extension, setup
 
 WARN = ["-Wall", "-Wextra", "-Wshadow", "-Wmissing-prototypes", "-Wno-unused-parameter",
-        "-Wno-missing-field-initializers", "-Wno-cast-function-type"]
+        "-Wno-missing-field-initializers", "-Wno-cast-function-type", "-Wno-format-truncation"]
 cflags = ["-std=c11", "-fvisibility=hidden", "-D_GNU_SOURCE"] + WARN
 ldflags = []
 undef = []

@@ -101,6 +101,8 @@ static struct PyModuleDef mod_def = {
     .m_free = mod_free,
 };
 
+PyMODINIT_FUNC PyInit__C(void);
+
 PyMODINIT_FUNC
 PyInit__C(void)
 {

@@ -28,6 +28,7 @@ typedef struct {
     FcStr *b;
     int depth;
     Space sp;            /* how buffer operands are addressed right now */
+    int unit;            /* runs: every operand has unit stride */
     char *loaded;        /* per operand: a local x<o> holds its value in this body */
     char opname[FC_MAXOPS][16];
 } Gen;
@@ -194,7 +195,12 @@ mem_expr(const Gen *G, int o, char *out)
         break;
     case SP_OUTER_RUN:
     case SP_INNER_RUN:
-        snprintf(out, EXPR, "p%d[i * s%d]", o, o);
+        if (G->unit) {
+            snprintf(out, EXPR, "p%d[i]", o);
+        }
+        else {
+            snprintf(out, EXPR, "p%d[i * s%d]", o, o);
+        }
         break;
     case SP_OUTER_POINT:
         snprintf(out, EXPR, "%s[ob%d]", G->opname[o], o);
@@ -496,6 +502,66 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
     }
 }
 
+/* the innermost loop of a sweep over one run of `len` elements */
+static int
+emit_run(Gen *G, const char *need, const int *reds, int nreds, int store, int simd)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    int nn = s->g->nnodes;
+    char pragma[1024];
+    if (simd) {
+        simd_clauses(G, reds, nreds, pragma, sizeof(pragma));
+        if (pragma[0]) {
+            LINE(G, "%s", pragma);
+        }
+    }
+    else {
+        LINE(G, "#pragma omp simd safelen(1)   /* strided: scalar, quick to compile */");
+    }
+    LINE(G, "for (int64_t i = 0; i < len; i++) {");
+    G->depth++;
+    memset(G->loaded, 0, FC_MAXOPS);
+    for (int v = 0; v < nn; v++) {
+        if (need[v] && emit_node(G, v) < 0) {
+            return -1;
+        }
+    }
+    for (int r = 0; r < nreds; r++) {
+        const FcNode *n = &s->g->nodes[reds[r]];
+        char raw[EXPR], x[EXPR];
+        int ct = fc_dtype_compute(s->sn[n->in[0]].dtype);
+        if (value_of(G, n->in[0], reds[r], raw) < 0) {
+            return -1;
+        }
+        convert(x, raw, s->sn[n->in[0]].dtype, ct);
+        if (strcmp(x, raw) != 0) {
+            LINE(G, "const %s r%d = %s;", ctname(ct), reds[r], x);
+            snprintf(x, EXPR, "r%d", reds[r]);
+        }
+        accumulate(G, reds[r], x, "(j0 + i)");
+    }
+    if (store) {
+        for (int v = 0; v < nn; v++) {
+            if (need[v] && s->sn[v].materialize) {
+                int o = find_operand(G, s->sn[v].slot, FC_ALIGN_FULL);
+                char val[EXPR], name[32];
+                snprintf(name, sizeof(name), "t%d", v);
+                store_expr(val, name, s->slots[K->ops[o].slot].dtype);
+                if (G->unit) {
+                    LINE(G, "p%d[i] = %s;", o, val);
+                }
+                else {
+                    LINE(G, "p%d[i * s%d] = %s;", o, o, val);
+                }
+            }
+        }
+    }
+    G->depth--;
+    LINE(G, "}");
+    return 0;
+}
+
 /* One sweep. inner: over the row's inner space [jlo, jhi) (reductions), else
  * over the outer space [lo, hi) (pointwise, strided). reds: reductions fed
  * by this sweep; store: write materialized FULL values. */
@@ -505,7 +571,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
     const FcSpec *s = G->s;
     const FcKernelIR *K = G->K;
     int nn = s->g->nnodes, rc = -1;
-    char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS], pragma[1024], saved[FC_MAXOPS];
+    char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS], saved[FC_MAXOPS];
     const char *nd = inner ? "L->nd_inner" : "L->nd_outer";
     const char *shape = inner ? "L->ishape" : "L->oshape";
     const char *stride = inner ? "L->istride" : "L->ostride";
@@ -527,6 +593,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         }
     }
     sweep_operands(G, need, reds, nreds, store, use);
+    G->sp = inner ? SP_INNER_RUN : SP_OUTER_RUN;
     memcpy(saved, G->loaded, FC_MAXOPS);   /* locals loaded inside the loop die with it */
 
     LINE(G, "{");
@@ -553,46 +620,47 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         }
         LINE(G, "const int64_t s%d = %s[%d][%s - 1];", o, stride, o, nd);
     }
-    simd_clauses(G, reds, nreds, pragma, sizeof(pragma));
-    if (pragma[0]) {
-        LINE(G, "%s", pragma);
-    }
-    LINE(G, "for (int64_t i = 0; i < len; i++) {");
-    G->depth++;
-    G->sp = inner ? SP_INNER_RUN : SP_OUTER_RUN;
-    memset(G->loaded, 0, FC_MAXOPS);
-    for (int v = 0; v < nn; v++) {
-        if (need[v] && emit_node(G, v) < 0) {
-            goto cleanup;
-        }
-    }
-    for (int r = 0; r < nreds; r++) {
-        const FcNode *n = &s->g->nodes[reds[r]];
-        char raw[EXPR], x[EXPR];
-        int ct = fc_dtype_compute(s->sn[n->in[0]].dtype);
-        if (value_of(G, n->in[0], reds[r], raw) < 0) {
-            goto cleanup;
-        }
-        convert(x, raw, s->sn[n->in[0]].dtype, ct);
-        if (strcmp(x, raw) != 0) {
-            LINE(G, "const %s r%d = %s;", ctname(ct), reds[r], x);
-            snprintf(x, EXPR, "r%d", reds[r]);
-        }
-        accumulate(G, reds[r], x, "(j0 + i)");
-    }
-    if (store) {
-        for (int v = 0; v < nn; v++) {
-            if (need[v] && s->sn[v].materialize) {
-                int o = find_operand(G, s->sn[v].slot, FC_ALIGN_FULL);
-                char val[EXPR], name[32];
-                snprintf(name, sizeof(name), "t%d", v);
-                store_expr(val, name, s->slots[K->ops[o].slot].dtype);
-                LINE(G, "p%d[i * s%d] = %s;", o, o, val);
+    /* two versions of the run: every operand unit-stride (vectorized with
+     * omp simd), or general strides (scalar; omp simd would make gathers) */
+    {
+        FcStr cond = {0};
+        char *c;
+        for (int o = 0; o < K->nops; o++) {
+            if (use[o]) {
+                fc_str_printf(&cond, "%ss%d == 1", cond.len ? " && " : "", o);
             }
         }
+        c = fc_str_take(&cond);
+        if (c == NULL) {
+            goto cleanup;
+        }
+        if (c[0] == 0) {
+            PyMem_Free(c);
+            G->unit = 1;
+            if (emit_run(G, need, reds, nreds, store, 1) < 0) {
+                goto cleanup;
+            }
+        }
+        else {
+            LINE(G, "if (%s) {", c);
+            PyMem_Free(c);
+            G->depth++;
+            G->unit = 1;
+            if (emit_run(G, need, reds, nreds, store, 1) < 0) {
+                goto cleanup;
+            }
+            G->depth--;
+            LINE(G, "}");
+            LINE(G, "else {");
+            G->depth++;
+            G->unit = 0;
+            if (emit_run(G, need, reds, nreds, store, 0) < 0) {
+                goto cleanup;
+            }
+            G->depth--;
+            LINE(G, "}");
+        }
     }
-    G->depth--;
-    LINE(G, "}");
     LINE(G, "j0 += len;");
     LINE(G, "fc_advance(%s, %s, idx, len);", nd, shape);
     G->depth--;
@@ -662,7 +730,7 @@ emit_pointwise(Gen *G, const char *name)
     LINE(G, "fc_report(err, fc_err);");
     G->depth--;
     LINE(G, "}");
-    LINE(G, "");
+    fc_str_puts(G->b, "\n");
     LINE(G, "FC_EXPORT int");
     LINE(G, "%s(const fc_launch *L)", name);
     LINE(G, "{");
@@ -675,9 +743,10 @@ emit_pointwise(Gen *G, const char *name)
     return 0;
 }
 
-/* the body for one outer element o (offsets ob<k> already set) */
+/* the body for one outer element o (offsets ob<k> already set). With P
+ * non-NULL the threads share the row: partials are combined at barriers. */
 static int
-emit_row(Gen *G, int split)
+emit_row(Gen *G)
 {
     const FcSpec *s = G->s;
     const FcKernelIR *K = G->K;
@@ -702,48 +771,50 @@ emit_row(Gen *G, int split)
                 return -1;
             }
             G->sp = SP_OUTER_POINT;
-            if (split) {
-                /* publish partials, then every thread folds them in thread order */
-                for (int r = 0; r < nreds; r++) {
-                    int v = reds[r];
-                    LINE(G, "part%d[tid] = acc%d;", v, v);
-                    if (has_nan_flag(s, v)) {
-                        LINE(G, "partnan%d[tid] = nan%d;", v, v);
-                    }
-                    if (has_index(s, v)) {
-                        LINE(G, "partidx%d[tid] = idx%d;", v, v);
-                    }
+            /* shared rows: publish partials, then every thread folds them in thread order */
+            LINE(G, "if (P != NULL) {");
+            G->depth++;
+            for (int r = 0; r < nreds; r++) {
+                int v = reds[r];
+                LINE(G, "P->part%d[tid] = acc%d;", v, v);
+                if (has_nan_flag(s, v)) {
+                    LINE(G, "P->nan%d[tid] = nan%d;", v, v);
                 }
-                LINE(G, "#pragma omp barrier");
-                for (int r = 0; r < nreds; r++) {
-                    char init[EXPR], px[32], pj[32];
-                    int v = reds[r];
-                    acc_init(s, v, init);
-                    LINE(G, "acc%d = %s;", v, init);
-                    if (has_nan_flag(s, v)) {
-                        LINE(G, "nan%d = 0;", v);
-                    }
-                    LINE(G, "for (int t = 0; t < nth; t++) {");
-                    G->depth++;
-                    snprintf(px, sizeof(px), "part%d[t]", v);
-                    snprintf(pj, sizeof(pj), "partidx%d[t]", v);
-                    if (s->g->nodes[v].op == FC_OP_SUM) {
-                        LINE(G, "acc%d += %s;", v, px);
-                    }
-                    else if (s->g->nodes[v].op == FC_OP_PROD) {
-                        LINE(G, "acc%d *= %s;", v, px);
-                    }
-                    else {
-                        accumulate(G, v, px, pj);
-                        if (has_nan_flag(s, v)) {
-                            LINE(G, "nan%d |= partnan%d[t];", v, v);
-                        }
-                    }
-                    G->depth--;
-                    LINE(G, "}");
+                if (has_index(s, v)) {
+                    LINE(G, "P->idx%d[tid] = idx%d;", v, v);
                 }
-                LINE(G, "#pragma omp barrier");
             }
+            LINE(G, "#pragma omp barrier");
+            for (int r = 0; r < nreds; r++) {
+                char init[EXPR], px[32], pj[32];
+                int v = reds[r];
+                acc_init(s, v, init);
+                LINE(G, "acc%d = %s;", v, init);
+                if (has_nan_flag(s, v)) {
+                    LINE(G, "nan%d = 0;", v);
+                }
+                LINE(G, "for (int t = 0; t < nth; t++) {");
+                G->depth++;
+                snprintf(px, sizeof(px), "P->part%d[t]", v);
+                snprintf(pj, sizeof(pj), "P->idx%d[t]", v);
+                if (s->g->nodes[v].op == FC_OP_SUM) {
+                    LINE(G, "acc%d += %s;", v, px);
+                }
+                else if (s->g->nodes[v].op == FC_OP_PROD) {
+                    LINE(G, "acc%d *= %s;", v, px);
+                }
+                else {
+                    accumulate(G, v, px, pj);
+                    if (has_nan_flag(s, v)) {
+                        LINE(G, "nan%d |= P->nan%d[t];", v, v);
+                    }
+                }
+                G->depth--;
+                LINE(G, "}");
+            }
+            LINE(G, "#pragma omp barrier");
+            G->depth--;
+            LINE(G, "}");
             for (int r = 0; r < nreds; r++) {
                 int v = reds[r], op = s->g->nodes[v].op;
                 int ct = fc_dtype_compute(s->sn[v].dtype);
@@ -782,10 +853,8 @@ emit_row(Gen *G, int split)
         }
         G->sp = SP_OUTER_POINT;
     }
-    if (split) {
-        LINE(G, "if (tid == 0) {");
-        G->depth++;
-    }
+    LINE(G, "if (P == NULL || tid == 0) {");
+    G->depth++;
     for (int m = 0; m < K->nnodes; m++) {
         int v = K->nodes[m];
         if (s->sn[v].materialize && s->sn[v].kind == FC_VK_OUTER) {
@@ -797,19 +866,9 @@ emit_row(Gen *G, int split)
             LINE(G, "%s[ob%d] = %s;", G->opname[o], o, val);
         }
     }
-    if (split) {
-        G->depth--;
-        LINE(G, "}");
-    }
+    G->depth--;
+    LINE(G, "}");
     return 0;
-}
-
-static void
-emit_outer_offsets(Gen *G)
-{
-    for (int o = 0; o < G->K->nops; o++) {
-        LINE(G, "const int64_t ob%d = fc_offset(L->nd_outer, oidx, L->ostride[%d]);", o, o);
-    }
 }
 
 static int
@@ -830,36 +889,9 @@ emit_reduction(Gen *G, const char *name)
     const FcSpec *s = G->s;
     const FcKernelIR *K = G->K;
 
-    /* rows: each thread owns whole outer elements */
-    LINE(G, "static void");
-    LINE(G, "%s_rows(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
-    LINE(G, "{");
+    /* per-thread partials for rows shared by all threads */
+    LINE(G, "typedef struct {");
     G->depth++;
-    LINE(G, "int fc_err = 0;");
-    LINE(G, "const int64_t jlo = 0, jhi = L->n_inner;");
-    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
-    emit_operand_decls(G);
-    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
-    LINE(G, "for (int64_t o = lo; o < hi; o++) {");
-    G->depth++;
-    emit_outer_offsets(G);
-    if (emit_row(G, 0) < 0) {
-        return -1;
-    }
-    LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, 1);");
-    G->depth--;
-    LINE(G, "}");
-    LINE(G, "fc_report(err, fc_err);");
-    G->depth--;
-    LINE(G, "}");
-    LINE(G, "");
-
-    /* split: all threads share each outer element's inner range */
-    LINE(G, "static void");
-    LINE(G, "%s_split(const fc_launch *L, int *err)", name);
-    LINE(G, "{");
-    G->depth++;
-    emit_operand_decls(G);
     for (int m = 0; m < K->nnodes; m++) {
         int v = K->nodes[m];
         if (!is_red(s, v)) {
@@ -867,26 +899,37 @@ emit_reduction(Gen *G, const char *name)
         }
         LINE(G, "%s part%d[FC_MAX_THREADS];", ctname(acc_dtype(s, v)), v);
         if (has_nan_flag(s, v)) {
-            LINE(G, "int partnan%d[FC_MAX_THREADS];", v);
+            LINE(G, "int nan%d[FC_MAX_THREADS];", v);
         }
         if (has_index(s, v)) {
-            LINE(G, "int64_t partidx%d[FC_MAX_THREADS];", v);
+            LINE(G, "int64_t idx%d[FC_MAX_THREADS];", v);
         }
     }
-    LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
+    G->depth--;
+    LINE(G, "} %s_parts;", name);
+    fc_str_puts(G->b, "\n");
+
+    /* outer elements [lo, hi); P == NULL: this thread owns them whole,
+     * else every thread takes its share of each one's inner range */
+    LINE(G, "static void");
+    LINE(G, "%s_body(const fc_launch *L, int64_t lo, int64_t hi, int *err, %s_parts *P, int tid, int nth)",
+         name, name);
     LINE(G, "{");
     G->depth++;
     LINE(G, "int fc_err = 0;");
-    LINE(G, "const int tid = omp_get_thread_num(), nth = omp_get_num_threads();");
-    LINE(G, "int64_t jlo, jhi;");
+    LINE(G, "int64_t jlo = 0, jhi = L->n_inner;");
     LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
-    LINE(G, "fc_thread_range(L->n_inner, tid, nth, &jlo, &jhi);");
-    LINE(G, "(void)nth;");
-    LINE(G, "fc_unravel(0, L->nd_outer, L->oshape, oidx);");
-    LINE(G, "for (int64_t o = 0; o < L->n_outer; o++) {");
+    emit_operand_decls(G);
+    LINE(G, "if (P != NULL) {");
+    LINE(G, "    fc_thread_range(L->n_inner, tid, nth, &jlo, &jhi);");
+    LINE(G, "}");
+    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
+    LINE(G, "for (int64_t o = lo; o < hi; o++) {");
     G->depth++;
-    emit_outer_offsets(G);
-    if (emit_row(G, 1) < 0) {
+    for (int o = 0; o < K->nops; o++) {
+        LINE(G, "const int64_t ob%d = fc_offset(L->nd_outer, oidx, L->ostride[%d]);", o, o);
+    }
+    if (emit_row(G) < 0) {
         return -1;
     }
     LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, 1);");
@@ -895,9 +938,14 @@ emit_reduction(Gen *G, const char *name)
     LINE(G, "fc_report(err, fc_err);");
     G->depth--;
     LINE(G, "}");
-    G->depth--;
+    fc_str_puts(G->b, "\n");
+
+    LINE(G, "static void");
+    LINE(G, "%s_rows(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
+    LINE(G, "{");
+    LINE(G, "    %s_body(L, lo, hi, err, NULL, 0, 1);", name);
     LINE(G, "}");
-    LINE(G, "");
+    fc_str_puts(G->b, "\n");
 
     LINE(G, "FC_EXPORT int");
     LINE(G, "%s(const fc_launch *L)", name);
@@ -910,7 +958,11 @@ emit_reduction(Gen *G, const char *name)
         LINE(G, "}");
     }
     LINE(G, "if (fc_use_split(L)) {");
-    LINE(G, "    %s_split(L, &err);", name);
+    G->depth++;
+    LINE(G, "%s_parts P;", name);
+    LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
+    LINE(G, "%s_body(L, 0, L->n_outer, &err, &P, omp_get_thread_num(), omp_get_num_threads());", name);
+    G->depth--;
     LINE(G, "}");
     LINE(G, "else {");
     LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %s_rows, &err);", name);

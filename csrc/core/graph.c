@@ -85,7 +85,7 @@ fc_graph_add_node(FcGraph *g, const FcNode *proto, const int *in, int nin)
 static int
 type_node(FcGraph *g, FcNode *n)
 {
-    int dt[3], wk[3], nd[3];
+    int dt[3] = {0, 0, 0}, wk[3] = {0, 0, 0}, nd[3] = {0, 0, 0};
     int known_dt = 1, known_nd = 1;
     if (n->op == FC_OP_CONST || n->op == FC_OP_INPUT) {
         return 0;

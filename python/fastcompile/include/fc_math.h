@@ -1,5 +1,5 @@
-/* Math helpers: kernel support: per-type op helpers for generated C.
- * In: operands already converted to the op's compute type. Out: fc_<stem>_<suffix> results, f16/bf16 storage conversions, UB-free float->int casts. */
+/* Kernel support: per-type op helpers for generated C (fc_<stem>_<suffix>, as ops.def's templates).
+ * In: operands already in the op's compute type. Out: NumPy-exact results, f16/bf16 storage, UB-free float->int casts. */
 #ifndef FC_MATH_H
 #define FC_MATH_H
 
@@ -64,19 +64,22 @@ static inline float fc_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }
 static inline double fc_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
 
 /* ---- activations ---------------------------------------------------------
- * sigmoid: e = exp(-|x|) never overflows; x < 0 gives e/(1+e), so the result
- * is accurate down to the smallest subnormals and exactly 0/1 in the limits. */
-static inline float fc_sigmoid_f32(float x) {
-    float e = expf(-fabsf(x)), r = 1.0f / (1.0f + e);
-    return x >= 0.0f ? r : e * r;
+ * x * sigmoid(y) with one division: e = exp(-|y|) never overflows, and y < 0
+ * gives x*e / (1+e), so results are accurate down to the subnormals and
+ * sigmoid is exactly 0/1 in the limits (no NaN for finite y). */
+static inline float fc__xsigmoid_f32(float x, float y) {
+    float e = expf(-fabsf(y));
+    return (y >= 0.0f ? x : x * e) / (1.0f + e);
 }
-static inline double fc_sigmoid_f64(double x) {
-    double e = exp(-fabs(x)), r = 1.0 / (1.0 + e);
-    return x >= 0.0 ? r : e * r;
+static inline double fc__xsigmoid_f64(double x, double y) {
+    double e = exp(-fabs(y));
+    return (y >= 0.0 ? x : x * e) / (1.0 + e);
 }
+static inline float fc_sigmoid_f32(float x) { return fc__xsigmoid_f32(1.0f, x); }
+static inline double fc_sigmoid_f64(double x) { return fc__xsigmoid_f64(1.0, x); }
 /* silu: x * sigmoid(x); silu(-inf) is NaN, as torch. */
-static inline float fc_silu_f32(float x) { return x * fc_sigmoid_f32(x); }
-static inline double fc_silu_f64(double x) { return x * fc_sigmoid_f64(x); }
+static inline float fc_silu_f32(float x) { return fc__xsigmoid_f32(x, x); }
+static inline double fc_silu_f64(double x) { return fc__xsigmoid_f64(x, x); }
 /* gelu: 0.5x(1 + erf(x/sqrt2)) written as 0.5x*erfc(-x/sqrt2): same function,
  * no cancellation for x << 0. gelu(-inf) is NaN, as torch. */
 static inline float fc_gelu_f32(float x) { return 0.5f * x * erfcf(-0.70710678118654752f * x); }
@@ -84,10 +87,10 @@ static inline double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.7071067811
 /* gelu_tanh: 0.5x(1 + tanh(u)) == x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715x^3);
  * the sigmoid form has no cancellation for x << 0. */
 static inline float fc_gelu_tanh_f32(float x) {
-    return x * fc_sigmoid_f32(1.5957691216057308f * (x + 0.044715f * x * x * x));
+    return fc__xsigmoid_f32(x, 1.5957691216057308f * (x + 0.044715f * x * x * x));
 }
 static inline double fc_gelu_tanh_f64(double x) {
-    return x * fc_sigmoid_f64(1.5957691216057308 * (x + 0.044715 * x * x * x));
+    return fc__xsigmoid_f64(x, 1.5957691216057308 * (x + 0.044715 * x * x * x));
 }
 /* softplus: torch's beta=1, threshold=20 */
 static inline float fc_softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -362,7 +365,7 @@ static inline double fc_pow_f64(double a, double b, int *err) { (void)err; retur
  * Round to nearest even; inf, NaN (made quiet, payload's top bits kept, as
  * x86 F16C) and subnormals exact. Integer code with selects, so loops
  * vectorize (gcc 12 does not vectorize _Float16 conversions, even with F16C)
- * and no arithmetic ever touches a float32 subnormal (microcode assists). */
+ * and no float arithmetic meets a subnormal unless the input is one (assists). */
 static inline float fc_load_f16(uint16_t h) {
     uint32_t em = h & 0x7fffu, e = em & 0x7c00u;
     uint32_t o = (em << 13) + 0x38000000u;                     /* rebias 15 -> 127 */
