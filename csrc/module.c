@@ -3,12 +3,15 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#define FC_NUMPY_MAIN   /* this file imports the NumPy C API; the others share it */
+#include "fc_numpy.h"
+
 #include "api/api.h"
+#include "runtime/alloc.h"
 #include "runtime/cpu.h"
 #include "runtime/plan.h"
 
-#define FC_NUMPY_MAIN
-#include "fc_numpy.h"
+
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
@@ -30,7 +33,12 @@ mod_configure(PyObject *self, PyObject *cfg)
 static PyObject *
 mod_stats(PyObject *self, PyObject *unused)
 {
-    return fc_cpu_stats();
+    PyObject *r = fc_cpu_stats(), *a = NULL;
+    if (r != NULL && ((a = fc_alloc_stats()) == NULL || PyDict_Update(r, a) < 0)) {
+        Py_CLEAR(r);
+    }
+    Py_XDECREF(a);
+    return r;
 }
 
 static PyObject *
@@ -74,7 +82,7 @@ mod_exec(PyObject *m)
     if (PyArray_ImportNumPyAPI() < 0) {
         return -1;
     }
-    if (fc_api_init(m) < 0) {
+    if (fc_alloc_init() < 0 || fc_api_init(m) < 0) {
         return -1;
     }
     return 0;
@@ -84,6 +92,7 @@ static void
 mod_free(void *m)
 {
     fc_cpu_free();
+    fc_alloc_free();
 }
 
 static PyModuleDef_Slot mod_slots[] = {

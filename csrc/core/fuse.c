@@ -288,7 +288,14 @@ place_reduction(FcSpec *s, int i)
     }
     for (int c = 0; c < nc; c++) {
         FcKernelIR *K = &s->kernels[cand[c]];
-        int exact = K->nd == src->ndim;
+        int exact = K->nd == src->ndim, nred = 0;
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            nred += fc_ops[s->g->nodes[v].op].kind == FC_KIND_RED && s->sn[v].axes != 0;
+        }
+        if (nred >= FC_MAX_KERNEL_REDS) {
+            continue;
+        }
         for (int d = 0; exact && d < K->nd; d++) {
             exact = K->F[d] == src->dims[d];
         }

@@ -18,7 +18,6 @@
 #include "strbuf.h"
 
 #define EXPR 512
-#define FC_MAX_KERNEL_REDS 32
 
 typedef enum { SP_FLAT, SP_OUTER_RUN, SP_INNER_RUN, SP_OUTER_POINT } Space;
 

@@ -10,6 +10,8 @@
  * known at run time, equal for every dim in the class (broadcasting unified
  * them). Each class has a representative dim of a segment input. */
 
+#define FC_MAX_KERNEL_REDS 32     /* reductions one kernel may hold */
+
 typedef enum { FC_VK_NONE, FC_VK_FULL, FC_VK_OUTER } FcValKind;
 typedef enum { FC_ALIGN_FULL, FC_ALIGN_OUTER } FcAlign;
 

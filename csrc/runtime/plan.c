@@ -8,6 +8,7 @@
 
 #include "../core/strbuf.h"
 #include "../fc_numpy.h"
+#include "alloc.h"
 #include "plan.h"
 
 static struct {
@@ -38,6 +39,10 @@ fc_plan_configure(PyObject *cfg)
     }
     if ((v = PyDict_GetItemString(cfg, "verify")) != NULL) {
         plan_rt.c.verify = PyObject_IsTrue(v) == 1;
+    }
+    if ((v = PyDict_GetItemString(cfg, "pool_mb")) != NULL && PyLong_Check(v)) {
+        long long mb = PyLong_AsLongLong(v);
+        fc_alloc_set_cap(mb > 0 ? (size_t)mb << 20 : 0);
     }
     if ((v = PyDict_GetItemString(cfg, "version")) != NULL && PyUnicode_Check(v)) {
         snprintf(plan_rt.version, sizeof(plan_rt.version), "%s", PyUnicode_AsUTF8(v));
@@ -511,7 +516,7 @@ fc_plan_run(FcPlan *p, PyObject **vals)
                 PyErr_SetString(PyExc_TypeError, "fastcompile: bfloat16 results need torch tensors");
                 goto cleanup;
             }
-            arrs[i] = (PyArrayObject *)PyArray_SimpleNew(sl->ndim, shape, typenum[sl->dtype]);
+            arrs[i] = (PyArrayObject *)fc_alloc_empty(sl->ndim, shape, typenum[sl->dtype]);
             if (arrs[i] == NULL) {
                 goto cleanup;
             }

@@ -41,6 +41,8 @@ KNOBS = [
     Knob("num_threads", "FASTCOMPILE_NUM_THREADS", int, 0, "OpenMP threads per kernel; 0 = all cores"),
     Knob("serial_below", "FASTCOMPILE_SERIAL_BELOW", int, 32768,
          "kernels over fewer elements than this run on one thread"),
+    Knob("pool_mb", "FASTCOMPILE_POOL_MB", int, 256,
+         "freed large outputs kept mapped for reuse (MB); 0 turns the pool off"),
     Knob("debug", "FASTCOMPILE_DEBUG", int, 0,
          "log ladder: 1 compiles and cache misses, 2 graphs after fusion, 3 generated source"),
     Knob("dump_dir", "FASTCOMPILE_DUMP_DIR", str, None, "write every stage (graph, fused, .c) here"),

@@ -174,10 +174,10 @@ FC__UNSIGNED(FC__PRED_U)
 #undef FC__PRED_U
 static inline uint8_t fc_isnan_f32(float x) { return (uint8_t)(x != x); }
 static inline uint8_t fc_isnan_f64(double x) { return (uint8_t)(x != x); }
-static inline uint8_t fc_isinf_f32(float x) { return (uint8_t)(fabsf(x) == INFINITY); }
-static inline uint8_t fc_isinf_f64(double x) { return (uint8_t)(fabs(x) == INFINITY); }
-static inline uint8_t fc_isfinite_f32(float x) { return (uint8_t)(fabsf(x) < INFINITY); }
-static inline uint8_t fc_isfinite_f64(double x) { return (uint8_t)(fabs(x) < INFINITY); }
+static inline uint8_t fc_isinf_f32(float x) { return (uint8_t)(fabsf(x) == HUGE_VALF); }
+static inline uint8_t fc_isinf_f64(double x) { return (uint8_t)(fabs(x) == HUGE_VAL); }
+static inline uint8_t fc_isfinite_f32(float x) { return (uint8_t)(fabsf(x) < HUGE_VALF); }
+static inline uint8_t fc_isfinite_f64(double x) { return (uint8_t)(fabs(x) < HUGE_VAL); }
 
 /* ---- maximum, minimum, fmax, fmin, clamp ----------------------------------
  * Floats: maximum/minimum propagate NaN (a + b is the first NaN operand); on a
