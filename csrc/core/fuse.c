@@ -18,6 +18,7 @@
 #include "spec.h"
 
 #define FC_MAX_KERNEL_NODES 96
+#define FC_HORIZONTAL_WINDOW 4     /* how many recent kernels a node may join sideways */
 
 /* ------------------------------------------------------------------------
  * shapes as class tuples
@@ -276,15 +277,20 @@ place_reduction(FcSpec *s, int i)
     const FcNode *n = &s->g->nodes[i];
     const FcSNode *src = &s->sn[n->in[0]];
     FcSNode *sn = &s->sn[i];
-    int cand[4], nc = 0, k;
+    int cand[4] = {-1, -1, -1, -1}, nc = 0, k;
     int keep = n->keepdim;
 
     if (computed(s, n->in[0])) {
         cand[nc++] = src->kernel;
     }
-    /* horizontal: the newest kernel, if it iterates the same space */
-    if (s->nkernels > 0 && (nc == 0 || cand[0] != s->nkernels - 1)) {
-        cand[nc++] = s->nkernels - 1;
+    /* horizontal: a recent kernel over the same space */
+    for (int k2 = s->nkernels - 1; k2 >= 0 && k2 >= s->nkernels - FC_HORIZONTAL_WINDOW; k2--) {
+        const FcKernelIR *K2 = &s->kernels[k2];
+        if ((nc == 0 || cand[0] != k2) && (K2->mask == 0 || K2->mask == sn->axes) &&
+                same_shape(src->dims, src->ndim, K2->F, K2->nd) && K2->nd == src->ndim) {
+            cand[nc++] = k2;
+            break;
+        }
     }
     for (int c = 0; c < nc; c++) {
         FcKernelIR *K = &s->kernels[cand[c]];
@@ -329,7 +335,20 @@ static int
 place_pointwise(FcSpec *s, int i)
 {
     FcSNode *sn = &s->sn[i];
-    int cand[3], nc = candidates(s, i, cand), k;
+    int cand[4] = {-1, -1, -1, -1}, nc = candidates(s, i, cand), k;
+
+    /* horizontal: a recent kernel over the same space (two results of the
+     * same inputs then share one pass over them) */
+    for (int k2 = s->nkernels - 1; k2 >= 0 && k2 >= s->nkernels - FC_HORIZONTAL_WINDOW; k2--) {
+        int dup = 0;
+        for (int c = 0; c < nc; c++) {
+            dup |= cand[c] == k2;
+        }
+        if (!dup && same_shape(sn->dims, sn->ndim, s->kernels[k2].F, s->kernels[k2].nd)) {
+            cand[nc++] = k2;
+            break;
+        }
+    }
 
     for (int c = 0; c < nc; c++) {
         const FcKernelIR *K = &s->kernels[cand[c]];

@@ -4,6 +4,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "../core/strbuf.h"
@@ -14,7 +15,8 @@
 static struct {
     FcPlanConfig c;
     char version[32];
-} plan_rt = {{1, 32768, 0, 0, NULL}, "0"};
+    char dump_dir[1024];   /* empty: no dumps */
+} plan_rt = {{1, 32768, 0, 0, NULL}, "0", ""};
 
 const FcPlanConfig *
 fc_plan_config(void)
@@ -39,6 +41,10 @@ fc_plan_configure(PyObject *cfg)
     }
     if ((v = PyDict_GetItemString(cfg, "verify")) != NULL) {
         plan_rt.c.verify = PyObject_IsTrue(v) == 1;
+    }
+    if ((v = PyDict_GetItemString(cfg, "dump_dir")) != NULL) {
+        snprintf(plan_rt.dump_dir, sizeof(plan_rt.dump_dir), "%s",
+                 PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : "");
     }
     if ((v = PyDict_GetItemString(cfg, "pool_mb")) != NULL && PyLong_Check(v)) {
         long long mb = PyLong_AsLongLong(v);
@@ -119,6 +125,23 @@ log_debug(const char *text)
     PyErr_Restore(et, ev, tb);
 }
 
+/* FASTCOMPILE_DUMP_DIR: every stage as a file, <graph hash>.<stage> */
+static void
+dump_stage(const char *ghash, const char *stage, const char *text)
+{
+    char path[1200];
+    FILE *f;
+    if (plan_rt.dump_dir[0] == 0) {
+        return;
+    }
+    mkdir(plan_rt.dump_dir, 0700);
+    snprintf(path, sizeof(path), "%s/%s.%s", plan_rt.dump_dir, ghash, stage);
+    if ((f = fopen(path, "w")) != NULL) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
 static double
 now_ms(void)
 {
@@ -197,6 +220,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         goto error;
     }
     snprintf(ghash, sizeof(ghash), "%016llx", (unsigned long long)fc_fnv1a(p->dump));
+    dump_stage(ghash, "fused.txt", p->dump);
     if (plan_rt.c.debug >= 2) {
         char *msg = fc_str_replace(p->dump, "\n", "\n  ");
         if (msg != NULL) {
@@ -244,6 +268,11 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         p->nkernels = o + 1;
         if (plan_rt.c.debug >= 3) {
             log_debug(pk->source);
+        }
+        {
+            char stage[64];
+            snprintf(stage, sizeof(stage), "kernel%d.%s.c", o, pk->name);
+            dump_stage(ghash, stage, pk->source);
         }
         if (fc_cpu_load(pk->source, pk->name, &pk->loaded) < 0) {
             goto error;

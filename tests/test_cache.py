@@ -1,0 +1,212 @@
+"""Kernel caches, seen from the graph API.
+
+In memory: a plan per (segment, input key) where the key is dtype, rank,
+size-1 pattern and C-contiguity of every input; sizes are not in it.
+On disk: content-addressed by source, compiler, flags, CPU and version.
+Every key component is flipped here and must cause a miss.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import fastcompile
+from fastcompile.graph import Graph
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    """A private, empty disk cache for one test; the old one comes back after."""
+    old = fastcompile.config.get("cache_dir")
+    d = tmp_path / "cache"
+    fastcompile.config.set(cache_dir=str(d))
+    fastcompile.cache_clear(disk=False)
+    yield d
+    fastcompile.config.set(cache_dir=old)
+    fastcompile.cache_clear(disk=False)
+
+
+def gelu_graph(dtype="float32", ndim=2):
+    g = Graph()
+    x = g.input(dtype, ndim)
+    g.output(g.call("gelu", x))
+    return g
+
+
+def compiles():
+    return fastcompile.stats()["compiles"]
+
+
+def test_size_change_does_not_recompile(cache_dir):
+    f = gelu_graph().compile()
+    f(np.ones((4, 8), np.float32))
+    before, plans = compiles(), f.nplans
+    for shape in [(5, 9), (1000, 3), (2, 70000), (0, 4)]:
+        (y,) = f(np.full(shape, 0.5, np.float32))
+        assert y.shape == shape
+    assert compiles() == before
+    assert f.nplans == plans == 1
+
+
+@pytest.mark.parametrize("flip", ["size1", "contiguity"])
+def test_input_key_components_miss(cache_dir, flip):
+    f = gelu_graph().compile()
+    x = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    f(x)
+    assert f.nplans == 1
+    other = x[:, :1] if flip == "size1" else x.T
+    (y,) = f(other)
+    assert f.nplans == 2, "flipping %s must build a new plan" % flip
+    expected = 0.5 * other * (1 + np.vectorize(__import__("math").erf)(other / np.sqrt(2)))
+    np.testing.assert_allclose(y, expected, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("flip", ["dtype", "rank"])
+def test_extern_result_key_components_miss(cache_dir, flip):
+    # an extern's result is a segment input whose dtype and rank are only known
+    # at run time: they are key components of the segment after it
+    g = Graph()
+    x = g.input("float64", 2)
+    mode = g.input("int8", 0)
+    y = g.extern(lambda a, m: (a.astype(np.float32) if m else a) if flip == "dtype"
+                 else (a.reshape(-1) if m else a), x, mode)
+    g.output(g.call("exp", y))
+    f = g.compile()
+    a = np.linspace(-1, 1, 6).reshape(2, 3)
+    (r0,) = f(a, np.array(0, np.int8))
+    n0 = compiles()
+    (r1,) = f(a, np.array(1, np.int8))
+    assert f.nplans == 2
+    if flip == "dtype":
+        assert compiles() == n0 + 1, "a new dtype is new source: one compile"
+    assert r1.dtype == (np.float32 if flip == "dtype" else np.float64)
+    assert r1.ndim == (2 if flip == "dtype" else 1)
+    np.testing.assert_allclose(r1.reshape(r0.shape), np.exp(a), rtol=1e-6)
+
+
+def test_compiler_flags_and_version_miss(cache_dir):
+    x = np.ones((2, 3), np.float32)
+    gelu_graph().compile()(x)
+    n0 = compiles()
+    gelu_graph().compile()(x)                   # same key: memory hit, no compile
+    assert compiles() == n0
+    try:
+        fastcompile.config.set(cflags="-DFASTCOMPILE_TEST_FLAG=1")
+        gelu_graph().compile()(x)
+        assert compiles() == n0 + 1, "extra compiler flags are part of the key"
+    finally:
+        fastcompile.config.set(cflags="")
+    resolved = dict(fastcompile.config.resolved(), version="0.0.0-test")
+    try:
+        fastcompile._C._configure(resolved)
+        gelu_graph().compile()(x)
+        assert compiles() == n0 + 2, "the fastcompile version is part of the key"
+    finally:
+        fastcompile.config.set()               # back to the real version
+
+
+WARM_SCRIPT = textwrap.dedent("""
+    import numpy as np, fastcompile
+    from fastcompile.graph import Graph
+    g = Graph(); x = g.input("float32", 2)
+    m = g.call("amax", x, axis=-1, keepdim=True)
+    g.output(g.call("softmax", x, axis=-1), g.call("gelu", g.call("sub", x, m)))
+    f = g.compile()
+    a = np.random.default_rng(0).standard_normal((64, 33)).astype(np.float32)
+    s, y = f(a)
+    e = np.exp(a - a.max(-1, keepdims=True))
+    assert np.allclose(s, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    st = fastcompile.stats()
+    print(st["compiles"], st["disk_hits"])
+""")
+
+
+def run_script(cache, script=WARM_SCRIPT):
+    env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(cache))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+def test_fresh_process_with_warm_cache_makes_no_compiler_call(tmp_path):
+    cache = tmp_path / "warm"
+    cold = run_script(cache).stdout.split()
+    assert int(cold[0]) >= 1
+    warm = run_script(cache).stdout.split()
+    assert int(warm[0]) == 0, "a warm disk cache must mean zero compiler calls"
+    assert int(warm[1]) == int(cold[0])
+
+
+def test_truncated_shared_object_recompiles_with_warning(cache_dir):
+    x = np.linspace(-3, 3, 10, dtype=np.float32).reshape(2, 5)
+    f = gelu_graph().compile()
+    (good,) = f(x)
+    so = f.kernels[0].so_path
+    with open(so, "r+b") as fh:
+        fh.truncate(100)
+    fastcompile.cache_clear(disk=False)        # forget it in memory; the disk copy is now broken
+    n0 = compiles()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (again,) = gelu_graph().compile()(x)
+    assert compiles() == n0 + 1
+    assert any("corrupt" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    np.testing.assert_array_equal(again, good)
+
+
+RACE_SCRIPT = textwrap.dedent("""
+    import sys, numpy as np, fastcompile
+    from fastcompile.graph import Graph
+    g = Graph(); x = g.input("float64", 1)
+    g.output(g.call("mul", g.call("tanh", x), g.call("sigmoid", x)))
+    (y,) = g.compile()(np.linspace(-5, 5, 1001))
+    ref = np.tanh(np.linspace(-5, 5, 1001)) / (1 + np.exp(-np.linspace(-5, 5, 1001)))
+    assert np.allclose(y, ref, rtol=1e-12, atol=1e-15), "wrong result"
+    print("ok")
+""")
+
+
+def test_four_processes_racing_on_one_key(tmp_path):
+    cache = tmp_path / "race"
+    env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(cache))
+    procs = [subprocess.Popen([sys.executable, "-c", RACE_SCRIPT], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert out.strip() == "ok"
+    published = [f for _, _, files in os.walk(cache) for f in files if f.endswith(".so")]
+    assert len(published) == 1, published
+    leftovers = [f for _, _, files in os.walk(cache) for f in files if ".tmp" in f or f.count(".") > 1]
+    assert leftovers == []
+
+
+def test_cache_dir_is_private(cache_dir):
+    gelu_graph().compile()(np.ones((1, 1), np.float32))
+    assert (os.stat(cache_dir).st_mode & 0o777) == 0o700
+
+
+def test_mxcsr_unchanged_after_loading_a_kernel(cache_dir):
+    before = fastcompile._C._mxcsr()
+    g = Graph()
+    x = g.input("float32", 1)
+    g.output(g.call("exp", x))
+    g.compile()(np.ones(3, np.float32))
+    assert fastcompile._C._mxcsr() == before
+    # denormals still work: FTZ/DAZ were not switched on by the load
+    assert np.float32(1e-40) * np.float32(1.0) != 0
+
+
+def test_cache_clear_disk_empties_the_folder(cache_dir):
+    gelu_graph().compile()(np.ones((2, 2), np.float32))
+    assert any(f.endswith(".so") for _, _, fs in os.walk(cache_dir) for f in fs)
+    fastcompile.cache_clear(disk=True)
+    assert not any(f.endswith((".so", ".c", ".meta")) for _, _, fs in os.walk(cache_dir) for f in fs)
+    n0 = compiles()
+    gelu_graph().compile()(np.ones((2, 2), np.float32))
+    assert compiles() == n0 + 1
