@@ -73,6 +73,7 @@ static PyMethodDef mod_methods[] = {
     {"cache_clear", (PyCFunction)(void (*)(void))mod_cache_clear, METH_VARARGS | METH_KEYWORDS,
      "forget loaded kernels; with disk=True (default) also empty the disk cache"},
     {"_mxcsr", mod_mxcsr, METH_NOARGS, "the MXCSR register (tests)"},
+    {"_cpu_load", fc_cpu_py_load, METH_VARARGS, "compile or load C source (tests)"},
     {NULL, NULL, 0, NULL},
 };
 

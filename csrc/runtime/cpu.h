@@ -31,5 +31,8 @@ FC_INTERNAL PyObject *fc_cpu_stats(void);
  * `disk` is true, delete the on-disk cache contents. Returns 0 or -1. */
 FC_INTERNAL int fc_cpu_cache_clear(int disk);
 FC_INTERNAL void fc_cpu_free(void);
+/* Test hook _C._cpu_load(source, symbol) -> {"so_path", "c_path", "key", "fn"}.
+ * self, args: borrowed; returns: new reference. */
+FC_INTERNAL PyObject *fc_cpu_py_load(PyObject *self, PyObject *args);
 
 #endif

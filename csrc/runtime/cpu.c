@@ -1,0 +1,2145 @@
+/* Runtime, CPU: C source text -> shared object in a private disk cache -> loaded kernel.
+ * In: kernel source from gen_c, fastcompile.config. Out: FcLoaded (fn, .so/.c paths, key). */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu.h"
+#include "sha256.h"
+
+/* Test hook, registered by module.c as _C._cpu_load (see the bottom of this file). */
+FC_INTERNAL PyObject *fc_cpu_py_load(PyObject *self, PyObject *args);
+
+/* The kernel compile line: cc FC_FLAGS -I<include_dir> <cflags> -o OUT SRC FC_LIBS.
+ * Never -ffast-math/-Ofast: they link crtfastmath.o, which sets FTZ/DAZ in MXCSR
+ * for the whole process when the .so is loaded. -nostartfiles leaves out the
+ * crt*.o files altogether (crtfastmath.o is one; kernels need none of them):
+ * no constructor or destructor runs from a kernel .so, so loading cannot
+ * touch MXCSR and exit never runs code from a kernel file that someone
+ * truncated under us. */
+static const char *const FC_FLAGS[] = {
+    "-O3", "-march=native", "-std=c11", "-fPIC", "-shared", "-fopenmp",
+    "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
+    "-fvisibility=hidden", "-nostartfiles",
+};
+static const char *const FC_LIBS[] = {"-lmvec", "-lm"};
+#define FC_NFLAGS ((int)(sizeof(FC_FLAGS) / sizeof(FC_FLAGS[0])))
+#define FC_NLIBS ((int)(sizeof(FC_LIBS) / sizeof(FC_LIBS[0])))
+
+/* cflags that would link crtfastmath.o (gcc's spec file) and so change MXCSR. */
+static const char *const FC_FORBIDDEN_CFLAGS[] = {
+    "-ffast-math", "-Ofast", "-funsafe-math-optimizations", "-mdaz-ftz",
+};
+
+#define FC_DEFAULT_PATH "PATH=/usr/local/bin:/usr/bin:/bin"
+#define FC_COMPILE_TIMEOUT_S 120   /* default; the config key "compile_timeout" overrides */
+#define FC_PROBE_TIMEOUT_S 30      /* cc --version */
+#define FC_LOG_MAX (1 << 20)       /* compiler output kept for the error message */
+#define FC_META_WAIT_READ_MS 100   /* a reader waits this long for a .meta mid-publish */
+#define FC_META_WAIT_PUBLISH_MS 2000
+#define FC_PUBLISH_TRIES 3
+
+/* ---------------------------------------------------------------------------
+ * Runtime state: the one piece of mutable global state in this file.
+ * Touched only with the GIL held; a load releases the GIL only around work on
+ * an FcJob, which owns copies of everything it needs.
+ * ------------------------------------------------------------------------- */
+
+typedef struct FcEntry {
+    struct FcEntry *next;   /* rt.entries: every entry ever made, freed by fc_cpu_free */
+    char *key;              /* hex sha256 disk key */
+    char *symbol;
+    char *so_path;          /* the file that was dlopen'd */
+    char *c_path;
+    void *handle;           /* never dlclose'd: callers may hold fn past cache_clear */
+    fc_kernel_fn fn;
+    dev_t dev;              /* the file that is mapped */
+    ino_t ino;
+    int via_alias;          /* loaded through a one-off hard link, see open_entry */
+} FcEntry;
+
+static struct {
+    /* configuration (fc_cpu_configure); malloc'd strings, NULL where unset */
+    int configured;
+    char *cc;               /* as configured: absolute path, or a name to find on PATH */
+    char **cflags;          /* extra flags, NULL-terminated */
+    char *include_dir;
+    char *cache_req;        /* cache_dir as asked for; NULL: the default chain */
+    char *version;
+    char *dump_dir;
+    int always_compile;
+    int debug;
+    int timeout_s;
+    /* derived lazily from the configuration; reset by fc_cpu_configure */
+    char *cache_dir;        /* the folder in use, checked private; NULL until first use */
+    int cache_is_fallback;  /* cache_dir is our own mkdtemp, removed when we leave it */
+    char *cc_abs;           /* absolute compiler path */
+    char *cc_line;          /* first line of `cc --version` */
+    int have_digest;
+    uint8_t digest[32];     /* sha256 of every key component but the source */
+    /* kernel table: open addressing over rt.entries, keyed by (key, symbol) */
+    FcEntry **slots;
+    size_t cap, used;
+    FcEntry *entries;
+    /* counters, never reset (tests diff them) */
+    long long compiles, disk_hits, memory_hits;
+} rt;
+
+/* ---------------------------------------------------------------------------
+ * Small helpers: growable text, strings, files. None of them needs the GIL.
+ * ------------------------------------------------------------------------- */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} FcBuf;
+
+static void
+buf_add(FcBuf *b, const char *s, size_t n)
+{
+    if (b->oom) {
+        return;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) {
+            cap *= 2;
+        }
+        char *p = realloc(b->p, cap);
+        if (p == NULL) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void
+buf_puts(FcBuf *b, const char *s)
+{
+    buf_add(b, s, strlen(s));
+}
+
+static void buf_printf(FcBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+buf_printf(FcBuf *b, const char *fmt, ...)
+{
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        return;
+    }
+    if ((size_t)n < sizeof(small)) {
+        buf_add(b, small, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (big == NULL) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    buf_add(b, big, (size_t)n);
+    free(big);
+}
+
+static void
+buf_free(FcBuf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+    b->oom = 0;
+}
+
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+
+/* malloc'd printf result, or NULL when out of memory */
+static char *
+fmt(const char *f, ...)
+{
+    char *s = NULL;
+    va_list ap;
+    va_start(ap, f);
+    if (vasprintf(&s, f, ap) < 0) {
+        s = NULL;
+    }
+    va_end(ap);
+    return s;
+}
+
+static int
+str_eq(const char *a, const char *b)
+{
+    return (a == NULL && b == NULL) || (a && b && strcmp(a, b) == 0);
+}
+
+static void
+strv_free(char **v)
+{
+    if (v != NULL) {
+        for (char **p = v; *p; p++) {
+            free(*p);
+        }
+        free(v);
+    }
+}
+
+static size_t
+strv_len(char *const *v)
+{
+    size_t n = 0;
+    while (v && v[n]) {
+        n++;
+    }
+    return n;
+}
+
+/* Appends a copy of s to *v (NULL-terminated). Returns 0, or -1 when out of memory. */
+static int
+strv_push(char ***v, const char *s)
+{
+    size_t n = strv_len(*v);
+    char *copy = strdup(s);
+    char **grown = copy ? realloc(*v, (n + 2) * sizeof(char *)) : NULL;
+    if (grown == NULL) {
+        free(copy);
+        return -1;
+    }
+    grown[n] = copy;
+    grown[n + 1] = NULL;
+    *v = grown;
+    return 0;
+}
+
+static double
+now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void
+sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+}
+
+/* "<pid>.<16 random hex>": unique temp-name part, same folder as the target. */
+static void
+temp_suffix(char out[48])
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        r = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)&ts;
+    }
+    snprintf(out, 48, "%ld.%016llx", (long)getpid(), (unsigned long long)r);
+}
+
+/* Reads a whole regular file (never through a symlink) into a malloc'd,
+ * NUL-terminated buffer. Returns 0, or -1 with errno (EFBIG past max). */
+static int
+read_all(const char *path, size_t max, char **out, size_t *n)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    char *p = NULL;
+    struct stat st;
+    size_t len = 0;
+    if (fd < 0) {
+        return -1;
+    }
+    if (fstat(fd, &st) < 0) {
+        goto error;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        errno = EINVAL;
+        goto error;
+    }
+    if ((size_t)st.st_size > max) {
+        errno = EFBIG;
+        goto error;
+    }
+    p = malloc((size_t)st.st_size + 1);
+    if (p == NULL) {
+        errno = ENOMEM;
+        goto error;
+    }
+    while (len < (size_t)st.st_size) {
+        ssize_t r = read(fd, p + len, (size_t)st.st_size - len);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            goto error;
+        }
+        if (r == 0) {
+            break;   /* shrank under us: the caller's checksum will say so */
+        }
+        len += (size_t)r;
+    }
+    p[len] = '\0';
+    close(fd);
+    *out = p;
+    *n = len;
+    return 0;
+error:;
+    int saved = errno;
+    free(p);
+    close(fd);
+    errno = saved;
+    return -1;
+}
+
+static int
+write_fd_all(int fd, const void *data, size_t n)
+{
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w < 0) {
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Creates `path` (which must not exist), writes data, fsyncs. On failure the
+ * file is removed. Returns 0, or -1 with errno. */
+static int
+write_new(const char *path, const void *data, size_t n, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd < 0) {
+        return -1;
+    }
+    if (write_fd_all(fd, data, n) < 0 || fsync(fd) < 0) {
+        int saved = errno;
+        close(fd);
+        unlink(path);
+        errno = saved;
+        return -1;
+    }
+    return close(fd);
+}
+
+/* Writes data to `path` via a temp file beside it and rename(2): readers see
+ * the old or the new file, never a half-written one. Returns 0 or -1 with errno. */
+static int
+write_atomic(const char *path, const void *data, size_t n, mode_t mode)
+{
+    char sfx[48];
+    temp_suffix(sfx);
+    char *tmp = fmt("%s.%s.tmp", path, sfx);
+    if (tmp == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int rc = write_new(tmp, data, n, mode);
+    if (rc == 0 && rename(tmp, path) < 0) {
+        int saved = errno;
+        unlink(tmp);
+        errno = saved;
+        rc = -1;
+    }
+    free(tmp);
+    return rc;
+}
+
+/* sha256 of a regular file's bytes (fsync'd first when `sync`). 0 or -1 with errno. */
+static int
+hash_file(const char *path, int sync, char hex[65], off_t *size)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    FcSha256 s;
+    uint8_t digest[32];
+    char chunk[65536];
+    if (fd < 0) {
+        return -1;
+    }
+    if (fstat(fd, &st) < 0) {
+        goto error;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        errno = EINVAL;
+        goto error;
+    }
+    if (sync && fsync(fd) < 0) {
+        goto error;
+    }
+    fc_sha256_init(&s);
+    for (;;) {
+        ssize_t r = read(fd, chunk, sizeof(chunk));
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            goto error;
+        }
+        if (r == 0) {
+            break;
+        }
+        fc_sha256_update(&s, chunk, (size_t)r);
+    }
+    close(fd);
+    fc_sha256_final(&s, digest);
+    fc_sha256_hex(digest, hex);
+    if (size) {
+        *size = st.st_size;
+    }
+    return 0;
+error:;
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return -1;
+}
+
+static void
+fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);   /* durability only: a failure here loses nothing that is checked */
+        close(fd);
+    }
+}
+
+/* Moves `from` to `to` only if `to` does not exist (EEXIST otherwise): a
+ * published file is never overwritten, so a process that has it mapped never
+ * sees it change (cppimport#67's SIGBUS). Returns 0 or -1 with errno. */
+static int
+move_noreplace(const char *from, const char *to)
+{
+#ifdef RENAME_NOREPLACE
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) {
+        return 0;
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+        return -1;
+    }
+#endif
+    if (link(from, to) < 0) {
+        return -1;
+    }
+    unlink(from);
+    return 0;
+}
+
+/* mkdir -p with mode 0700 for every folder it creates. 0 or -1 with errno. */
+static int
+mkdir_p(const char *path, mode_t mode)
+{
+    char *p = strdup(path);
+    int rc = 0;
+    if (p == NULL) {
+        errno = ENOMEM;
+        return -1;
+    }
+    for (char *s = p + 1;; s++) {
+        if (*s == '/' || *s == '\0') {
+            char c = *s;
+            *s = '\0';
+            if (mkdir(p, mode) < 0 && errno != EEXIST) {
+                rc = -1;
+                break;
+            }
+            *s = c;
+            if (c == '\0') {
+                break;
+            }
+        }
+    }
+    int saved = errno;
+    free(p);
+    errno = saved;
+    return rc;
+}
+
+/* The first line of s (without the newline), copied; NULL when out of memory. */
+static char *
+first_line(const char *s)
+{
+    size_t n = strcspn(s, "\r\n");
+    return strndup(s, n);
+}
+
+/* ---------------------------------------------------------------------------
+ * Subprocesses: posix_spawn with argv (no shell), a scrubbed environment,
+ * output to a file, a time limit. GIL-free.
+ * ------------------------------------------------------------------------- */
+
+/* Runs argv[0] (an absolute path) with envp, stdin from /dev/null, stdout and
+ * stderr to out_fd, in its own process group (so a timeout kills cc1, as and
+ * ld too). Returns 0 with *status (a waitpid status) and *timed_out, or -1
+ * with errno when it could not be started. */
+static int
+spawn_wait(char *const argv[], char *const envp[], int out_fd, int timeout_s,
+           int *status, int *timed_out)
+{
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t attr;
+    sigset_t none, dflt;
+    pid_t pid;
+    int rc;
+
+    *timed_out = 0;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);   /* fds leaked by other libraries */
+#endif
+    posix_spawnattr_init(&attr);
+    sigemptyset(&none);
+    sigemptyset(&dflt);
+    sigaddset(&dflt, SIGPIPE);   /* Python ignores these; ignored dispositions survive exec */
+    sigaddset(&dflt, SIGXFSZ);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setsigdefault(&attr, &dflt);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF
+                                        | POSIX_SPAWN_SETPGROUP);
+    rc = posix_spawn(&pid, argv[0], &fa, &attr, argv, envp);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+
+    double deadline = now_ms() + 1e3 * timeout_s;
+    int nap = 1;
+    for (;;) {
+        pid_t r = waitpid(pid, status, WNOHANG);
+        if (r == pid) {
+            return 0;
+        }
+        if (r < 0 && errno != EINTR) {
+            return -1;   /* ECHILD: someone set SIGCHLD to SIG_IGN */
+        }
+        if (now_ms() > deadline) {
+            kill(-pid, SIGKILL);
+            kill(pid, SIGKILL);
+            while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+            }
+            *timed_out = 1;
+            return 0;
+        }
+        sleep_ms(nap);
+        nap = nap < 8 ? nap * 2 : 8;
+    }
+}
+
+/* The compiler's environment: PATH, HOME, TMPDIR, LANG from ours, nothing
+ * else (no CFLAGS, LD_PRELOAD, GCC_EXEC_PREFIX, COMPILER_PATH, ...). GIL held
+ * (getenv races with os.environ writes otherwise). NULL when out of memory. */
+static char **
+scrubbed_env(void)
+{
+    static const char *const keep[] = {"PATH", "HOME", "TMPDIR", "LANG"};
+    char **env = NULL;
+    int have_path = 0;
+    for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
+        const char *v = getenv(keep[i]);
+        if (v == NULL) {
+            continue;
+        }
+        char *kv = fmt("%s=%s", keep[i], v);
+        int rc = kv ? strv_push(&env, kv) : -1;
+        free(kv);
+        if (rc < 0) {
+            goto error;
+        }
+        have_path |= strcmp(keep[i], "PATH") == 0;
+    }
+    if (!have_path && strv_push(&env, FC_DEFAULT_PATH) < 0) {
+        goto error;
+    }
+    if (env == NULL) {
+        env = calloc(1, sizeof(char *));
+    }
+    return env;
+error:
+    strv_free(env);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------
+ * Warnings and the debug log (GIL held).
+ * ------------------------------------------------------------------------- */
+
+/* RuntimeWarning; returns -1 if a warnings filter turned it into an error. */
+static int
+warn(const char *msg)
+{
+    return PyErr_WarnEx(PyExc_RuntimeWarning, msg, 1);
+}
+
+/* FASTCOMPILE_DEBUG >= 1: through logging.getLogger("fastcompile") when
+ * logging is set up, else straight to stderr. Call with no exception set;
+ * never raises. */
+static void log_debug(const char *f, ...) __attribute__((format(printf, 1, 2)));
+
+static void
+log_debug(const char *f, ...)
+{
+    char msg[1024];
+    va_list ap;
+    PyObject *logging = NULL, *logger = NULL, *has = NULL, *res = NULL;
+
+    va_start(ap, f);
+    vsnprintf(msg, sizeof(msg), f, ap);
+    va_end(ap);
+    logging = PyImport_ImportModule("logging");
+    if (logging == NULL) {
+        goto fallback;
+    }
+    logger = PyObject_CallMethod(logging, "getLogger", "s", "fastcompile");
+    has = logger ? PyObject_CallMethod(logger, "hasHandlers", NULL) : NULL;
+    if (has == NULL || !PyObject_IsTrue(has)) {
+        goto fallback;
+    }
+    res = PyObject_CallMethod(logger, "info", "s", msg);
+    if (res != NULL) {
+        goto cleanup;
+    }
+fallback:
+    PyErr_Clear();
+    PySys_FormatStderr("fastcompile: %s\n", msg);
+cleanup:
+    PyErr_Clear();
+    Py_XDECREF(res);
+    Py_XDECREF(has);
+    Py_XDECREF(logger);
+    Py_XDECREF(logging);
+}
+
+/* ---------------------------------------------------------------------------
+ * The cache folder: private (0700, ours, not a symlink), never the CWD.
+ * ------------------------------------------------------------------------- */
+
+/* Is dir safe to load code from? 0, or -1 with why filled in. Checks the leaf
+ * (not a symlink, a directory, owned by us, not group/world-writable) and every
+ * ancestor (not writable by others unless sticky, like /tmp: otherwise anyone
+ * could rename our leaf away and put theirs in its place). */
+static int
+check_private(const char *dir, char *why, size_t whylen)
+{
+    struct stat st;
+    if (lstat(dir, &st) < 0) {
+        snprintf(why, whylen, "cannot stat it: %s", strerror(errno));
+        return -1;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        snprintf(why, whylen, "it is a symlink");
+        return -1;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(why, whylen, "it is not a directory");
+        return -1;
+    }
+    if (st.st_uid != geteuid()) {
+        snprintf(why, whylen, "it is owned by uid %ld, not by us (uid %ld)", (long)st.st_uid,
+                 (long)geteuid());
+        return -1;
+    }
+    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(why, whylen, "it is group- or world-writable (mode %03o)",
+                 (unsigned)(st.st_mode & 0777));
+        return -1;
+    }
+    char *up = strdup(dir);
+    if (up == NULL) {
+        snprintf(why, whylen, "out of memory");
+        return -1;
+    }
+    int rc = 0;
+    for (char *slash = strrchr(up, '/'); slash != NULL; slash = strrchr(up, '/')) {
+        if (slash == up) {
+            slash[1] = '\0';   /* "/" itself */
+        }
+        else {
+            *slash = '\0';
+        }
+        if (stat(up, &st) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH))
+            && !(st.st_mode & S_ISVTX)) {
+            snprintf(why, whylen, "its parent %s is writable by others without the sticky bit",
+                     up);
+            rc = -1;
+            break;
+        }
+        if (slash == up) {
+            break;
+        }
+    }
+    free(up);
+    return rc;
+}
+
+/* $XDG_CACHE_HOME/fastcompile, ~/.cache/fastcompile, /tmp/fastcompile-uid<N>. */
+static char *
+default_cache_dir(void)
+{
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    if (xdg && xdg[0] == '/') {
+        return fmt("%s/fastcompile", xdg);
+    }
+    if (home && home[0] == '/') {
+        return fmt("%s/.cache/fastcompile", home);
+    }
+    return fmt("/tmp/fastcompile-uid%ld", (long)geteuid());
+}
+
+static int clear_dir(const char *dir, int remove_root);
+
+/* Forget the folder in use; a private fallback of ours is deleted with it
+ * (kernels loaded from it stay mapped). */
+static void
+drop_cache_dir(void)
+{
+    if (rt.cache_dir && rt.cache_is_fallback) {
+        clear_dir(rt.cache_dir, 1);
+    }
+    free(rt.cache_dir);
+    rt.cache_dir = NULL;
+    rt.cache_is_fallback = 0;
+}
+
+/* Makes rt.cache_dir a checked private folder, re-checking one already chosen
+ * (another process could have changed it since). An unsafe folder is refused
+ * with a RuntimeWarning naming the reason, and a fresh mkdtemp folder is used
+ * instead. GIL held. Returns 0, or -1 with an exception set. */
+static int
+ensure_cache_dir(void)
+{
+    char why[512];
+    char tmpl[] = "/tmp/fastcompile-XXXXXX";
+    char *want = NULL, *msg = NULL;
+    int rc = -1;
+
+    if (rt.cache_dir && check_private(rt.cache_dir, why, sizeof(why)) == 0) {
+        return 0;
+    }
+    /* first use, or the folder went bad since: resolve the request again */
+    want = rt.cache_req ? strdup(rt.cache_req) : default_cache_dir();
+    if (want == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (size_t n = strlen(want); n > 1 && want[n - 1] == '/'; n--) {
+        want[n - 1] = '\0';   /* "link/" would make lstat follow the link */
+    }
+    drop_cache_dir();
+    if (want[0] != '/') {
+        snprintf(why, sizeof(why), "it is not an absolute path (the cache is never the CWD)");
+    }
+    else if (mkdir_p(want, 0700) < 0) {
+        snprintf(why, sizeof(why), "cannot create it: %s", strerror(errno));
+    }
+    else if (check_private(want, why, sizeof(why)) == 0) {
+        rt.cache_dir = want;
+        want = NULL;
+        rc = 0;
+        goto cleanup;
+    }
+    if (mkdtemp(tmpl) == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: cache dir %s refused (%s), and no private "
+                     "fallback could be made: mkdtemp: %s", want, why, strerror(errno));
+        goto cleanup;
+    }
+    rt.cache_dir = strdup(tmpl);
+    if (rt.cache_dir == NULL) {
+        rmdir(tmpl);
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    rt.cache_is_fallback = 1;
+    msg = fmt("fastcompile: refusing cache dir %s (%s); using the private folder %s for this "
+              "process instead", want, why, tmpl);
+    if (msg == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    rc = warn(msg);
+cleanup:
+    free(want);
+    free(msg);
+    return rc;
+}
+
+/* Deletes what this runtime writes under dir: in each two-hex-digit shard,
+ * the files named <64 hex>.<anything> (published and temp .so/.c/.meta/.log),
+ * then the shard if empty; at the top, compiler-*.id files. Symlinks and
+ * other names are left alone. With remove_root, rmdir dir too. GIL-free. */
+static int
+clear_dir(const char *dir, int remove_root)
+{
+    int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = top >= 0 ? fdopendir(top) : NULL;
+    struct dirent *de;
+    int rc = 0;
+    if (d == NULL) {
+        int saved = errno;
+        if (top >= 0) {
+            close(top);
+        }
+        errno = saved;
+        return saved == ENOENT ? 0 : -1;
+    }
+    while ((de = readdir(d)) != NULL) {
+        const char *n = de->d_name;
+        struct stat st;
+        if (fstatat(top, n, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+            continue;
+        }
+        if (S_ISREG(st.st_mode) && strncmp(n, "compiler-", 9) == 0) {
+            unlinkat(top, n, 0);
+            continue;
+        }
+        if (!S_ISDIR(st.st_mode) || strlen(n) != 2 || strspn(n, "0123456789abcdef") != 2) {
+            continue;
+        }
+        int sfd = openat(top, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        DIR *sd = sfd >= 0 ? fdopendir(sfd) : NULL;
+        if (sd == NULL) {
+            if (sfd >= 0) {
+                close(sfd);
+            }
+            rc = -1;
+            continue;
+        }
+        struct dirent *fe;
+        while ((fe = readdir(sd)) != NULL) {
+            const char *f = fe->d_name;
+            struct stat fst;
+            if (strspn(f, "0123456789abcdef") == 64 && f[64] == '.'
+                && fstatat(sfd, f, &fst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fst.st_mode)
+                && unlinkat(sfd, f, 0) < 0 && errno != ENOENT) {
+                rc = -1;
+            }
+        }
+        closedir(sd);
+        unlinkat(top, n, AT_REMOVEDIR);   /* fails harmlessly if others' files remain */
+    }
+    closedir(d);
+    if (remove_root && rmdir(dir) < 0 && errno != ENOENT) {
+        rc = -1;
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * Key components: the compiler's identity, the CPU's, the shipped headers.
+ * ------------------------------------------------------------------------- */
+
+/* Absolute path of the configured compiler, searching PATH for a bare name.
+ * NULL (no exception) when not found; GIL held. */
+static char *
+resolve_cc(const char *cc)
+{
+    if (cc == NULL || cc[0] == '\0') {
+        cc = "cc";
+    }
+    if (cc[0] == '/') {
+        return access(cc, X_OK) == 0 ? strdup(cc) : NULL;
+    }
+    if (strchr(cc, '/') != NULL) {
+        char *abs = realpath(cc, NULL);
+        if (abs && access(abs, X_OK) != 0) {
+            free(abs);
+            abs = NULL;
+        }
+        return abs;
+    }
+    const char *path = getenv("PATH");
+    char *dirs = strdup(path && path[0] ? path : "/usr/local/bin:/usr/bin:/bin");
+    char *found = NULL, *save = NULL;
+    for (char *d = dirs ? strtok_r(dirs, ":", &save) : NULL; d && !found;
+         d = strtok_r(NULL, ":", &save)) {
+        if (d[0] != '/') {
+            continue;   /* a relative PATH entry would be the CWD */
+        }
+        char *cand = fmt("%s/%s", d, cc);
+        if (cand && access(cand, X_OK) == 0) {
+            found = cand;
+        }
+        else {
+            free(cand);
+        }
+    }
+    free(dirs);
+    return found;
+}
+
+/* The first line of `cc --version`. Probing costs a process spawn, so the
+ * answer is kept in <cache>/compiler-<hash>.id, keyed by the compiler file's
+ * path, inode, size and times: a warm start spawns nothing. GIL held.
+ * Returns a malloc'd line, or NULL with an exception set. */
+static char *
+compiler_line(const char *cc_abs)
+{
+    struct stat st;
+    char hex[65], *id_path = NULL, *real = NULL, *text = NULL, *line = NULL, *stored = NULL;
+    char **argv = NULL, **envp = NULL;
+    FcBuf ident = {0};
+    size_t n;
+    int fd = -1, status, timed_out;
+
+    real = realpath(cc_abs, NULL);
+    if (real == NULL || stat(real, &st) < 0) {
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: cannot stat the C compiler %s: %s",
+                     cc_abs, strerror(errno));
+        goto cleanup;
+    }
+    buf_printf(&ident, "%s\n%s\n%llu %llu %lld %lld.%09ld %lld.%09ld", cc_abs, real,
+               (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+               (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+               (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+    if (ident.oom) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    fc_sha256_hex_of(ident.p, ident.len, hex);
+    id_path = fmt("%s/compiler-%.16s.id", rt.cache_dir, hex);
+    if (id_path == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    if (read_all(id_path, 4096, &text, &n) == 0 && n > 0) {
+        line = first_line(text);
+        if (line == NULL) {
+            PyErr_NoMemory();
+        }
+        goto cleanup;
+    }
+
+    /* not known yet: ask the compiler */
+    fd = memfd_create("fastcompile-cc-version", MFD_CLOEXEC);
+    envp = scrubbed_env();
+    if (fd < 0 || envp == NULL || strv_push(&argv, cc_abs) < 0
+        || strv_push(&argv, "--version") < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto cleanup;
+    }
+    /* the GIL stays held: a few ms once per compiler, and rt.cc_abs must not
+     * change under us */
+    int rc = spawn_wait(argv, envp, fd, FC_PROBE_TIMEOUT_S, &status, &timed_out);
+    if (rc < 0 || timed_out || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: `%s --version` failed (%s)", cc_abs,
+                     rc < 0 ? strerror(errno) : timed_out ? "timed out" : "nonzero exit");
+        goto cleanup;
+    }
+    off_t len = lseek(fd, 0, SEEK_END);
+    free(text);
+    text = calloc(1, len > 0 && len < 65536 ? (size_t)len + 1 : 65537);
+    if (text == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    if (pread(fd, text, len > 0 && len < 65536 ? (size_t)len : 65536, 0) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto cleanup;
+    }
+    line = first_line(text);
+    if (line == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    stored = fmt("%s\n", line);
+    if (stored != NULL) {
+        write_atomic(id_path, stored, strlen(stored), 0600);   /* best effort: else we re-probe */
+    }
+cleanup:
+    if (fd >= 0) {
+        close(fd);
+    }
+    strv_free(argv);
+    strv_free(envp);
+    buf_free(&ident);
+    free(real);
+    free(id_path);
+    free(text);
+    free(stored);
+    return line;
+}
+
+/* Feeds one length-prefixed field into the key hash, so that no two
+ * different field lists hash the same bytes. */
+static void
+key_field(FcSha256 *s, const char *name, const void *data, size_t n)
+{
+    char head[96];
+    int h = snprintf(head, sizeof(head), "%s:%zu:", name, n);
+    fc_sha256_update(s, head, (size_t)h);
+    fc_sha256_update(s, data, n);
+}
+
+static void
+key_str(FcSha256 *s, const char *name, const char *v)
+{
+    key_field(s, name, v ? v : "", v ? strlen(v) : 0);
+}
+
+/* The CPU the kernels are built for with -march=native: the first "model
+ * name" and "flags" lines of /proc/cpuinfo (and the arm64 equivalents). */
+static void
+key_cpu(FcSha256 *s)
+{
+    static const char *const fields[] = {
+        "model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU part",
+    };
+    char *text = NULL;
+    size_t n;
+    if (read_all("/proc/cpuinfo", 64 << 20, &text, &n) < 0) {
+        key_str(s, "cpu", "unknown");
+        return;
+    }
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        size_t flen = strlen(fields[i]);
+        for (char *line = text; line != NULL; line = strchr(line, '\n')) {
+            line += line[0] == '\n';
+            if (strncmp(line, fields[i], flen) == 0 && strchr(" \t:", line[flen]) != NULL
+                && line[flen] != '\0') {
+                key_field(s, fields[i], line, strcspn(line, "\n"));
+                break;
+            }
+        }
+    }
+    free(text);
+}
+
+static int
+cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.h in include_dir, name and bytes, in name order: editing a shipped
+ * header invalidates every kernel built against it. */
+static void
+key_headers(FcSha256 *s, const char *dir)
+{
+    DIR *d = dir ? opendir(dir) : NULL;
+    char **names = NULL;
+    struct dirent *de;
+    if (d == NULL) {
+        key_str(s, "headers", "none");
+        return;
+    }
+    while ((de = readdir(d)) != NULL) {
+        size_t len = strlen(de->d_name);
+        if (len > 2 && strcmp(de->d_name + len - 2, ".h") == 0
+            && strv_push(&names, de->d_name) < 0) {
+            key_str(s, "headers", "out of memory");   /* never matches a real entry */
+            break;
+        }
+    }
+    closedir(d);
+    size_t count = strv_len(names);
+    if (count > 1) {
+        qsort(names, count, sizeof(char *), cmp_str);
+    }
+    for (size_t i = 0; i < count; i++) {
+        char *path = fmt("%s/%s", dir, names[i]), *text = NULL;
+        size_t n;
+        key_str(s, "header", names[i]);
+        if (path && read_all(path, 64 << 20, &text, &n) == 0) {
+            key_field(s, "bytes", text, n);
+        }
+        else {
+            key_str(s, "bytes", "unreadable");
+        }
+        free(text);
+        free(path);
+    }
+    strv_free(names);
+}
+
+/* Where the code starts: after the leading comment block. gen_c opens each
+ * kernel with a comment naming the user's file:line; the same kernel reached
+ * from two call sites must still be one cache entry, and no comment changes
+ * the compiled code. */
+static const char *
+key_body(const char *src)
+{
+    for (;;) {
+        src += strspn(src, " \t\r\n");
+        if (src[0] == '/' && src[1] == '*') {
+            const char *end = strstr(src + 2, "*/");
+            if (end == NULL) {
+                return src;
+            }
+            src = end + 2;
+        }
+        else if (src[0] == '/' && src[1] == '/') {
+            src += strcspn(src, "\n");
+        }
+        else {
+            return src;
+        }
+    }
+}
+
+/* Resolves the compiler and hashes every key component but the source into
+ * rt.digest, once per configuration. GIL held; 0 or -1 with an exception. */
+static int
+ensure_identity(void)
+{
+    FcSha256 s;
+    if (rt.have_digest) {
+        return 0;
+    }
+    free(rt.cc_abs);
+    free(rt.cc_line);
+    rt.cc_line = NULL;
+    rt.cc_abs = resolve_cc(rt.cc);
+    if (rt.cc_abs == NULL) {
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: C compiler '%s' not found or not "
+                     "executable (set FASTCOMPILE_CC or CC)", rt.cc ? rt.cc : "cc");
+        return -1;
+    }
+    rt.cc_line = compiler_line(rt.cc_abs);
+    if (rt.cc_line == NULL) {
+        return -1;
+    }
+    fc_sha256_init(&s);
+    key_str(&s, "fastcompile-cpu-key", "1");
+    key_str(&s, "cc", rt.cc_abs);
+    key_str(&s, "cc --version", rt.cc_line);
+    for (int i = 0; i < FC_NFLAGS; i++) {
+        key_str(&s, "flag", FC_FLAGS[i]);
+    }
+    if (rt.include_dir) {
+        key_str(&s, "include", rt.include_dir);
+    }
+    for (char **f = rt.cflags; f && *f; f++) {
+        key_str(&s, "cflag", *f);
+    }
+    for (int i = 0; i < FC_NLIBS; i++) {
+        key_str(&s, "lib", FC_LIBS[i]);
+    }
+    key_cpu(&s);
+    key_str(&s, "version", rt.version);
+    key_headers(&s, rt.include_dir);
+    fc_sha256_final(&s, rt.digest);
+    rt.have_digest = 1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+ * Kernel table: open addressing on (key, symbol), entries never freed before
+ * fc_cpu_free (their strings are handed out as borrowed).
+ * ------------------------------------------------------------------------- */
+
+static size_t
+entry_hash(const char *key, const char *symbol)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (const char *p = symbol; *p; p++) {
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    }
+    for (int i = 0; i < 16 && key[i]; i++) {   /* the key is already a uniform hash */
+        h = (h << 4 | h >> 60) ^ (uint64_t)(key[i] <= '9' ? key[i] - '0' : key[i] - 'a' + 10);
+    }
+    return (size_t)h;
+}
+
+static FcEntry *
+table_find(const char *key, const char *symbol)
+{
+    if (rt.cap == 0) {
+        return NULL;
+    }
+    for (size_t i = entry_hash(key, symbol) & (rt.cap - 1);; i = (i + 1) & (rt.cap - 1)) {
+        FcEntry *e = rt.slots[i];
+        if (e == NULL) {
+            return NULL;
+        }
+        if (strcmp(e->key, key) == 0 && strcmp(e->symbol, symbol) == 0) {
+            return e;
+        }
+    }
+}
+
+static void
+table_place(FcEntry **slots, size_t cap, FcEntry *e)
+{
+    size_t i = entry_hash(e->key, e->symbol) & (cap - 1);
+    while (slots[i] != NULL) {
+        i = (i + 1) & (cap - 1);
+    }
+    slots[i] = e;
+}
+
+/* Indexes e (already on rt.entries). 0, or -1 with MemoryError. */
+static int
+table_insert(FcEntry *e)
+{
+    if (2 * (rt.used + 1) > rt.cap) {
+        size_t cap = rt.cap ? 2 * rt.cap : 64;
+        FcEntry **slots = calloc(cap, sizeof(FcEntry *));
+        if (slots == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t i = 0; i < rt.cap; i++) {
+            if (rt.slots[i]) {
+                table_place(slots, cap, rt.slots[i]);
+            }
+        }
+        free(rt.slots);
+        rt.slots = slots;
+        rt.cap = cap;
+    }
+    table_place(rt.slots, rt.cap, e);
+    rt.used++;
+    return 0;
+}
+
+static void
+entry_free(FcEntry *e)
+{
+    free(e->key);
+    free(e->symbol);
+    free(e->so_path);
+    free(e->c_path);
+    free(e);
+}
+
+/* ---------------------------------------------------------------------------
+ * A load job: everything a disk lookup or a compile needs, owned, so that it
+ * runs with the GIL released while other threads may reconfigure.
+ * ------------------------------------------------------------------------- */
+
+enum { FC_JOB_OK, FC_JOB_OS, FC_JOB_CC, FC_JOB_LOAD, FC_JOB_NOMEM };
+#define FC_JOB_MAXWARN 4
+
+typedef struct {
+    /* in */
+    const char *source;     /* borrowed: the caller keeps it alive for the call */
+    size_t source_len;
+    const char *symbol;     /* borrowed likewise */
+    char key[65];
+    char *shard, *so_path, *c_path, *meta_path;   /* <cache>/<key[0:2]>/<key>.{so,c,meta} */
+    char *version;
+    char *cc;               /* absolute */
+    char **flags;           /* FC_FLAGS, -I<include_dir>, cflags */
+    char **envp;
+    int read_disk;          /* 0 under always_compile */
+    int timeout_s;
+    int prev_loaded;        /* this process has so_path dlopen'd by name already... */
+    dev_t prev_dev;         /* ...and it is this file */
+    ino_t prev_ino;
+    /* working state */
+    int have_bad;           /* the .so we found at so_path and judged corrupt */
+    dev_t bad_dev;
+    ino_t bad_ino;
+    /* out */
+    void *handle;
+    fc_kernel_fn fn;
+    char *loaded_path;      /* the file dlopen'd: so_path, or a private temp */
+    dev_t dev;              /* and its identity */
+    ino_t ino;
+    int via_alias;
+    int disk_hit, compiled, warned_corrupt;
+    double compile_ms;
+    char *warnings[FC_JOB_MAXWARN];
+    int nwarn;
+    int err;                /* FC_JOB_* */
+    FcBuf errmsg;
+} FcJob;
+
+static void job_warn(FcJob *j, const char *f, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+job_warn(FcJob *j, const char *f, ...)
+{
+    char *s = NULL;
+    va_list ap;
+    if (j->nwarn == FC_JOB_MAXWARN) {
+        return;
+    }
+    va_start(ap, f);
+    if (vasprintf(&s, f, ap) >= 0) {
+        j->warnings[j->nwarn++] = s;
+    }
+    va_end(ap);
+}
+
+static void job_fail(FcJob *j, int err, const char *f, ...) __attribute__((format(printf, 3, 4)));
+
+static void
+job_fail(FcJob *j, int err, const char *f, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(msg, sizeof(msg), f, ap);
+    va_end(ap);
+    j->err = err;
+    buf_puts(&j->errmsg, msg);
+}
+
+static void
+job_free(FcJob *j)
+{
+    free(j->shard);
+    free(j->so_path);
+    free(j->c_path);
+    free(j->meta_path);
+    free(j->version);
+    free(j->cc);
+    strv_free(j->flags);
+    strv_free(j->envp);
+    free(j->loaded_path);
+    for (int i = 0; i < j->nwarn; i++) {
+        free(j->warnings[i]);
+    }
+    buf_free(&j->errmsg);
+}
+
+/* Copies what the job needs out of rt. GIL held. 0, or -1 with MemoryError. */
+static int
+job_prepare(FcJob *j, const char *source, const char *symbol, const char *key)
+{
+    j->source = source;
+    j->source_len = strlen(source);
+    j->symbol = symbol;
+    memcpy(j->key, key, 65);
+    j->shard = fmt("%s/%.2s", rt.cache_dir, key);
+    j->so_path = fmt("%s/%.2s/%s.so", rt.cache_dir, key, key);
+    j->c_path = fmt("%s/%.2s/%s.c", rt.cache_dir, key, key);
+    j->meta_path = fmt("%s/%.2s/%s.meta", rt.cache_dir, key, key);
+    j->version = strdup(rt.version ? rt.version : "unknown");
+    j->cc = strdup(rt.cc_abs);
+    j->envp = scrubbed_env();
+    j->read_disk = !rt.always_compile;
+    j->timeout_s = rt.timeout_s;
+    for (FcEntry *e = rt.entries; e != NULL; e = e->next) {
+        if (!e->via_alias && e->so_path && j->so_path && strcmp(e->so_path, j->so_path) == 0) {
+            j->prev_loaded = 1;
+            j->prev_dev = e->dev;
+            j->prev_ino = e->ino;
+            break;
+        }
+    }
+    if (!j->shard || !j->so_path || !j->c_path || !j->meta_path || !j->version || !j->cc
+        || !j->envp) {
+        goto nomem;
+    }
+    for (int i = 0; i < FC_NFLAGS; i++) {
+        if (strv_push(&j->flags, FC_FLAGS[i]) < 0) {
+            goto nomem;
+        }
+    }
+    if (rt.include_dir) {
+        char *inc = fmt("-I%s", rt.include_dir);
+        int rc = inc ? strv_push(&j->flags, inc) : -1;
+        free(inc);
+        if (rc < 0) {
+            goto nomem;
+        }
+    }
+    for (char **f = rt.cflags; f && *f; f++) {
+        if (strv_push(&j->flags, *f) < 0) {
+            goto nomem;
+        }
+    }
+    return 0;
+nomem:
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* The sidecar: which key, which .so bytes, which fastcompile wrote it. */
+static char *
+meta_text(const FcJob *j, const char *so_hex)
+{
+    return fmt("fastcompile-cpu-cache 1\nkey %s\nso_sha256 %s\nversion %s\n", j->key, so_hex,
+               j->version);
+}
+
+enum { FC_OK, FC_META_MISSING, FC_META_STALE, FC_BAD };
+
+/* One look at so + j->meta_path. FC_OK, or why filled in and FC_META_* (which
+ * may heal within moments: another process is between its two renames) or FC_BAD. */
+static int
+check_entry_once(FcJob *j, const char *so, char *why, size_t whylen)
+{
+    char *meta = NULL, *want = NULL, hex[65];
+    size_t n;
+    off_t size = 0;
+    int rc = FC_BAD;
+    if (read_all(j->meta_path, 4096, &meta, &n) < 0) {
+        snprintf(why, whylen, "%s .meta sidecar: %s", errno == ENOENT ? "missing" : "unreadable",
+                 strerror(errno));
+        rc = errno == ENOENT ? FC_META_MISSING : FC_BAD;
+        goto cleanup;
+    }
+    if (hash_file(so, 0, hex, &size) < 0) {
+        snprintf(why, whylen, "cannot read the .so: %s", strerror(errno));
+        goto cleanup;
+    }
+    want = meta_text(j, hex);
+    if (want == NULL) {
+        snprintf(why, whylen, "out of memory");
+        goto cleanup;
+    }
+    if (strcmp(meta, want) == 0) {
+        rc = FC_OK;
+        goto cleanup;
+    }
+    const char *said = strstr(meta, "\nso_sha256 ");
+    if (said && strncmp(said + 11, hex, 64) != 0) {
+        snprintf(why, whylen, "checksum mismatch: the %lld-byte .so hashes to %.12s..., the "
+                 ".meta says %.12s...", (long long)size, hex, said + 11);
+        rc = FC_META_STALE;
+    }
+    else {
+        snprintf(why, whylen, ".meta does not match this key and version");
+    }
+cleanup:
+    free(meta);
+    free(want);
+    return rc;
+}
+
+/* Checks an entry, giving a publisher that is between its link of the .so
+ * and its rename of the .meta up to wait_ms to finish. 0 if good, else -1
+ * with why. */
+static int
+check_entry(FcJob *j, const char *so, int wait_ms, char *why, size_t whylen)
+{
+    for (int waited = 0;; waited += 10) {
+        int rc = check_entry_once(j, so, why, whylen);
+        if (rc == FC_OK) {
+            return 0;
+        }
+        if (waited >= wait_ms || rc == FC_BAD) {
+            return -1;
+        }
+        sleep_ms(10);
+    }
+}
+
+/* dlopen + dlsym. 0; -1 with why when the loader rejects the file (a bad
+ * entry); -2 with j->err set when it loads but lacks the symbol (the source's
+ * fault: a checksummed file is exactly what was compiled) or on an OS error.
+ *
+ * glibc's dlopen returns an already loaded object when the path matches its
+ * name, without looking at the file. If this process loaded an earlier file
+ * under so_path (since replaced: cache_clear(disk=True), or a corrupt entry
+ * rewritten in place and healed), dlopen(so_path) would hand back that stale
+ * mapping, which may SIGBUS. Then the new file is loaded through a one-off
+ * hard link, removed right after. */
+static int
+open_entry(FcJob *j, const char *so, char *why, size_t whylen)
+{
+    char *path = strdup(so), *alias = NULL, sfx[48];
+    struct stat st;
+    void *h = NULL;
+    int rc = -2;
+    if (path == NULL) {
+        job_fail(j, FC_JOB_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    if (stat(so, &st) < 0) {
+        snprintf(why, whylen, "cannot stat it: %s", strerror(errno));
+        rc = -1;
+        goto cleanup;
+    }
+    if (j->prev_loaded && strcmp(so, j->so_path) == 0
+        && (st.st_dev != j->prev_dev || st.st_ino != j->prev_ino)) {
+        temp_suffix(sfx);
+        alias = fmt("%s/%s.%s.so", j->shard, j->key, sfx);
+        if (alias == NULL || link(so, alias) < 0) {
+            job_fail(j, FC_JOB_OS, "fastcompile: cannot link %s to a fresh name: %s", so,
+                     strerror(alias ? errno : ENOMEM));
+            goto cleanup;
+        }
+    }
+    h = dlopen(alias ? alias : so, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        const char *e = dlerror();
+        snprintf(why, whylen, "dlopen: %s", e ? e : "unknown error");
+        rc = -1;
+        goto cleanup;
+    }
+    void *sym = dlsym(h, j->symbol);
+    if (sym == NULL) {
+        /* drops only our reference: nothing from it was handed out through h */
+        dlclose(h);
+        job_fail(j, FC_JOB_LOAD, "fastcompile: kernel %s has no exported symbol '%s' (kernels "
+                 "are built with -fvisibility=hidden; mark the entry point visible)", so,
+                 j->symbol);
+        goto cleanup;
+    }
+    j->handle = h;
+    j->fn = (fc_kernel_fn)sym;
+    j->loaded_path = path;
+    path = NULL;
+    j->dev = st.st_dev;
+    j->ino = st.st_ino;
+    j->via_alias = alias != NULL;
+    rc = 0;
+cleanup:
+    if (alias != NULL) {
+        unlink(alias);   /* the mapping stays; the published name is so */
+    }
+    free(alias);
+    free(path);
+    return rc;
+}
+
+/* Write <key>.c if it went missing (explain() reads it). Best effort. */
+static void
+ensure_source_file(FcJob *j)
+{
+    if (access(j->c_path, F_OK) != 0) {
+        write_atomic(j->c_path, j->source, j->source_len, 0600);
+    }
+}
+
+/* The numbered source and the compile line, for the error a failed compile raises. */
+static void
+describe_failure(FcJob *j, char *const argv[], const char *log, const char *how)
+{
+    FcBuf *b = &j->errmsg;
+    j->err = FC_JOB_CC;
+    buf_printf(b, "fastcompile: the C compiler %s on kernel '%s' (key %s)\ncommand:", how,
+               j->symbol, j->key);
+    for (char *const *a = argv; *a; a++) {
+        int plain = strpbrk(*a, " \t\n'\"\\$`*?;&|<>()[]{}~!#") == NULL && (*a)[0] != '\0';
+        buf_printf(b, plain ? " %s" : " '%s'", *a);
+    }
+    buf_puts(b, "\n--- compiler output ---\n");
+    buf_puts(b, log && log[0] ? log : "(none)\n");
+    if (b->len && b->p[b->len - 1] != '\n') {
+        buf_puts(b, "\n");
+    }
+    buf_puts(b, "--- source ---\n");
+    int line = 1;
+    for (const char *p = j->source; *p; line++) {
+        size_t n = strcspn(p, "\n");
+        buf_printf(b, "%5d | %.*s\n", line, (int)n, p);
+        p += n + (p[n] == '\n');
+    }
+}
+
+/* The compiler's output so far, malloc'd (truncated at FC_LOG_MAX), or NULL. */
+static char *
+read_log(int fd)
+{
+    off_t len = lseek(fd, 0, SEEK_END);
+    size_t n = len < 0 ? 0 : len > FC_LOG_MAX ? FC_LOG_MAX : (size_t)len;
+    char *log = calloc(1, n + 64);
+    if (log == NULL) {
+        return NULL;
+    }
+    ssize_t r = n ? pread(fd, log, n, 0) : 0;
+    if (r < 0) {
+        r = 0;
+    }
+    log[r] = '\0';
+    if ((off_t)n < len) {
+        strcat(log, "\n... (compiler output truncated)\n");
+    }
+    return log;
+}
+
+/* Publishes tmp_so as j->so_path and loads it, never replacing a good
+ * published file: the first process to link wins and writes the .meta; the
+ * others load the winner's file once its .meta checks out. A bad entry in the
+ * way is removed and the link retried. 0: loaded j->so_path (ours or another
+ * process's); 1: could not publish, tmp_so is still there; -1: j->err set. */
+static int
+publish(FcJob *j, const char *tmp_so, const char *tmp_meta)
+{
+    char why[512];
+    for (int attempt = 0; attempt < FC_PUBLISH_TRIES; attempt++) {
+        if (move_noreplace(tmp_so, j->so_path) == 0) {
+            if (rename(tmp_meta, j->meta_path) < 0) {
+                job_fail(j, FC_JOB_OS, "fastcompile: cannot publish %s: %s", j->meta_path,
+                         strerror(errno));
+                return -1;
+            }
+            fsync_dir(j->shard);
+            int rc = open_entry(j, j->so_path, why, sizeof(why));
+            if (rc == -1) {
+                job_fail(j, FC_JOB_LOAD, "fastcompile: cannot load the freshly compiled kernel "
+                         "%s: %s", j->so_path, why);
+            }
+            return rc < 0 ? -1 : 0;
+        }
+        if (errno != EEXIST) {
+            job_fail(j, FC_JOB_OS, "fastcompile: cannot publish %s: %s", j->so_path,
+                     strerror(errno));
+            return -1;
+        }
+        /* use theirs, unless it is the very file we already found corrupt */
+        struct stat st;
+        int known_bad = j->have_bad && lstat(j->so_path, &st) == 0 && st.st_dev == j->bad_dev
+                        && st.st_ino == j->bad_ino;
+        int rc = known_bad ? -1 : check_entry(j, j->so_path, FC_META_WAIT_PUBLISH_MS, why,
+                                              sizeof(why));
+        if (rc == 0) {
+            rc = open_entry(j, j->so_path, why, sizeof(why));
+        }
+        if (rc != -1) {
+            return rc == 0 ? 0 : -1;
+        }
+        if (!j->warned_corrupt) {
+            job_warn(j, "fastcompile: cache entry %s is corrupt (%s); replacing it", j->so_path,
+                     why);
+            j->warned_corrupt = 1;
+        }
+        if (unlink(j->so_path) < 0 && errno != ENOENT) {
+            job_fail(j, FC_JOB_OS, "fastcompile: cannot remove corrupt %s: %s", j->so_path,
+                     strerror(errno));
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* Compile j->source to <key>.<pid>.<rand>.so in the shard, publish it, load
+ * the published file. GIL-free. */
+static void
+job_compile(FcJob *j)
+{
+    char sfx[48], why[512], hex[65];
+    char *tmp_c = NULL, *tmp_so = NULL, *tmp_log = NULL, *tmp_meta = NULL, *meta = NULL;
+    char *log = NULL;
+    char **argv = NULL;
+    int logfd = -1, status = 0, timed_out = 0, keep_so = 0;
+    size_t nflags = strv_len(j->flags), k = 0;
+
+    temp_suffix(sfx);
+    tmp_c = fmt("%s/%s.%s.c", j->shard, j->key, sfx);
+    tmp_so = fmt("%s/%s.%s.so", j->shard, j->key, sfx);
+    tmp_log = fmt("%s/%s.%s.log", j->shard, j->key, sfx);
+    tmp_meta = fmt("%s/%s.%s.meta", j->shard, j->key, sfx);
+    argv = calloc(nflags + FC_NLIBS + 5, sizeof(char *));
+    if (!tmp_c || !tmp_so || !tmp_log || !tmp_meta || !argv) {
+        job_fail(j, FC_JOB_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    argv[k++] = j->cc;
+    for (size_t i = 0; i < nflags; i++) {
+        argv[k++] = j->flags[i];
+    }
+    argv[k++] = "-o";
+    argv[k++] = tmp_so;
+    argv[k++] = tmp_c;
+    for (int i = 0; i < FC_NLIBS; i++) {
+        argv[k++] = (char *)FC_LIBS[i];
+    }
+
+    if (write_new(tmp_c, j->source, j->source_len, 0600) < 0) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cannot write %s: %s", tmp_c, strerror(errno));
+        goto cleanup;
+    }
+    logfd = open(tmp_log, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (logfd < 0) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cannot create %s: %s", tmp_log, strerror(errno));
+        goto cleanup;
+    }
+    unlink(tmp_log);   /* anonymous from here on: nothing to clean up after a crash */
+
+    double t0 = now_ms();
+    j->compiled = 1;
+    if (spawn_wait(argv, j->envp, logfd, j->timeout_s, &status, &timed_out) < 0) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cannot run the C compiler %s: %s", j->cc,
+                 strerror(errno));
+        goto cleanup;
+    }
+    j->compile_ms = now_ms() - t0;
+    log = read_log(logfd);
+    struct stat st;
+    if (timed_out) {
+        snprintf(why, sizeof(why), "timed out after %d s and was killed", j->timeout_s);
+    }
+    else if (WIFSIGNALED(status)) {
+        snprintf(why, sizeof(why), "was killed by signal %d", WTERMSIG(status));
+    }
+    else if (WEXITSTATUS(status) != 0) {
+        snprintf(why, sizeof(why), "failed (exit status %d)", WEXITSTATUS(status));
+    }
+    else if (lstat(tmp_so, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        snprintf(why, sizeof(why), "exited 0 but wrote no shared object");
+    }
+    else {
+        why[0] = '\0';
+    }
+    if (why[0]) {
+        describe_failure(j, argv, log, why);
+        goto cleanup;
+    }
+
+    /* sync the .so's bytes, then the sidecar that vouches for them */
+    if (hash_file(tmp_so, 1, hex, NULL) < 0) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cannot read %s: %s", tmp_so, strerror(errno));
+        goto cleanup;
+    }
+    meta = meta_text(j, hex);
+    if (meta == NULL) {
+        job_fail(j, FC_JOB_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    if (write_new(tmp_meta, meta, strlen(meta), 0600) < 0) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cannot write %s: %s", tmp_meta, strerror(errno));
+        goto cleanup;
+    }
+    /* everyone with this key has the same code (the leading comment may name
+     * another call site): replacing the .c is harmless */
+    if (rename(tmp_c, j->c_path) < 0) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cannot publish %s: %s", j->c_path, strerror(errno));
+        goto cleanup;
+    }
+    if (publish(j, tmp_so, tmp_meta) == 1) {
+        /* others kept breaking the published entry: use our file, privately */
+        keep_so = 1;
+        if (open_entry(j, tmp_so, why, sizeof(why)) == -1) {
+            job_fail(j, FC_JOB_LOAD, "fastcompile: cannot load the freshly compiled kernel "
+                     "%s: %s", tmp_so, why);
+        }
+    }
+cleanup:
+    if (logfd >= 0) {
+        close(logfd);
+    }
+    /* whatever temps remain were not published (each publish step consumed its temp) */
+    if (tmp_c) {
+        unlink(tmp_c);
+    }
+    if (tmp_so && !keep_so) {
+        unlink(tmp_so);
+    }
+    if (tmp_meta) {
+        unlink(tmp_meta);
+    }
+    free(tmp_c);
+    free(tmp_so);
+    free(tmp_log);
+    free(tmp_meta);
+    free(meta);
+    free(log);
+    free(argv);
+}
+
+/* Disk lookup, else compile. GIL-free; results and failures land in *j. */
+static void
+job_run(FcJob *j)
+{
+    char why[512];
+    struct stat st;
+    if (mkdir(j->shard, 0700) < 0 && errno != EEXIST) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cannot create %s: %s", j->shard, strerror(errno));
+        return;
+    }
+    if (lstat(j->shard, &st) < 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid()
+        || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+        job_fail(j, FC_JOB_OS, "fastcompile: cache shard %s is not a private directory of ours",
+                 j->shard);
+        return;
+    }
+    if (j->read_disk && lstat(j->so_path, &st) == 0) {
+        int rc = check_entry(j, j->so_path, FC_META_WAIT_READ_MS, why, sizeof(why));
+        rc = rc == 0 ? open_entry(j, j->so_path, why, sizeof(why)) : rc;
+        if (rc == 0) {
+            j->disk_hit = 1;
+            ensure_source_file(j);
+            return;
+        }
+        if (rc == -2) {
+            return;
+        }
+        job_warn(j, "fastcompile: cache entry %s is corrupt (%s); recompiling", j->so_path, why);
+        j->warned_corrupt = 1;
+        j->have_bad = 1;
+        j->bad_dev = st.st_dev;
+        j->bad_ino = st.st_ino;
+    }
+    job_compile(j);
+}
+
+/* ---------------------------------------------------------------------------
+ * Public API
+ * ------------------------------------------------------------------------- */
+
+/* cfg[name] (str or os.PathLike) as a malloc'd UTF-8 string in *out; missing
+ * or None -> NULL. 0, or -1 with an exception set. */
+static int
+cfg_str(PyObject *cfg, const char *name, char **out)
+{
+    PyObject *v = PyDict_GetItemString(cfg, name);   /* borrowed */
+    PyObject *path = NULL;
+    const char *s;
+    int rc = -1;
+    *out = NULL;
+    if (v == NULL || v == Py_None) {
+        return 0;
+    }
+    path = PyOS_FSPath(v);
+    if (path == NULL) {
+        PyErr_Format(PyExc_TypeError, "fastcompile config '%s' must be a str, not %.100s", name,
+                     Py_TYPE(v)->tp_name);
+        goto cleanup;
+    }
+    s = PyUnicode_Check(path) ? PyUnicode_AsUTF8(path) : PyBytes_AsString(path);
+    if (s == NULL) {
+        goto cleanup;
+    }
+    *out = strdup(s);
+    if (*out == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    rc = 0;
+cleanup:
+    Py_XDECREF(path);
+    return rc;
+}
+
+/* cfg[name] as an int in *out; missing or None -> dflt. 0, or -1 with an exception. */
+static int
+cfg_int(PyObject *cfg, const char *name, long dflt, long *out)
+{
+    PyObject *v = PyDict_GetItemString(cfg, name);   /* borrowed */
+    *out = dflt;
+    if (v == NULL || v == Py_None) {
+        return 0;
+    }
+    if (PyBool_Check(v)) {
+        *out = v == Py_True;
+        return 0;
+    }
+    *out = PyLong_AsLong(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* cfg: borrowed dict. Keys: cc, cflags, include_dir, cache_dir, version,
+ * dump_dir (str or None), always_compile (bool), debug (int), and optionally
+ * compile_timeout (seconds, default 120). */
+FC_INTERNAL int
+fc_cpu_configure(PyObject *cfg)
+{
+    char *cc = NULL, *cflags = NULL, *include_dir = NULL, *cache_req = NULL;
+    char *version = NULL, *dump_dir = NULL;
+    char **flagv = NULL;
+    long always_compile, debug, timeout_s;
+    int rc = -1;
+
+    if (!PyDict_Check(cfg)) {
+        PyErr_SetString(PyExc_TypeError, "fastcompile: the CPU runtime config must be a dict");
+        goto cleanup;
+    }
+    if (cfg_str(cfg, "cc", &cc) < 0 || cfg_str(cfg, "cflags", &cflags) < 0
+        || cfg_str(cfg, "include_dir", &include_dir) < 0
+        || cfg_str(cfg, "cache_dir", &cache_req) < 0 || cfg_str(cfg, "version", &version) < 0
+        || cfg_str(cfg, "dump_dir", &dump_dir) < 0
+        || cfg_int(cfg, "always_compile", 0, &always_compile) < 0
+        || cfg_int(cfg, "debug", 0, &debug) < 0
+        || cfg_int(cfg, "compile_timeout", FC_COMPILE_TIMEOUT_S, &timeout_s) < 0) {
+        goto cleanup;
+    }
+    if (timeout_s <= 0 || timeout_s > 86400) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: compile_timeout must be 1..86400 s, not %ld",
+                     timeout_s);
+        goto cleanup;
+    }
+    char *save = NULL;
+    for (char *f = cflags ? strtok_r(cflags, " \t\r\n", &save) : NULL; f;
+         f = strtok_r(NULL, " \t\r\n", &save)) {
+        for (size_t i = 0; i < sizeof(FC_FORBIDDEN_CFLAGS) / sizeof(char *); i++) {
+            if (strcmp(f, FC_FORBIDDEN_CFLAGS[i]) == 0) {
+                PyErr_Format(PyExc_ValueError, "fastcompile: cflags may not contain %s: it links "
+                             "crtfastmath.o, which sets flush-to-zero for the whole process",
+                             f);
+                goto cleanup;
+            }
+        }
+        if (strv_push(&flagv, f) < 0) {
+            PyErr_NoMemory();
+            goto cleanup;
+        }
+    }
+
+    /* commit: nothing below can fail */
+    if (!str_eq(cache_req, rt.cache_req)) {
+        drop_cache_dir();
+    }
+#define FC_SWAP(field, val) \
+    do {                    \
+        free(rt.field);     \
+        rt.field = (val);   \
+        (val) = NULL;       \
+    } while (0)
+    FC_SWAP(cc, cc);
+    FC_SWAP(include_dir, include_dir);
+    FC_SWAP(cache_req, cache_req);
+    FC_SWAP(version, version);
+    FC_SWAP(dump_dir, dump_dir);
+#undef FC_SWAP
+    strv_free(rt.cflags);
+    rt.cflags = flagv;
+    flagv = NULL;
+    rt.always_compile = always_compile != 0;
+    rt.debug = (int)debug;
+    rt.timeout_s = (int)timeout_s;
+    rt.have_digest = 0;   /* compiler, flags or headers may have changed */
+    rt.configured = 1;
+    rc = 0;
+cleanup:
+    free(cc);
+    free(cflags);
+    free(include_dir);
+    free(cache_req);
+    free(version);
+    free(dump_dir);
+    strv_free(flagv);
+    return rc;
+}
+
+/* Copies the source to <dump_dir>/<key>.c (FASTCOMPILE_DUMP_DIR). A failure
+ * is a warning, not an error. GIL held; -1 only if the warning raised. */
+static int
+dump_source(const char *key, const char *source)
+{
+    char *path = NULL, *msg = NULL;
+    int rc = 0;
+    if (mkdir_p(rt.dump_dir, 0777) < 0
+        || (path = fmt("%s/%s.c", rt.dump_dir, key)) == NULL
+        || write_atomic(path, source, strlen(source), 0644) < 0) {
+        msg = fmt("fastcompile: cannot dump the kernel source to %s: %s", rt.dump_dir,
+                  strerror(errno));
+        rc = msg ? warn(msg) : 0;
+    }
+    free(path);
+    free(msg);
+    return rc;
+}
+
+/* source, symbol: borrowed, NUL-terminated; out: filled on success with
+ * pointers that stay valid for the life of the process. */
+FC_INTERNAL int
+fc_cpu_load(const char *source, const char *symbol, FcLoaded *out)
+{
+    FcJob job;
+    FcEntry *e = NULL;
+    FcSha256 s;
+    uint8_t digest[32];
+    char key[65];
+    int rc = -1;
+
+    memset(&job, 0, sizeof(job));
+    if (!rt.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: the CPU runtime is not configured "
+                        "(fastcompile._C._configure was never called)");
+        goto cleanup;
+    }
+    /* the key needs the compiler's identity, which is cached in the cache dir */
+    if (!rt.have_digest && (ensure_cache_dir() < 0 || ensure_identity() < 0)) {
+        goto cleanup;
+    }
+    fc_sha256_init(&s);
+    fc_sha256_update(&s, rt.digest, sizeof(rt.digest));
+    key_str(&s, "source", key_body(source));
+    fc_sha256_final(&s, digest);
+    fc_sha256_hex(digest, key);
+
+    e = table_find(key, symbol);
+    if (e != NULL) {
+        rt.memory_hits++;
+        goto found;
+    }
+    /* re-check the folder right before trusting what is in it */
+    if (ensure_cache_dir() < 0 || job_prepare(&job, source, symbol, key) < 0) {
+        goto cleanup;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    job_run(&job);
+    Py_END_ALLOW_THREADS
+    rt.compiles += job.compiled;
+    rt.disk_hits += job.disk_hit;
+    if (rt.debug >= 1) {
+        if (job.disk_hit) {
+            log_debug("cpu kernel %s: memory miss, disk hit %s", symbol, job.so_path);
+        }
+        else if (job.compiled) {
+            log_debug("cpu kernel %s: cache miss (%s), compiled in %.0f ms -> %s", symbol,
+                      rt.always_compile ? "always_compile" : "memory and disk", job.compile_ms,
+                      job.loaded_path ? job.loaded_path : "(failed)");
+        }
+    }
+    for (int i = 0; i < job.nwarn; i++) {
+        if (warn(job.warnings[i]) < 0) {
+            goto cleanup;
+        }
+    }
+    if (job.err != FC_JOB_OK) {
+        if (job.err == FC_JOB_NOMEM || job.errmsg.oom || job.errmsg.p == NULL) {
+            PyErr_NoMemory();
+        }
+        else {
+            PyErr_SetString(PyExc_RuntimeError, job.errmsg.p);
+        }
+        goto cleanup;
+    }
+
+    /* another thread may have loaded the same kernel while the GIL was released */
+    e = table_find(key, symbol);
+    if (e == NULL) {
+        e = calloc(1, sizeof(FcEntry));
+        if (e == NULL) {
+            PyErr_NoMemory();
+            goto cleanup;
+        }
+        e->next = rt.entries;
+        rt.entries = e;
+        e->key = strdup(key);
+        e->symbol = strdup(symbol);
+        e->so_path = job.loaded_path;
+        job.loaded_path = NULL;
+        e->c_path = job.c_path;
+        job.c_path = NULL;
+        e->handle = job.handle;
+        e->fn = job.fn;
+        e->dev = job.dev;
+        e->ino = job.ino;
+        e->via_alias = job.via_alias;
+        if (!e->key || !e->symbol || table_insert(e) < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_NoMemory();
+            }
+            goto cleanup;
+        }
+    }
+    if (rt.dump_dir && dump_source(key, source) < 0) {
+        goto cleanup;
+    }
+found:
+    out->fn = e->fn;
+    out->so_path = e->so_path;
+    out->c_path = e->c_path;
+    out->key = e->key;
+    rc = 0;
+cleanup:
+    job_free(&job);
+    return rc;
+}
+
+/* returns: new reference */
+FC_INTERNAL PyObject *
+fc_cpu_stats(void)
+{
+    const char *dir = rt.cache_dir ? rt.cache_dir : rt.cache_req;
+    return Py_BuildValue("{sLsLsLsz}", "compiles", rt.compiles, "disk_hits", rt.disk_hits,
+                         "memory_hits", rt.memory_hits, "cache_dir", dir);
+}
+
+/* The table forgets its entries but they are not freed and their .so files
+ * are not dlclose'd: compiled graphs may still hold fn and the path strings,
+ * and unmapping code that another thread is running crashes. They are
+ * reclaimed by fc_cpu_free (module teardown), or the OS. */
+FC_INTERNAL int
+fc_cpu_cache_clear(int disk)
+{
+    free(rt.slots);
+    rt.slots = NULL;
+    rt.cap = rt.used = 0;
+    if (!disk) {
+        return 0;
+    }
+    if (!rt.configured) {
+        return 0;
+    }
+    if (ensure_cache_dir() < 0) {
+        return -1;
+    }
+    if (clear_dir(rt.cache_dir, 0) < 0) {
+        PyErr_Format(PyExc_OSError, "fastcompile: could not empty the cache %s: %s",
+                     rt.cache_dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+FC_INTERNAL void
+fc_cpu_free(void)
+{
+    drop_cache_dir();
+    free(rt.cc);
+    free(rt.include_dir);
+    free(rt.cache_req);
+    free(rt.version);
+    free(rt.dump_dir);
+    strv_free(rt.cflags);
+    free(rt.cc_abs);
+    free(rt.cc_line);
+    free(rt.slots);
+    while (rt.entries) {
+        FcEntry *next = rt.entries->next;
+        entry_free(rt.entries);
+        rt.entries = next;
+    }
+    memset(&rt, 0, sizeof(rt));
+}
+
+/* _C._cpu_load(source, symbol) -> {"so_path", "c_path", "key", "fn"} (tests).
+ * self, args: borrowed; returns: new reference. */
+FC_INTERNAL PyObject *
+fc_cpu_py_load(PyObject *self, PyObject *args)
+{
+    const char *source, *symbol;
+    FcLoaded out;
+    if (!PyArg_ParseTuple(args, "ss:_cpu_load", &source, &symbol)) {
+        return NULL;
+    }
+    if (fc_cpu_load(source, symbol, &out) < 0) {
+        return NULL;
+    }
+    return Py_BuildValue("{sssssssN}", "so_path", out.so_path, "c_path", out.c_path, "key",
+                         out.key, "fn", PyLong_FromVoidPtr((void *)out.fn));
+}

@@ -1,0 +1,748 @@
+"""CPU runtime (csrc/runtime/cpu.c): C source -> private disk cache -> dlopen'd kernel.
+
+Everything goes through the test hook ``_C._cpu_load(source, symbol)``, which
+returns {"so_path", "c_path", "key", "fn"}. Each test uses its own cache folder
+and its own kernel source (the in-memory table is process-wide), and runs the
+"other process" side of a scenario in a real subprocess.
+"""
+import ctypes
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+import warnings
+
+import pytest
+
+from fastcompile import _C
+
+INCLUDE = os.path.join(os.path.dirname(_C.__file__), "include")
+PKG_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(_C.__file__)))
+CC = shutil.which("cc") or shutil.which("gcc")
+KERNEL_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
+
+
+def kernel(ret=42, tag=None):
+    """A unique, valid kernel source: fc_k returns `ret`."""
+    return textwrap.dedent(f"""\
+        #include "fc_launch.h"
+        /* test kernel {tag or uuid.uuid4().hex} */
+        __attribute__((visibility("default"))) int fc_k(const fc_launch *L)
+        {{
+            (void)L;
+            return {ret};
+        }}
+        """)
+
+
+def call(res):
+    return KERNEL_FN(res["fn"])(None)
+
+
+def mapped_inode(addr):
+    """The inode of the file mapped at `addr` in this process."""
+    for line in open("/proc/self/maps"):
+        f = line.split()
+        lo, hi = (int(x, 16) for x in f[0].split("-"))
+        if lo <= addr < hi:
+            return int(f[4])
+    raise AssertionError("address not mapped")
+
+
+def make_cfg(cache_dir, **over):
+    cfg = {"cc": CC, "cflags": "", "include_dir": INCLUDE, "cache_dir": str(cache_dir),
+           "version": "test-1", "always_compile": False, "debug": 0, "dump_dir": None}
+    cfg.update(over)
+    return cfg
+
+
+def stats_delta(before):
+    after = _C.stats()
+    return {k: after[k] - before[k] for k in ("compiles", "disk_hits", "memory_hits")}
+
+
+@pytest.fixture(autouse=True)
+def _restore_config():
+    """Each test points the runtime at its own folder; put the real config back."""
+    yield
+    import fastcompile
+    from fastcompile import config
+    _C._configure(dict(config.resolved(), version=getattr(fastcompile, "__version__", None)))
+
+
+@pytest.fixture
+def cache(tmp_path):
+    d = tmp_path / "cache"
+    _C._configure(make_cfg(d))
+    return d
+
+
+CHILD = r"""
+import json, sys, warnings, os, time, ctypes
+sys.path.insert(0, sys.argv[1])
+from fastcompile import _C
+job = json.load(open(sys.argv[2]))
+_C._configure(job["cfg"])
+if job.get("start_file"):
+    while not os.path.exists(job["start_file"]):
+        time.sleep(0.001)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    try:
+        res = _C._cpu_load(job["source"], "fc_k")
+        ret = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(res["fn"])(None)
+        err = None
+    except Exception as e:
+        res, ret, err = None, None, repr(e)
+print(json.dumps({"res": res, "ret": ret, "err": err, "stats": _C.stats(),
+                  "warnings": [str(x.message) for x in w]}))
+"""
+
+
+def child(tmp_path, cfg, source, start_file=None, wait=True):
+    """Run one load in a fresh interpreter; returns its JSON report (or the Popen)."""
+    script = tmp_path / "child.py"
+    if not script.exists():
+        script.write_text(CHILD)
+    job = tmp_path / f"job-{uuid.uuid4().hex}.json"
+    job.write_text(json.dumps({"cfg": cfg, "source": source, "start_file": start_file}))
+    p = subprocess.Popen([sys.executable, str(script), PKG_ROOT, str(job)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return p
+    return finish(p)
+
+
+def finish(p):
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def fake_cc(tmp_path, body, name="cc"):
+    """A shell-script compiler; `body` runs with the compiler's arguments in $@."""
+    path = tmp_path / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------
+# compile, memory hit, disk hit
+# ---------------------------------------------------------------------------
+
+def test_compile_then_memory_hit(cache):
+    src = kernel(7)
+    before = _C.stats()
+    r1 = _C._cpu_load(src, "fc_k")
+    assert stats_delta(before) == {"compiles": 1, "disk_hits": 0, "memory_hits": 0}
+    assert call(r1) == 7
+    assert re.fullmatch(r"[0-9a-f]{64}", r1["key"])
+    assert r1["so_path"] == str(cache / r1["key"][:2] / (r1["key"] + ".so"))
+    assert r1["c_path"] == str(cache / r1["key"][:2] / (r1["key"] + ".c"))
+    r2 = _C._cpu_load(src, "fc_k")
+    assert stats_delta(before) == {"compiles": 1, "disk_hits": 0, "memory_hits": 1}
+    assert r2 == r1
+
+
+def test_disk_layout_and_sidecar(cache):
+    src = kernel(1)
+    r = _C._cpu_load(src, "fc_k")
+    key = r["key"]
+    shard = cache / key[:2]
+    assert sorted(os.listdir(shard)) == sorted([key + ".so", key + ".c", key + ".meta"])
+    assert stat.S_IMODE(os.stat(cache).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(shard).st_mode) == 0o700
+    assert open(r["c_path"]).read() == src
+    meta = (shard / (key + ".meta")).read_text()
+    so_hash = hashlib.sha256(open(r["so_path"], "rb").read()).hexdigest()
+    assert f"key {key}\n" in meta
+    assert f"so_sha256 {so_hash}\n" in meta
+    assert "version test-1\n" in meta
+    assert _C.stats()["cache_dir"] == str(cache)
+
+
+def test_fresh_process_warm_start_spawns_nothing(tmp_path):
+    """A fresh process with a warm disk cache runs no compiler at all, not
+    even `cc --version` (the probe result is cached beside the kernels)."""
+    log = tmp_path / "cc.log"
+    cc = fake_cc(tmp_path, f'echo "$@" >> {log}\nexec {CC} "$@"\n')
+    cfg = make_cfg(tmp_path / "cache", cc=cc)
+    src = kernel(5)
+    a = child(tmp_path, cfg, src)
+    assert a["err"] is None and a["ret"] == 5
+    assert a["stats"]["compiles"] == 1 and a["stats"]["disk_hits"] == 0
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and calls[0] == "--version"
+    b = child(tmp_path, cfg, src)
+    assert b["err"] is None and b["ret"] == 5 and b["warnings"] == []
+    assert b["stats"]["compiles"] == 0 and b["stats"]["disk_hits"] == 1
+    assert b["res"] == a["res"] | {"fn": b["res"]["fn"]}
+    assert log.read_text().splitlines() == calls
+
+
+def test_always_compile_skips_disk_reads(tmp_path):
+    cfg = make_cfg(tmp_path / "cache")
+    src = kernel(3)
+    assert child(tmp_path, cfg, src)["stats"]["compiles"] == 1
+    ino = os.stat(child(tmp_path, cfg, src)["res"]["so_path"]).st_ino
+    c = child(tmp_path, dict(cfg, always_compile=True), src)
+    assert c["err"] is None and c["ret"] == 3 and c["warnings"] == []
+    assert c["stats"]["compiles"] == 1 and c["stats"]["disk_hits"] == 0
+    # the published file is never replaced by a good one's twin
+    assert os.stat(c["res"]["so_path"]).st_ino == ino
+
+
+# ---------------------------------------------------------------------------
+# the key: every component flips it
+# ---------------------------------------------------------------------------
+
+def test_key_components_flip(tmp_path):
+    inc = tmp_path / "include"
+    shutil.copytree(INCLUDE, inc)
+    base = make_cfg(tmp_path / "cache", include_dir=str(inc))
+    src = kernel(9)
+    cc2 = fake_cc(tmp_path, f'exec {CC} "$@"\n', name="cc2")
+
+    def key(cfg, source=src):
+        _C._configure(cfg)
+        before = _C.stats()
+        r = _C._cpu_load(source, "fc_k")
+        assert call(r) == (9 if source == src else 10)
+        return r["key"], stats_delta(before)["compiles"]
+
+    k0, n0 = key(base)
+    assert key(base) == (k0, 0)                                    # stable
+    flips = [
+        key(dict(base, cflags="-DFC_TEST_FLIP=1")),                # flags
+        key(dict(base, version="test-2")),                         # fastcompile version
+        key(dict(base, cc=cc2)),                                   # compiler path
+        key(base, src.replace("return 9", "return 10")),           # source
+    ]
+    with open(inc / "fc_launch.h", "a") as f:                      # shipped header bytes
+        f.write("\n/* edited */\n")
+    flips.append(key(base))
+    keys = [k for k, _ in flips]
+    assert k0 not in keys and len(set(keys)) == len(keys)
+    assert all(n == 1 for _, n in flips)
+    # a second process computes the same key for the same inputs
+    assert child(tmp_path, base, src)["res"]["key"] == keys[-1]
+
+
+def test_leading_comment_is_not_in_the_key(cache):
+    """gen_c's header comment names the caller's file:line; the same code from
+    two call sites is one kernel. Code after the header still counts."""
+    body = kernel(8)
+    before = _C.stats()
+    a = _C._cpu_load("/* from a.py:1 */\n// more\n" + body, "fc_k")
+    b = _C._cpu_load("/* from b.py:2\n * two lines */\n" + body, "fc_k")
+    assert a["key"] == b["key"]
+    assert stats_delta(before) == {"compiles": 1, "disk_hits": 0, "memory_hits": 1}
+    c = _C._cpu_load("/* from a.py:1 */\n" + body + "/* trailing */\n", "fc_k")
+    assert c["key"] != a["key"] and call(c) == 8
+
+
+def test_cflags_split_and_passed(cache):
+    _C._configure(make_cfg(cache, cflags="  -DFC_A=1\t-DFC_B=2  "))
+    src = kernel(0).replace("return 0", "return FC_A + FC_B")
+    assert call(_C._cpu_load(src, "fc_k")) == 3
+
+
+@pytest.mark.parametrize("flag", ["-ffast-math", "-Ofast", "-funsafe-math-optimizations"])
+def test_fast_math_cflags_refused(tmp_path, flag):
+    with pytest.raises(ValueError, match="crtfastmath"):
+        _C._configure(make_cfg(tmp_path / "cache", cflags="-O2 " + flag))
+
+
+def test_mxcsr_unchanged_by_load(cache):
+    before = _C._mxcsr()
+    _C._cpu_load(kernel(2), "fc_k")
+    assert _C._mxcsr() == before
+    if before != -1:
+        assert before & 0x8040 == 0   # neither FTZ nor DAZ
+
+
+# ---------------------------------------------------------------------------
+# corrupt entries: warn and recompile
+# ---------------------------------------------------------------------------
+
+def _populate(tmp_path, ret):
+    """Compile in another process, so this one has never mapped the file."""
+    cfg = make_cfg(tmp_path / "cache")
+    src = kernel(ret)
+    r = child(tmp_path, cfg, src)
+    assert r["err"] is None
+    _C._configure(cfg)
+    return src, r["res"]
+
+
+def _load_expect_corrupt(src, res, why):
+    before = _C.stats()
+    with pytest.warns(RuntimeWarning, match=r"cache entry .*%s.* is corrupt \(.*%s" % (
+            re.escape(res["key"]), why)):
+        r = _C._cpu_load(src, "fc_k")
+    assert stats_delta(before)["compiles"] == 1
+    assert r["so_path"] == res["so_path"]
+    meta = open(r["so_path"][:-3] + ".meta").read()
+    assert hashlib.sha256(open(r["so_path"], "rb").read()).hexdigest() in meta
+    return r
+
+
+def test_truncated_so_recompiled(tmp_path):
+    src, res = _populate(tmp_path, 11)
+    with open(res["so_path"], "r+b") as f:
+        f.truncate(100)
+    r = _load_expect_corrupt(src, res, "checksum mismatch")
+    assert call(r) == 11
+    assert os.path.getsize(r["so_path"]) > 100
+
+
+def test_bitflipped_so_recompiled(tmp_path):
+    src, res = _populate(tmp_path, 12)
+    data = bytearray(open(res["so_path"], "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(res["so_path"], "wb").write(bytes(data))
+    assert call(_load_expect_corrupt(src, res, "checksum mismatch")) == 12
+
+
+def test_corrupt_meta_recompiled(tmp_path):
+    src, res = _populate(tmp_path, 13)
+    open(res["so_path"][:-3] + ".meta", "w").write("garbage\n")
+    assert call(_load_expect_corrupt(src, res, "does not match")) == 13
+
+
+def test_missing_meta_recompiled(tmp_path):
+    src, res = _populate(tmp_path, 14)
+    os.unlink(res["so_path"][:-3] + ".meta")
+    assert call(_load_expect_corrupt(src, res, "missing .meta")) == 14
+
+
+def test_so_that_does_not_load_recompiled(tmp_path):
+    """A .so whose checksum matches but that dlopen rejects."""
+    src, res = _populate(tmp_path, 15)
+    junk = b"not an ELF file at all"
+    open(res["so_path"], "wb").write(junk)
+    meta_path = res["so_path"][:-3] + ".meta"
+    meta = open(meta_path).read()
+    meta = re.sub(r"so_sha256 [0-9a-f]+", "so_sha256 " + hashlib.sha256(junk).hexdigest(), meta)
+    open(meta_path, "w").write(meta)
+    assert call(_load_expect_corrupt(src, res, "dlopen")) == 15
+
+
+SAME_PROCESS = r"""
+import ctypes, os, sys, warnings
+sys.path.insert(0, sys.argv[1])
+from fastcompile import _C
+fn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+def inode(addr):
+    for line in open("/proc/self/maps"):
+        f = line.split(); lo, hi = (int(x, 16) for x in f[0].split("-"))
+        if lo <= addr < hi:
+            return int(f[4])
+_C._configure({"cc": sys.argv[2], "include_dir": sys.argv[3], "cache_dir": sys.argv[4],
+               "version": "t"})
+src = ('#include "fc_launch.h"\n'
+       '__attribute__((visibility("default"))) int fc_k(const void *L) { return 77; }\n')
+r1 = _C._cpu_load(src, "fc_k")
+assert fn(r1["fn"])(None) == 77
+with open(r1["so_path"], "r+b") as f:   # corrupt the file this process has mapped, in place
+    f.truncate(100)
+_C.cache_clear(disk=False)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    r2 = _C._cpu_load(src, "fc_k")
+assert len(w) == 1 and "corrupt" in str(w[0].message), [str(x.message) for x in w]
+assert fn(r2["fn"])(None) == 77   # would SIGBUS if the stale mapping came back
+assert inode(r2["fn"]) == os.stat(r2["so_path"]).st_ino
+print("ok")
+"""
+
+
+def test_corrupted_in_place_while_mapped(tmp_path):
+    """The process that has the .so mapped finds it truncated: the recompiled
+    file must be mapped afresh (dlopen by the same name returns the old one)."""
+    out = subprocess.run([sys.executable, "-c", SAME_PROCESS, PKG_ROOT, CC, INCLUDE,
+                          str(tmp_path / "cache")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.returncode, out.stderr)
+    assert out.stdout.strip() == "ok"
+
+
+def test_corrupt_warning_can_be_an_error(tmp_path):
+    src, res = _populate(tmp_path, 16)
+    os.unlink(res["so_path"][:-3] + ".meta")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(RuntimeWarning):
+            _C._cpu_load(src, "fc_k")
+    # the fresh entry was still published and is now a clean disk hit elsewhere
+    r = child(tmp_path, make_cfg(tmp_path / "cache"), src)
+    assert r["warnings"] == [] and r["stats"]["disk_hits"] == 1
+
+
+# ---------------------------------------------------------------------------
+# compile failures
+# ---------------------------------------------------------------------------
+
+def test_compile_error_reports_command_log_and_numbered_source(cache):
+    src = kernel(1).replace("return 1;", "return undefined_name_xyz;")
+    before = _C.stats()
+    with pytest.raises(RuntimeError) as ei:
+        _C._cpu_load(src, "fc_k")
+    msg = str(ei.value)
+    assert stats_delta(before)["compiles"] == 1
+    assert "command: " + CC in msg
+    for flag in ("-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
+                 "-fno-trapping-math", "-ffp-contract=off", "-fwrapv", "-fvisibility=hidden",
+                 "-nostartfiles", "-I" + INCLUDE, "-lmvec", "-lm"):
+        assert flag in msg.split(), flag
+    assert "-ffast-math" not in msg and "-Ofast" not in msg
+    assert "--- compiler output ---" in msg and "undefined_name_xyz" in msg and "error" in msg
+    assert "    6 |     return undefined_name_xyz;" in msg
+    assert "    1 | #include \"fc_launch.h\"" in msg and "    2 | /* test kernel" in msg
+    # nothing left behind: no temps, nothing published
+    shard = [d for d in os.listdir(cache) if len(d) == 2]
+    assert all(os.listdir(cache / d) == [] for d in shard)
+    # and it is not cached as a failure: the next call compiles again
+    with pytest.raises(RuntimeError):
+        _C._cpu_load(src, "fc_k")
+    assert stats_delta(before)["compiles"] == 2
+
+
+def test_missing_symbol(cache):
+    src = kernel(1).replace('__attribute__((visibility("default"))) ', "")
+    before = _C.stats()
+    with pytest.raises(RuntimeError, match="no exported symbol 'fc_k'"):
+        _C._cpu_load(src, "fc_k")
+    # the (good) .so stays cached; asking again is a disk read, not "corruption"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="no exported symbol 'fc_k'"):
+            _C._cpu_load(src, "fc_k")
+    assert stats_delta(before)["compiles"] == 1
+
+
+def test_two_symbols_from_one_source(cache):
+    src = kernel(70) + ('__attribute__((visibility("default"))) '
+                        'int fc_k2(const void *L) { return 71; }\n')
+    before = _C.stats()
+    a = _C._cpu_load(src, "fc_k")
+    b = _C._cpu_load(src, "fc_k2")
+    assert a["key"] == b["key"] and a["so_path"] == b["so_path"]
+    assert call(a) == 70 and call(b) == 71
+    assert stats_delta(before) == {"compiles": 1, "disk_hits": 1, "memory_hits": 0}
+
+
+def test_compiler_not_found(tmp_path):
+    _C._configure(make_cfg(tmp_path / "cache", cc=str(tmp_path / "no-such-cc")))
+    with pytest.raises(RuntimeError, match="not found"):
+        _C._cpu_load(kernel(), "fc_k")
+
+
+def test_compile_timeout_kills_the_compiler(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    cc = fake_cc(tmp_path, f"""\
+if [ "$1" = "--version" ]; then echo "slowcc 1.0"; exit 0; fi
+sleep 60 &
+echo $! > {pidfile}
+wait
+""")
+    _C._configure(make_cfg(tmp_path / "cache", cc=cc, compile_timeout=1))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="timed out after 1 s"):
+        _C._cpu_load(kernel(), "fc_k")
+    assert time.monotonic() - t0 < 20
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:   # the grandchild died with its group
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            break
+        if state == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the compiler's child process survived the timeout")
+
+
+def test_compiler_environment_is_scrubbed(tmp_path, monkeypatch):
+    envlog = tmp_path / "env.txt"
+    cc = fake_cc(tmp_path, f'env > {envlog}\nexec {CC} "$@"\n')
+    monkeypatch.setenv("CFLAGS", "-DPOISON")
+    monkeypatch.setenv("GCC_EXEC_PREFIX", "/nonexistent/")
+    monkeypatch.setenv("FC_TEST_MARKER", "1")
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    _C._configure(make_cfg(tmp_path / "cache", cc=cc))
+    assert call(_C._cpu_load(kernel(4), "fc_k")) == 4
+    names = {line.split("=", 1)[0] for line in envlog.read_text().splitlines() if "=" in line}
+    assert {"PATH", "LANG"} <= names
+    assert not names & {"CFLAGS", "GCC_EXEC_PREFIX", "FC_TEST_MARKER", "LD_PRELOAD"}
+
+
+# ---------------------------------------------------------------------------
+# cache folder safety
+# ---------------------------------------------------------------------------
+
+def _expect_refused(cfg_dir, why):
+    _C._configure(make_cfg(cfg_dir))
+    with pytest.warns(RuntimeWarning, match=r"refusing cache dir .*\(.*%s" % why):
+        r = _C._cpu_load(kernel(), "fc_k")
+    used = _C.stats()["cache_dir"]
+    assert used.startswith("/tmp/fastcompile-") and used != str(cfg_dir)
+    assert stat.S_IMODE(os.lstat(used).st_mode) == 0o700
+    assert r["so_path"].startswith(used + "/")
+    return used
+
+
+def test_symlinked_cache_dir_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    _expect_refused(link, "symlink")
+    assert os.listdir(real) == []
+
+
+def test_world_writable_cache_dir_refused(tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    _expect_refused(d, "world-writable")
+    assert os.listdir(d) == []
+
+
+def test_group_writable_cache_dir_refused(tmp_path):
+    d = tmp_path / "group"
+    d.mkdir()
+    d.chmod(0o770)
+    _expect_refused(d, "group- or world-writable")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+def test_foreign_owned_cache_dir_refused(tmp_path):
+    d = tmp_path / "theirs"
+    d.mkdir(mode=0o700)
+    os.chown(d, 12345, 12345)
+    _expect_refused(d, "owned by uid 12345")
+
+
+def test_relative_cache_dir_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _expect_refused("rel/cache", "not an absolute path")
+    assert not (tmp_path / "rel").exists()
+
+
+def test_parent_writable_without_sticky_refused(tmp_path):
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(0o777)
+    _expect_refused(parent / "mine", "writable by others without the sticky bit")
+    parent.chmod(0o1777)   # like /tmp: fine with a private leaf
+    _C._configure(make_cfg(parent / "mine2"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = _C._cpu_load(kernel(), "fc_k")
+    assert r["so_path"].startswith(str(parent / "mine2") + "/")
+
+
+def test_cache_dir_created_private_with_parents(tmp_path):
+    d = tmp_path / "a" / "b" / "cache"
+    _C._configure(make_cfg(d))
+    _C._cpu_load(kernel(), "fc_k")
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
+    assert _C.stats()["cache_dir"] == str(d)
+
+
+def test_cache_dir_rechecked_before_use(tmp_path):
+    d = tmp_path / "cache"
+    _C._configure(make_cfg(d))
+    _C._cpu_load(kernel(), "fc_k")
+    d.chmod(0o777)   # someone loosened it after we chose it
+    with pytest.warns(RuntimeWarning, match="world-writable"):
+        _C._cpu_load(kernel(), "fc_k")
+    assert _C.stats()["cache_dir"].startswith("/tmp/fastcompile-")
+
+
+def test_fallback_dir_removed_on_reconfigure(tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    used = _expect_refused(d, "world-writable")
+    assert os.path.isdir(used)
+    _C._configure(make_cfg(tmp_path / "fine"))
+    assert not os.path.exists(used)
+
+
+# ---------------------------------------------------------------------------
+# concurrency
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nproc", [4, 8])
+def test_processes_racing_on_one_key(tmp_path, nproc):
+    cfg = make_cfg(tmp_path / "cache")
+    src = kernel(21)
+    start = tmp_path / "go"
+    procs = [child(tmp_path, cfg, src, start_file=str(start), wait=False) for _ in range(nproc)]
+    time.sleep(1.0)   # let them all import and wait at the line
+    start.write_text("go")
+    reports = [finish(p) for p in procs]
+    assert all(r["err"] is None and r["ret"] == 21 for r in reports), reports
+    assert all(r["warnings"] == [] for r in reports), reports
+    paths = {r["res"]["so_path"] for r in reports}
+    assert len(paths) == 1
+    so = paths.pop()
+    key = reports[0]["res"]["key"]
+    published = sorted(key + x for x in (".so", ".c", ".meta"))
+    assert sorted(os.listdir(os.path.dirname(so))) == published
+    meta = open(so[:-3] + ".meta").read()
+    assert hashlib.sha256(open(so, "rb").read()).hexdigest() in meta
+    assert sum(r["stats"]["compiles"] + r["stats"]["disk_hits"] for r in reports) == nproc
+
+
+def test_processes_racing_to_heal_a_corrupt_entry(tmp_path):
+    cfg = make_cfg(tmp_path / "cache")
+    src = kernel(23)
+    so = child(tmp_path, cfg, src)["res"]["so_path"]
+    with open(so, "r+b") as f:
+        f.truncate(64)
+    start = tmp_path / "go"
+    procs = [child(tmp_path, cfg, src, start_file=str(start), wait=False) for _ in range(6)]
+    time.sleep(1.0)
+    start.write_text("go")
+    reports = [finish(p) for p in procs]
+    assert all(r["err"] is None and r["ret"] == 23 for r in reports), reports
+    assert all(len(r["warnings"]) <= 1 for r in reports)
+    assert any("corrupt" in w for r in reports for w in r["warnings"])
+    meta = open(so[:-3] + ".meta").read()
+    assert hashlib.sha256(open(so, "rb").read()).hexdigest() in meta
+    after = child(tmp_path, cfg, src)   # healed: a clean disk hit
+    assert after["warnings"] == [] and after["stats"]["disk_hits"] == 1
+
+
+def test_threads_racing_on_one_key(cache):
+    src = kernel(22)
+    results, errors = [], []
+    barrier = threading.Barrier(4)
+
+    def worker():
+        try:
+            barrier.wait()
+            results.append(_C._cpu_load(src, "fc_k"))
+        except Exception as e:   # pragma: no cover - reported below
+            errors.append(e)
+
+    before = _C.stats()
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len({r["so_path"] for r in results}) == 1
+    assert len({r["fn"] for r in results}) == 1
+    assert all(call(r) == 22 for r in results)
+    d = stats_delta(before)
+    assert d["compiles"] + d["disk_hits"] + d["memory_hits"] == 4 and d["compiles"] >= 1
+    # a fifth load is a plain memory hit
+    _C._cpu_load(src, "fc_k")
+    assert stats_delta(before)["memory_hits"] == d["memory_hits"] + 1
+
+
+def test_different_keys_in_parallel_threads(cache):
+    srcs = [kernel(30 + i) for i in range(4)]
+    out = [None] * 4
+
+    def worker(i):
+        out[i] = _C._cpu_load(srcs[i], "fc_k")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [call(r) for r in out] == [30, 31, 32, 33]
+    assert len({r["key"] for r in out}) == 4
+
+
+# ---------------------------------------------------------------------------
+# cache_clear, stats, dump_dir, debug log
+# ---------------------------------------------------------------------------
+
+def test_cache_clear_memory_only(cache):
+    src = kernel(40)
+    r1 = _C._cpu_load(src, "fc_k")
+    _C.cache_clear(disk=False)
+    before = _C.stats()
+    r2 = _C._cpu_load(src, "fc_k")
+    assert stats_delta(before) == {"compiles": 0, "disk_hits": 1, "memory_hits": 0}
+    assert call(r1) == 40 and call(r2) == 40   # r1's kernel is still mapped
+    assert r2["so_path"] == r1["so_path"]
+
+
+def test_cache_clear_disk(cache):
+    src = kernel(41)
+    r1 = _C._cpu_load(src, "fc_k")
+    shard = cache / r1["key"][:2]
+    foreign = [cache / "notes.txt", shard / "mine.txt"]
+    for f in foreign:
+        f.write_text("keep me")
+    counters = _C.stats()
+    _C.cache_clear(disk=True)
+    assert {k: _C.stats()[k] for k in counters} == counters   # counters are not reset
+    assert not os.path.exists(r1["so_path"]) and not os.path.exists(r1["c_path"])
+    assert not any(p.name.startswith("compiler-") for p in cache.iterdir())
+    assert all(f.read_text() == "keep me" for f in foreign)
+    before = _C.stats()
+    r2 = _C._cpu_load(src, "fc_k")
+    assert stats_delta(before)["compiles"] == 1
+    assert os.path.exists(r2["so_path"]) and call(r2) == 41
+    assert call(r1) == 41   # the old mapping survives the unlink
+    # the new file is what got mapped, not the old one that had the same name
+    assert mapped_inode(r2["fn"]) == os.stat(r2["so_path"]).st_ino != mapped_inode(r1["fn"])
+
+
+def test_stats_shape(cache):
+    s = _C.stats()
+    assert {"compiles", "disk_hits", "memory_hits", "cache_dir"} <= set(s)   # + allocator's
+    assert all(isinstance(s[k], int) for k in ("compiles", "disk_hits", "memory_hits"))
+
+
+def test_dump_dir(tmp_path):
+    dump = tmp_path / "dump" / "nested"
+    _C._configure(make_cfg(tmp_path / "cache", dump_dir=str(dump)))
+    src = kernel(50)
+    r = _C._cpu_load(src, "fc_k")
+    assert (dump / (r["key"] + ".c")).read_text() == src
+
+
+def test_debug_log(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fastcompile")
+    _C._configure(make_cfg(tmp_path / "cache", debug=1))
+    src = kernel(60)
+    r = _C._cpu_load(src, "fc_k")
+    assert "compiled in" in caplog.text and r["so_path"] in caplog.text
+    caplog.clear()
+    _C._configure(make_cfg(tmp_path / "cache", debug=0))
+    _C.cache_clear(disk=False)
+    _C._cpu_load(src, "fc_k")
+    assert caplog.text == ""
+
+
+def test_configure_validates(tmp_path):
+    with pytest.raises(TypeError):
+        _C._configure(make_cfg(tmp_path, cc=12))
+    with pytest.raises(ValueError):
+        _C._configure(make_cfg(tmp_path, compile_timeout=0))
+    for _ in range(50):   # repeated reconfiguration frees the old strings (ASan build)
+        _C._configure(make_cfg(tmp_path / "cache", cflags="-DX=1 -DY=2", dump_dir=None))
