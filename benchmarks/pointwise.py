@@ -498,12 +498,16 @@ def main():
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temporary cache dirs")
     ap.add_argument("--wait-idle", type=float, default=0, metavar="S",
                     help="first wait up to S seconds for the 1-minute load average to fall below 0.5")
+    ap.add_argument("--omp-wait-policy", choices=["passive", "active"],
+                    help="set OMP_WAIT_POLICY for everyone (default: leave it unset, as users run)")
     ap.add_argument("--_probe", metavar="OUT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args._probe:
         run_probe(args._probe)
         return 0
 
+    if args.omp_wait_policy:
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy.upper()
     if args.wait_idle > 0:
         t_end = time.time() + args.wait_idle
         while os.getloadavg()[0] >= 0.5 and time.time() < t_end:
@@ -668,9 +672,11 @@ def main():
                 "torch": getattr(torch, "__version__", None), "scipy": scipy_version,
                 "fastcompile": getattr(fc, "__version__", None)}
     threads = {"fastcompile": cfg["num_threads"], "fastcompile_serial_below": cfg.get("serial_below"),
+               "fastcompile_pool_mb": cfg.get("pool_mb"),
                "torch": torch.get_num_threads() if torch else None,
                "numexpr": ne.get_num_threads() if ne else None, "numpy": 1}
     result["versions"] = versions
+    result["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
     result["threads"] = threads
     log("")
     log("-- contenders " + "-" * 86)
@@ -678,6 +684,9 @@ def main():
     log("threads       : fastcompile %d (serial below %s elements), torch %s (set_num_threads), numexpr %s"
         " (set_num_threads), inductor = torch's, NumPy 1 (ufuncs are single-threaded)"
         % (threads["fastcompile"], threads["fastcompile_serial_below"], threads["torch"], threads["numexpr"]))
+    log("fastcompile   : output pool %s MB (FASTCOMPILE_POOL_MB); every other contender allocates through malloc"
+        % threads["fastcompile_pool_mb"])
+    log("OMP_WAIT_POLICY: %s" % os.environ.get("OMP_WAIT_POLICY", "unset (libgomp default: spin, then sleep)"))
     log("OpenMP        : %s" % ", ".join(sorted({l.split()[-1] for l in open("/proc/self/maps")
                                                   if "libgomp" in l or "libiomp" in l})) or "?")
     log("timing        : perf_counter_ns; %d samples per contender and size, each >= %.0f ms of back-to-back calls;"

@@ -33,9 +33,10 @@ FC_INTERNAL PyObject *fc_cpu_py_load(PyObject *self, PyObject *args);
  * crt*.o files altogether (crtfastmath.o is one; kernels need none of them):
  * no constructor or destructor runs from a kernel .so, so loading cannot
  * touch MXCSR and exit never runs code from a kernel file that someone
- * truncated under us. */
+ * truncated under us. -O2, not -O3: the hot loops carry `omp simd` and are
+ * vectorized either way, and -O2 compiles reduction kernels about 2x faster. */
 static const char *const FC_FLAGS[] = {
-    "-O3", "-march=native", "-std=c11", "-fPIC", "-shared", "-fopenmp",
+    "-O2", "-march=native", "-std=c11", "-fPIC", "-shared", "-fopenmp",
     "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
     "-fvisibility=hidden", "-nostartfiles",
 };
