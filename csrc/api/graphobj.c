@@ -59,27 +59,47 @@ static PyTypeObject Compiled_Type;
 static PyObject *
 value_new(GraphObject *g, int node)
 {
-    ValueObject *v = PyObject_New(ValueObject, &Value_Type);
+    ValueObject *v = PyObject_GC_New(ValueObject, &Value_Type);
     if (v == NULL) {
         return NULL;
     }
     Py_INCREF(g);
     v->graph = g;
     v->node = node;
+    PyObject_GC_Track(v);
     return (PyObject *)v;
+}
+
+static int
+Value_traverse(ValueObject *v, visitproc visit, void *arg)
+{
+    Py_VISIT(v->graph);
+    return 0;
+}
+
+static int
+Value_clear(ValueObject *v)
+{
+    Py_CLEAR(v->graph);
+    return 0;
 }
 
 static void
 Value_dealloc(ValueObject *v)
 {
-    Py_XDECREF(v->graph);
-    PyObject_Free(v);
+    PyObject_GC_UnTrack(v);
+    Value_clear(v);
+    PyObject_GC_Del(v);
 }
 
 static PyObject *
 Value_repr(ValueObject *v)
 {
-    const FcNode *n = &v->graph->g.nodes[v->node];
+    const FcNode *n;
+    if (v->graph == NULL) {
+        return PyUnicode_FromString("<fastcompile.graph.Value (graph freed)>");
+    }
+    n = &v->graph->g.nodes[v->node];
     const char *dt = n->dtype >= 0 ? fc_dtypes[n->dtype].name : "?";
     if (n->ndim >= 0) {
         return PyUnicode_FromFormat("<fastcompile.graph.Value %%%d = %s: %s, ndim=%d>", v->node,
@@ -91,7 +111,7 @@ Value_repr(ValueObject *v)
 static PyObject *
 Value_get_dtype(ValueObject *v, void *closure)
 {
-    int dt = v->graph->g.nodes[v->node].dtype;
+    int dt = v->graph ? v->graph->g.nodes[v->node].dtype : -1;
     if (dt < 0) {
         Py_RETURN_NONE;
     }
@@ -101,7 +121,7 @@ Value_get_dtype(ValueObject *v, void *closure)
 static PyObject *
 Value_get_ndim(ValueObject *v, void *closure)
 {
-    int nd = v->graph->g.nodes[v->node].ndim;
+    int nd = v->graph ? v->graph->g.nodes[v->node].ndim : -1;
     if (nd < 0) {
         Py_RETURN_NONE;
     }
@@ -127,7 +147,9 @@ static PyTypeObject Value_Type = {
     .tp_basicsize = sizeof(ValueObject),
     .tp_dealloc = (destructor)Value_dealloc,
     .tp_repr = (reprfunc)Value_repr,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Value_traverse,
+    .tp_clear = (inquiry)Value_clear,
     .tp_doc = "A value in a fastcompile graph (made by Graph.input/constant/call/extern).",
     .tp_getset = Value_getset,
 };
@@ -173,11 +195,26 @@ Graph_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     return (PyObject *)self;
 }
 
+static int
+Graph_traverse(GraphObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->externs);
+    return 0;
+}
+
+static int
+Graph_clear(GraphObject *self)
+{
+    Py_CLEAR(self->externs);
+    return 0;
+}
+
 static void
 Graph_dealloc(GraphObject *self)
 {
+    PyObject_GC_UnTrack(self);
+    Graph_clear(self);
     fc_graph_free(&self->g);
-    Py_XDECREF(self->externs);
     Py_XDECREF(self->origin);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -260,33 +297,9 @@ add_constant(GraphObject *self, PyObject *value)
     memset(&n, 0, sizeof(n));
     n.op = FC_OP_CONST;
     n.ndim = 0;
-    if (PyBool_Check(value)) {
-        n.ckind = FC_CONST_BOOL;
-        n.ival = value == Py_True;
-        n.fval = (double)n.ival;
-        n.dtype = FC_BOOL;
-        n.weak = 1;
-    }
-    else if (PyLong_Check(value)) {
-        int overflow = 0;
-        n.ckind = FC_CONST_INT;
-        n.ival = PyLong_AsLongLongAndOverflow(value, &overflow);
-        if (overflow) {
-            PyErr_SetString(PyExc_OverflowError, "fastcompile: integer constant does not fit in int64");
-            return -1;
-        }
-        n.fval = (double)n.ival;
-        n.dtype = FC_I64;
-        n.weak = 1;
-    }
-    else if (PyFloat_Check(value)) {
-        n.ckind = FC_CONST_FLOAT;
-        n.fval = PyFloat_AS_DOUBLE(value);
-        n.dtype = FC_F64;
-        n.weak = 1;
-    }
-    else if (PyArray_IsScalar(value, Generic)) {
-        /* NumPy scalars are strongly typed (NEP 50) */
+    if (PyArray_IsScalar(value, Generic)) {
+        /* NumPy scalars are strongly typed (NEP 50); test them first:
+         * np.float64 is a subclass of float */
         PyObject *dt = PyObject_GetAttrString(value, "dtype");
         PyObject *item;
         if (dt == NULL) {
@@ -319,6 +332,31 @@ add_constant(GraphObject *self, PyObject *value)
         if (PyErr_Occurred()) {
             return -1;
         }
+    }
+    else if (PyBool_Check(value)) {
+        n.ckind = FC_CONST_BOOL;
+        n.ival = value == Py_True;
+        n.fval = (double)n.ival;
+        n.dtype = FC_BOOL;
+        n.weak = 1;
+    }
+    else if (PyLong_Check(value)) {
+        int overflow = 0;
+        n.ckind = FC_CONST_INT;
+        n.ival = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow) {
+            PyErr_SetString(PyExc_OverflowError, "fastcompile: integer constant does not fit in int64");
+            return -1;
+        }
+        n.fval = (double)n.ival;
+        n.dtype = FC_I64;
+        n.weak = 1;
+    }
+    else if (PyFloat_Check(value)) {
+        n.ckind = FC_CONST_FLOAT;
+        n.fval = PyFloat_AS_DOUBLE(value);
+        n.dtype = FC_F64;
+        n.weak = 1;
     }
     else {
         PyErr_Format(PyExc_TypeError,
@@ -573,6 +611,10 @@ Graph_extern(GraphObject *self, PyObject *args, PyObject *kwargs)
         }
     }
     fn = PyTuple_GET_ITEM(args, 0);
+    if (self->externs == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: this Graph was cleared by the garbage collector");
+        return NULL;
+    }
     in = PyMem_Malloc(nargs * sizeof(int));
     if (in == NULL) {
         return PyErr_NoMemory();
@@ -715,7 +757,9 @@ static PyTypeObject Graph_Type = {
     .tp_name = "fastcompile.graph.Graph",
     .tp_basicsize = sizeof(GraphObject),
     .tp_dealloc = (destructor)Graph_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Graph_traverse,
+    .tp_clear = (inquiry)Graph_clear,
     .tp_doc = "A graph of array ops: build with input/constant/call/extern/output, then compile().",
     .tp_methods = Graph_methods,
     .tp_new = Graph_new,
@@ -829,6 +873,10 @@ static PyObject *
 compiled_new(GraphObject *graph)
 {
     CompiledObject *c;
+    if (graph->externs == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: this Graph was cleared by the garbage collector");
+        return NULL;
+    }
     if (graph->g.noutputs == 0) {
         PyErr_SetString(PyExc_ValueError, "fastcompile: the graph has no outputs; call Graph.output(...) first");
         return NULL;

@@ -196,6 +196,20 @@ fc_infer_dtype(const FcNode *n, const int *dt, const int *wk, int *out, int *out
                      op->name, fc_dtypes[p].name);
         return -1;
     }
+    if (op->rule == FC_R_FLOAT && n->nin > 1 && !weak) {
+        /* NumPy picks the first float loop every input casts to safely, each
+         * Python scalar first taking the dtype it would promote to: so
+         * arctan2(int8, uint8) is float16, not float(int16) = float32 */
+        int f = -1;
+        for (int i = 0; i < n->nin; i++) {
+            int w2, d = wk[i] ? promote_weak(dt[i], 1, p, 0, &w2) : dt[i];
+            d = fc_dtype_floatof(d);
+            f = f < 0 ? d : fc_dtype_promote(f, d);
+        }
+        *out = f;
+        *out_weak = 0;
+        return 0;
+    }
     switch (op->rule) {
     case FC_R_SAME: case FC_R_WHERE: *out = p; break;
     case FC_R_SAMEI8: *out = p == FC_BOOL ? FC_I8 : p; break;
@@ -403,13 +417,14 @@ fc_shape_infer(FcSpec *s, const FcMeta *metas)
         const FcNode *n = &g->nodes[i];
         FcSNode *sn = &s->sn[i];
         int dt[3] = {0, 0, 0}, wk[3] = {0, 0, 0}, nd[3] = {0, 0, 0};
-        if (!sn->in_seg) {
+        if (n->op == FC_OP_CONST) {
+            /* constants belong to no segment: any segment may read them */
+            sn->dtype = n->dtype;
+            sn->weak = n->weak;
+            sn->ndim = 0;
             continue;
         }
-        if (n->op == FC_OP_CONST) {
-            sn->dtype = n->ckind == FC_CONST_BOOL ? FC_BOOL : n->ckind == FC_CONST_INT ? FC_I64 : FC_F64;
-            sn->weak = 1;
-            sn->ndim = 0;
+        if (!sn->in_seg) {
             continue;
         }
         for (int j = 0; j < n->nin; j++) {
