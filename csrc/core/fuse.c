@@ -196,13 +196,42 @@ readable(const FcSpec *s, int k, int v, FcValKind ck, int ckeep)
     return matches_outer(K, vs->dims, vs->ndim, 0);
 }
 
+/* at most how many operands kernel k has with node i in it: every node may
+ * become an output, and every distinct buffer it reads is an input */
+static int
+operand_bound(const FcSpec *s, int k, int i)
+{
+    const FcKernelIR *K = &s->kernels[k];
+    int bufs[FC_MAXOPS + 4], nb = 0;
+    for (int m = 0; m <= K->nnodes; m++) {
+        int v = m < K->nnodes ? K->nodes[m] : i;
+        const FcNode *n = &s->g->nodes[v];
+        for (int j = 0; j < n->nin; j++) {
+            int u = n->in[j], dup = 0;
+            if (s->g->nodes[u].op == FC_OP_CONST || (computed(s, u) && s->sn[u].kernel == k)) {
+                continue;
+            }
+            for (int b = 0; b < nb; b++) {
+                dup |= bufs[b] == u;
+            }
+            if (!dup) {
+                if (nb == FC_MAXOPS + 2) {
+                    return FC_MAXOPS + 1;
+                }
+                bufs[nb++] = u;
+            }
+        }
+    }
+    return K->nnodes + 1 + nb;
+}
+
 /* may node i join kernel k as kind ck? Also checks that its inputs from other
  * kernels do not themselves depend on k (that would be a cycle). */
 static int
 can_join(FcSpec *s, int k, int i, FcValKind ck, int ckeep)
 {
     const FcNode *n = &s->g->nodes[i];
-    if (s->kernels[k].nnodes >= FC_MAX_KERNEL_NODES) {
+    if (s->kernels[k].nnodes >= FC_MAX_KERNEL_NODES || operand_bound(s, k, i) > FC_MAXOPS) {
         return 0;
     }
     for (int j = 0; j < n->nin; j++) {
@@ -479,8 +508,17 @@ finish(FcSpec *s)
     }
     for (int i = 0; i < g->nnodes; i++) {
         if (computed(s, i) && s->sn[i].materialize) {
+            int leaves = 0;
             if ((s->sn[i].slot = add_slot(s, FC_SLOT_ALLOC, i, -1, 1)) < 0) {
                 goto cleanup;
+            }
+            for (int o = 0; o < s->noutputs; o++) {
+                leaves |= s->outputs[o] == i;
+            }
+            /* a buffer only kernels see keeps the compute type: a float16
+             * intermediate stays float32, as it would inside one kernel */
+            if (!leaves) {
+                s->slots[s->sn[i].slot].dtype = fc_dtype_compute(s->sn[i].dtype);
             }
         }
     }

@@ -295,6 +295,11 @@ emit_node(Gen *G, int v)
         else if (n->op == FC_OP_ANY || n->op == FC_OP_ALL) {
             convert(expr, raw, dt[0], FC_BOOL);
         }
+        else if (dt[0] == FC_F64 && (sn->dtype == FC_F16 || sn->dtype == FC_BF16)) {
+            /* one rounding, not two: round to odd into float32 first */
+            const char *h = sn->dtype == FC_F16 ? "f16" : "bf16";
+            snprintf(expr, EXPR, "fc_load_%s(fc_store_%s(fc_f64_to_f32_odd(%s)))", h, h, raw);
+        }
         else {
             convert(expr, raw, dt[0], ct);
         }
@@ -435,21 +440,24 @@ accumulate(Gen *G, int v, const char *x, const char *j)
     }
 }
 
+/* "#pragma omp simd reduction(...)..." for a unit-stride run, or "" when
+ * an arg-reduction needs first-index order (the loop then stays scalar) */
 static void
-simd_clauses(const Gen *G, const int *reds, int nreds, char *out, size_t cap)
+simd_clauses(const Gen *G, const int *reds, int nreds, FcStr *out)
 {
-    size_t used = snprintf(out, cap, "#pragma omp simd");
-    for (int r = 0; r < nreds && used < cap; r++) {
+    for (int r = 0; r < nreds; r++) {
+        if (has_index(G->s, reds[r])) {
+            return;
+        }
+    }
+    fc_str_puts(out, "#pragma omp simd");
+    for (int r = 0; r < nreds; r++) {
         int v = reds[r], op = G->s->g->nodes[v].op;
         const char *how = op == FC_OP_SUM ? "+" : op == FC_OP_PROD ? "*" : op == FC_OP_AMAX ? "max"
                         : op == FC_OP_AMIN ? "min" : op == FC_OP_ANY ? "|" : "&";
-        if (has_index(G->s, v)) {
-            snprintf(out, cap, "%s", "");    /* first-index order: keep the loop scalar */
-            return;
-        }
-        used += snprintf(out + used, cap - used, " reduction(%s:acc%d)", how, v);
+        fc_str_printf(out, " reduction(%s:acc%d)", how, v);
         if (has_nan_flag(G->s, v)) {
-            used += snprintf(out + used, cap - used, " reduction(|:nan%d)", v);
+            fc_str_printf(out, " reduction(|:nan%d)", v);
         }
     }
 }
@@ -508,12 +516,17 @@ emit_run(Gen *G, const char *need, const int *reds, int nreds, int store, int si
     const FcSpec *s = G->s;
     const FcKernelIR *K = G->K;
     int nn = s->g->nnodes;
-    char pragma[1024];
     if (simd) {
-        simd_clauses(G, reds, nreds, pragma, sizeof(pragma));
-        if (pragma[0]) {
-            LINE(G, "%s", pragma);
+        FcStr pragma = {0};
+        char *text;
+        simd_clauses(G, reds, nreds, &pragma);
+        if ((text = fc_str_take(&pragma)) == NULL) {
+            return -1;
         }
+        if (text[0]) {
+            LINE(G, "%s", text);
+        }
+        PyMem_Free(text);
     }
     else {
         LINE(G, "#pragma omp simd safelen(1)   /* strided: scalar, quick to compile */");
@@ -875,7 +888,8 @@ needs_nonempty(const Gen *G)
 {
     for (int m = 0; m < G->K->nnodes; m++) {
         int v = G->K->nodes[m], op = G->s->g->nodes[v].op;
-        if (is_red(G->s, v) && (op == FC_OP_AMAX || op == FC_OP_AMIN || has_index(G->s, v))) {
+        if (is_red(G->s, v) && !G->s->g->nodes[v].quiet_empty &&
+                (op == FC_OP_AMAX || op == FC_OP_AMIN || has_index(G->s, v))) {
             return 1;
         }
     }

@@ -181,6 +181,7 @@ add_red(FcGraph *g, int op, int x, const FcNode *like, int keepdim)
         return -1;
     }
     a.keepdim = keepdim;
+    a.quiet_empty = 1;   /* only composites add reductions here */
     return fc_graph_add(g, op, &x, 1, &a);
 }
 

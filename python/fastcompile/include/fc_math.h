@@ -386,6 +386,20 @@ static inline uint16_t fc_store_f16(float x) {
     return (uint16_t)(h | sign);
 }
 
+/* float64 -> float32 rounding to odd: a later round to nearest even into
+ * float16/bfloat16 then gives the correctly rounded result (float32 keeps
+ * more than two extra bits), where (float)x would round twice. */
+static inline float fc_f64_to_f32_odd(double x) {
+    float f = (float)x;
+    if ((double)f != x && f == f && f - f == 0.0f) {
+        if (fabs((double)f) > fabs(x)) {
+            f = nextafterf(f, 0.0f);
+        }
+        f = fc__bits_f32(fc__f32_bits(f) | 1u);
+    }
+    return f;
+}
+
 /* ---- bfloat16 storage -------------------------------------------------------
  * The top half of a float32; stores round to nearest even (overflow -> inf);
  * NaN keeps its sign and top payload bits and is made quiet. */
