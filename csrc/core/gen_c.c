@@ -266,6 +266,64 @@ subst(char *out, const char *tmpl, char args[3][EXPR], const char *suffix)
     }
 }
 
+/* Comparisons NumPy 2 makes exact where promotion would not: a signed int
+ * with a uint64 (promoted: float64), and a Python int outside the other
+ * side's integer range (promoted: wrapped). Returns 0 when emitted, 1 when
+ * the ordinary path applies, -1 on error. */
+static int
+emit_exact_compare(Gen *G, int v, const int *dt, const int *wk)
+{
+    const FcSpec *s = G->s;
+    const FcNode *n = &s->g->nodes[v];
+    static const char *names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
+    static const char *syms[] = {"==", "!=", "<", "<=", ">", ">="};
+    const char *name = names[n->op - FC_OP_EQ];
+    int sig[2], uns[2];
+    char raw[EXPR], a[EXPR], b[EXPR];
+    for (int j = 0; j < 2; j++) {
+        char k = fc_dtypes[dt[j]].kind;
+        sig[j] = k == 'i' || k == 'b';
+        uns[j] = dt[j] == FC_U64 && !wk[j];
+    }
+    for (int j = 0; j < 2; j++) {
+        if (!wk[j] && sig[j] && uns[1 - j]) {
+            goto mixed;
+        }
+    }
+    /* a weak Python int the other (integer) side cannot hold */
+    for (int j = 0; j < 2; j++) {
+        const FcNode *c = &s->g->nodes[n->in[j]];
+        int other = dt[1 - j];
+        if (!(c->op == FC_OP_CONST && c->weak && c->ckind == FC_CONST_INT) || wk[1 - j] ||
+                fc_weak_int_out_of_range(s->g, n, other) != j) {
+            continue;
+        }
+        if (other == FC_U64) {
+            sig[j] = 1;
+            uns[1 - j] = 1;
+            goto mixed;
+        }
+        for (int i = 0; i < 2; i++) {
+            if (value_of(G, n->in[i], v, raw) < 0) {
+                return -1;
+            }
+            convert(i ? b : a, raw, dt[i], FC_I64);
+        }
+        LINE(G, "const _Bool t%d = (%s %s %s);", v, a, syms[n->op - FC_OP_EQ], b);
+        return 0;
+    }
+    return 1;
+mixed:
+    for (int i = 0; i < 2; i++) {
+        if (value_of(G, n->in[i], v, raw) < 0) {
+            return -1;
+        }
+        convert(i ? b : a, raw, dt[i], sig[i] ? FC_I64 : FC_U64);
+    }
+    LINE(G, "const _Bool t%d = fc_%s_%s(%s, %s);", v, name, sig[0] ? "iu" : "ui", a, b);
+    return 0;
+}
+
 static int
 emit_node(Gen *G, int v)
 {
@@ -305,6 +363,12 @@ emit_node(Gen *G, int v)
         }
         LINE(G, "const %s t%d = %s;", ctname(ct), v, expr);
         return 0;
+    }
+    if (n->op >= FC_OP_EQ && n->op <= FC_OP_GE) {
+        int rc = emit_exact_compare(G, v, dt, wk);
+        if (rc <= 0) {
+            return rc;
+        }
     }
     {
         int opct = fc_op_compute_dtype(n, sn->dtype, dt, wk);

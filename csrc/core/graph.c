@@ -106,7 +106,7 @@ type_node(FcGraph *g, FcNode *n)
     n->dtype = -1;
     n->ndim = -1;
     n->weak = 0;
-    if (known_dt && fc_infer_dtype(n, dt, wk, &n->dtype, &n->weak) < 0) {
+    if (known_dt && fc_infer_dtype(g, n, dt, wk, &n->dtype, &n->weak) < 0) {
         return -1;
     }
     if (known_nd && (n->ndim = fc_result_ndim(n, nd)) < 0) {

@@ -149,8 +149,38 @@ fc_dtype_from_name(const char *name)
 
 /* Result dtype of node n from its inputs' dtypes. Returns 0, or -1 with a
  * TypeError set (the type NumPy raises for a ufunc without a loop). */
+/* does integer v fit dtype dt? */
+static int
+int_fits(int64_t v, int dt)
+{
+    switch (dt) {
+    case FC_BOOL: return v == 0 || v == 1;
+    case FC_I8: return v >= INT8_MIN && v <= INT8_MAX;
+    case FC_I16: return v >= INT16_MIN && v <= INT16_MAX;
+    case FC_I32: return v >= INT32_MIN && v <= INT32_MAX;
+    case FC_U8: return v >= 0 && v <= UINT8_MAX;
+    case FC_U16: return v >= 0 && v <= UINT16_MAX;
+    case FC_U32: return v >= 0 && v <= (int64_t)UINT32_MAX;
+    case FC_U64: return v >= 0;
+    default: return 1;
+    }
+}
+
 int
-fc_infer_dtype(const FcNode *n, const int *dt, const int *wk, int *out, int *out_weak)
+fc_weak_int_out_of_range(const FcGraph *g, const FcNode *n, int other)
+{
+    for (int j = 0; j < n->nin; j++) {
+        const FcNode *c = &g->nodes[n->in[j]];
+        if (c->op == FC_OP_CONST && c->weak && c->ckind == FC_CONST_INT &&
+                fc_dtypes[other].kind != 'f' && fc_dtypes[other].kind != 'b' && !int_fits(c->ival, other)) {
+            return j;
+        }
+    }
+    return -1;
+}
+
+int
+fc_infer_dtype(const FcGraph *g, const FcNode *n, const int *dt, const int *wk, int *out, int *out_weak)
 {
     const FcOpInfo *op = &fc_ops[n->op];
     int p = -1, weak = 0, first = 0;
@@ -195,6 +225,16 @@ fc_infer_dtype(const FcNode *n, const int *dt, const int *wk, int *out, int *out
                      "fastcompile: op '%s' needs bool or integer inputs, got %s",
                      op->name, fc_dtypes[p].name);
         return -1;
+    }
+    /* NEP 50: a Python int the integer dtype cannot hold is an error (a
+     * comparison instead compares exactly, see gen_c) */
+    if (g != NULL && !weak && op->rule != FC_R_BOOL && op->kind == FC_KIND_PW) {
+        int j = fc_weak_int_out_of_range(g, n, p);
+        if (j >= 0) {
+            PyErr_Format(PyExc_OverflowError, "Python integer %lld out of bounds for %s",
+                         (long long)g->nodes[n->in[j]].ival, fc_dtypes[p].name);
+            return -1;
+        }
     }
     if (op->rule == FC_R_FLOAT && n->nin > 1 && !weak) {
         /* NumPy picks the first float loop every input casts to safely, each
@@ -432,7 +472,7 @@ fc_shape_infer(FcSpec *s, const FcMeta *metas)
             wk[j] = s->sn[n->in[j]].weak;
             nd[j] = s->sn[n->in[j]].ndim;
         }
-        if (fc_infer_dtype(n, dt, wk, &sn->dtype, &sn->weak) < 0) {
+        if (fc_infer_dtype(g, n, dt, wk, &sn->dtype, &sn->weak) < 0) {
             return -1;
         }
         if (fc_ops[n->op].kind == FC_KIND_RED || n->op == FC_OP_RCOUNT) {

@@ -386,6 +386,23 @@ static inline uint16_t fc_store_f16(float x) {
     return (uint16_t)(h | sign);
 }
 
+/* ---- exact comparisons of a signed int with a uint64 ------------------------
+ * NumPy 2 compares int64 with uint64 (and Python ints with any int) exactly;
+ * going through their promoted float64 would make 2**62 + 1 == 2**62.
+ * _iu: a signed, b unsigned; _ui: a unsigned, b signed. */
+static inline int fc_eq_iu(int64_t a, uint64_t b) { return a >= 0 && (uint64_t)a == b; }
+static inline int fc_lt_iu(int64_t a, uint64_t b) { return a < 0 || (uint64_t)a < b; }
+static inline int fc_gt_iu(int64_t a, uint64_t b) { return a >= 0 && (uint64_t)a > b; }
+static inline int fc_ne_iu(int64_t a, uint64_t b) { return !fc_eq_iu(a, b); }
+static inline int fc_le_iu(int64_t a, uint64_t b) { return !fc_gt_iu(a, b); }
+static inline int fc_ge_iu(int64_t a, uint64_t b) { return !fc_lt_iu(a, b); }
+static inline int fc_eq_ui(uint64_t a, int64_t b) { return fc_eq_iu(b, a); }
+static inline int fc_ne_ui(uint64_t a, int64_t b) { return fc_ne_iu(b, a); }
+static inline int fc_lt_ui(uint64_t a, int64_t b) { return fc_gt_iu(b, a); }
+static inline int fc_le_ui(uint64_t a, int64_t b) { return fc_ge_iu(b, a); }
+static inline int fc_gt_ui(uint64_t a, int64_t b) { return fc_lt_iu(b, a); }
+static inline int fc_ge_ui(uint64_t a, int64_t b) { return fc_le_iu(b, a); }
+
 /* float64 -> float32 rounding to odd: a later round to nearest even into
  * float16/bfloat16 then gives the correctly rounded result (float32 keeps
  * more than two extra bits), where (float)x would round twice. */
