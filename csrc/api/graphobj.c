@@ -527,7 +527,7 @@ unknown_op(const char *name)
     text = fc_str_take(&b);
     if (text != NULL) {
         PyErr_SetString(PyExc_ValueError, text);
-        PyMem_Free(text);
+        fc_str_release(text);
     }
     return NULL;
 }
@@ -719,7 +719,7 @@ dump_graph(const FcGraph *g)
         return NULL;
     }
     r = PyUnicode_FromString(text);
-    PyMem_Free(text);
+    fc_str_release(text);
     return r;
 }
 

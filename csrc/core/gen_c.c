@@ -28,6 +28,7 @@ typedef struct {
     int depth;
     Space sp;            /* how buffer operands are addressed right now */
     int unit;            /* runs: every operand has unit stride */
+    int cols;            /* column blocks: OUTER values are arrays over b */
     char *loaded;        /* per operand: a local x<o> holds its value in this body */
     char opname[FC_MAXOPS][16];
 } Gen;
@@ -194,7 +195,10 @@ mem_expr(const Gen *G, int o, char *out)
         break;
     case SP_OUTER_RUN:
     case SP_INNER_RUN:
-        if (G->unit) {
+        if (G->cols) {
+            snprintf(out, EXPR, "p%d[i * s%d + b]", o, o);
+        }
+        else if (G->unit) {
             snprintf(out, EXPR, "p%d[i]", o);
         }
         else {
@@ -202,7 +206,7 @@ mem_expr(const Gen *G, int o, char *out)
         }
         break;
     case SP_OUTER_POINT:
-        snprintf(out, EXPR, "%s[ob%d]", G->opname[o], o);
+        snprintf(out, EXPR, G->cols ? "%s[ob%d + b]" : "%s[ob%d]", G->opname[o], o);
         break;
     }
 }
@@ -218,7 +222,7 @@ value_of(Gen *G, int u, int consumer, char *out)
         return 0;
     }
     if (in_kernel(G, u)) {
-        snprintf(out, EXPR, "t%d", u);
+        snprintf(out, EXPR, G->cols && s->sn[u].kind == FC_VK_OUTER ? "t%d[b]" : "t%d", u);
         return 0;
     }
     {
@@ -266,6 +270,19 @@ subst(char *out, const char *tmpl, char args[3][EXPR], const char *suffix)
     }
 }
 
+/* the statement that defines node v's value: a const local, or in column
+ * blocks an OUTER value's element b */
+static void
+emit_def(Gen *G, int v, const char *type, const char *expr)
+{
+    if (G->cols && G->s->sn[v].kind == FC_VK_OUTER) {
+        LINE(G, "t%d[b] = %s;", v, expr);
+    }
+    else {
+        LINE(G, "const %s t%d = %s;", type, v, expr);
+    }
+}
+
 /* Comparisons NumPy 2 makes exact where promotion would not: a signed int
  * with a uint64 (promoted: float64), and a Python int outside the other
  * side's integer range (promoted: wrapped). Returns 0 when emitted, 1 when
@@ -309,7 +326,11 @@ emit_exact_compare(Gen *G, int v, const int *dt, const int *wk)
             }
             convert(i ? b : a, raw, dt[i], FC_I64);
         }
-        LINE(G, "const _Bool t%d = (%s %s %s);", v, a, syms[n->op - FC_OP_EQ], b);
+        {
+            char e[EXPR];
+            snprintf(e, EXPR, "(%s %s %s)", a, syms[n->op - FC_OP_EQ], b);
+            emit_def(G, v, "_Bool", e);
+        }
         return 0;
     }
     return 1;
@@ -320,7 +341,11 @@ mixed:
         }
         convert(i ? b : a, raw, dt[i], sig[i] ? FC_I64 : FC_U64);
     }
-    LINE(G, "const _Bool t%d = fc_%s_%s(%s, %s);", v, name, sig[0] ? "iu" : "ui", a, b);
+    {
+        char e[EXPR];
+        snprintf(e, EXPR, "fc_%s_%s(%s, %s)", name, sig[0] ? "iu" : "ui", a, b);
+        emit_def(G, v, "_Bool", e);
+    }
     return 0;
 }
 
@@ -335,7 +360,7 @@ emit_node(Gen *G, int v)
     int dt[3] = {0, 0, 0}, wk[3] = {0, 0, 0};
 
     if (n->op == FC_OP_RCOUNT) {
-        LINE(G, "const int64_t t%d = %s;", v, sn->axes ? "L->n_inner" : "1");
+        emit_def(G, v, "int64_t", sn->axes ? "L->n_inner" : "1");
         return 0;
     }
     for (int j = 0; j < n->nin; j++) {
@@ -361,7 +386,7 @@ emit_node(Gen *G, int v)
         else {
             convert(expr, raw, dt[0], ct);
         }
-        LINE(G, "const %s t%d = %s;", ctname(ct), v, expr);
+        emit_def(G, v, ctname(ct), expr);
         return 0;
     }
     if (n->op >= FC_OP_EQ && n->op <= FC_OP_GE) {
@@ -389,7 +414,7 @@ emit_node(Gen *G, int v)
         else {
             snprintf(expr, EXPR, "%s", raw);
         }
-        LINE(G, "const %s t%d = %s;", ctname(ct), v, expr);
+        emit_def(G, v, ctname(ct), expr);
     }
     return 0;
 }
@@ -480,27 +505,29 @@ accumulate(Gen *G, int v, const char *x, const char *j)
 {
     int op = G->s->g->nodes[v].op;
     const char *ty = ctname(acc_dtype(G->s, v));
+    const char *b = G->cols ? "[b]" : "";
     switch (op) {
-    case FC_OP_SUM: LINE(G, "acc%d += (%s)%s;", v, ty, x); break;
-    case FC_OP_PROD: LINE(G, "acc%d *= (%s)%s;", v, ty, x); break;
+    case FC_OP_SUM: LINE(G, "acc%d%s += (%s)%s;", v, b, ty, x); break;
+    case FC_OP_PROD: LINE(G, "acc%d%s *= (%s)%s;", v, b, ty, x); break;
     case FC_OP_AMAX:
     case FC_OP_AMIN:
-        LINE(G, "acc%d = %s %s acc%d ? %s : acc%d;", v, x, op == FC_OP_AMAX ? ">" : "<", v, x, v);
+        LINE(G, "acc%d%s = %s %s acc%d%s ? %s : acc%d%s;", v, b, x, op == FC_OP_AMAX ? ">" : "<",
+             v, b, x, v, b);
         if (has_nan_flag(G->s, v)) {
-            LINE(G, "nan%d |= %s != %s;", v, x, x);
+            LINE(G, "nan%d%s |= %s != %s;", v, b, x, x);
         }
         break;
     case FC_OP_ARGMAX:
     case FC_OP_ARGMIN:
         /* the first extreme wins; the first NaN beats everything */
-        LINE(G, "if (%s %s acc%d || (%s != %s && acc%d == acc%d)) {", x,
-             op == FC_OP_ARGMAX ? ">" : "<", v, x, x, v, v);
-        LINE(G, "    acc%d = %s;", v, x);
-        LINE(G, "    idx%d = %s;", v, j);
+        LINE(G, "if (%s %s acc%d%s || (%s != %s && acc%d%s == acc%d%s)) {", x,
+             op == FC_OP_ARGMAX ? ">" : "<", v, b, x, x, v, b, v, b);
+        LINE(G, "    acc%d%s = %s;", v, b, x);
+        LINE(G, "    idx%d%s = %s;", v, b, j);
         LINE(G, "}");
         break;
-    case FC_OP_ANY: LINE(G, "acc%d |= (%s != 0);", v, x); break;
-    default: LINE(G, "acc%d &= (%s != 0);", v, x); break;
+    case FC_OP_ANY: LINE(G, "acc%d%s |= (%s != 0);", v, b, x); break;
+    default: LINE(G, "acc%d%s &= (%s != 0);", v, b, x); break;
     }
 }
 
@@ -590,7 +617,7 @@ emit_run(Gen *G, const char *need, const int *reds, int nreds, int store, int si
         if (text[0]) {
             LINE(G, "%s", text);
         }
-        PyMem_Free(text);
+        fc_str_release(text);
     }
     else {
         LINE(G, "#pragma omp simd safelen(1)   /* strided: scalar, quick to compile */");
@@ -711,7 +738,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
             goto cleanup;
         }
         if (c[0] == 0) {
-            PyMem_Free(c);
+            fc_str_release(c);
             G->unit = 1;
             if (emit_run(G, need, reds, nreds, store, 1) < 0) {
                 goto cleanup;
@@ -719,7 +746,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         }
         else {
             LINE(G, "if (%s) {", c);
-            PyMem_Free(c);
+            fc_str_release(c);
             G->depth++;
             G->unit = 1;
             if (emit_run(G, need, reds, nreds, store, 1) < 0) {
@@ -960,11 +987,227 @@ needs_nonempty(const Gen *G)
     return 0;
 }
 
+/* Column blocks: one reduction level, nothing full-size to write, and (at
+ * run time) rows reduced with a stride while neighbouring outer elements sit
+ * next to each other (sum over axis 0 of a C-ordered array). Each thread
+ * walks its outer range FC_COLS elements at a time, the reduced index
+ * outside and the block inside, so the block's loads are contiguous and
+ * the accumulators are arrays over b. */
+static int
+cols_eligible(const Gen *G)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    if (K->nphases != 1) {
+        return 0;
+    }
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if ((s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) || (is_red(s, v) && has_index(s, v))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int
+emit_outer_level(Gen *G, int level)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    int any = 0;
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        any |= s->sn[v].kind == FC_VK_OUTER && !is_red(s, v) && s->sn[v].level == level;
+    }
+    if (!any) {
+        return 0;
+    }
+    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+    G->depth++;
+    memset(G->loaded, 0, FC_MAXOPS);
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].kind == FC_VK_OUTER && !is_red(s, v) && s->sn[v].level == level &&
+                emit_node(G, v) < 0) {
+            return -1;
+        }
+    }
+    G->depth--;
+    LINE(G, "}");
+    return 0;
+}
+
+static int
+emit_cols(Gen *G, const char *name)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    int reds[FC_MAX_KERNEL_REDS], nreds = 0, nn = s->g->nnodes, rc = -1;
+    char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS];
+
+    if (need == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    G->cols = 1;
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (is_red(s, v)) {
+            reds[nreds++] = v;
+            need_full(G, s->g->nodes[v].in[0], need);
+        }
+    }
+    sweep_operands(G, need, reds, nreds, 0, use);
+    LINE(G, "static void");
+    LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int fc_err = 0;");
+    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
+    emit_operand_decls(G);
+    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
+    LINE(G, "for (int64_t o = lo; o < hi;) {");
+    G->depth++;
+    LINE(G, "int64_t nb = fc_run_length(L->nd_outer, L->oshape, oidx, hi - o);");
+    LINE(G, "nb = nb < FC_COLS ? nb : FC_COLS;");
+    for (int o = 0; o < K->nops; o++) {
+        LINE(G, "const int64_t ob%d = fc_offset(L->nd_outer, oidx, L->ostride[%d]);", o, o);
+    }
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].kind == FC_VK_OUTER) {
+            LINE(G, "%s t%d[FC_COLS];", ctname(fc_dtype_compute(s->sn[v].dtype)), v);
+        }
+    }
+    G->sp = SP_OUTER_POINT;
+    if (emit_outer_level(G, 0) < 0) {
+        goto cleanup;
+    }
+    for (int r = 0; r < nreds; r++) {
+        int v = reds[r];
+        char init[EXPR];
+        acc_init(s, v, init);
+        LINE(G, "%s acc%d[FC_COLS];", ctname(acc_dtype(s, v)), v);
+        if (has_nan_flag(s, v)) {
+            LINE(G, "int nan%d[FC_COLS];", v);
+        }
+        LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+        LINE(G, "    acc%d[b] = %s;", v, init);
+        if (has_nan_flag(s, v)) {
+            LINE(G, "    nan%d[b] = 0;", v);
+        }
+        LINE(G, "}");
+    }
+    LINE(G, "{");
+    G->depth++;
+    LINE(G, "int64_t idx[FC_LAUNCH_MAXDIM];");
+    LINE(G, "fc_unravel(0, L->nd_inner, L->ishape, idx);");
+    LINE(G, "for (int64_t j0 = 0; j0 < L->n_inner;) {");
+    G->depth++;
+    LINE(G, "const int64_t len = fc_run_length(L->nd_inner, L->ishape, idx, L->n_inner - j0);");
+    for (int o = 0; o < K->nops; o++) {
+        int dt;
+        if (!use[o]) {
+            continue;
+        }
+        dt = s->slots[K->ops[o].slot].dtype;
+        LINE(G, "const %s *restrict p%d = %s + ob%d + fc_offset(L->nd_inner, idx, L->istride[%d]);",
+             storename(dt), o, G->opname[o], o, o);
+        LINE(G, "const int64_t s%d = L->istride[%d][L->nd_inner - 1];", o, o);
+    }
+    LINE(G, "for (int64_t i = 0; i < len; i++) {");
+    G->depth++;
+    LINE(G, "#pragma omp simd");
+    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+    G->depth++;
+    G->sp = SP_INNER_RUN;
+    memset(G->loaded, 0, FC_MAXOPS);
+    for (int v = 0; v < nn; v++) {
+        if (need[v] && emit_node(G, v) < 0) {
+            goto cleanup;
+        }
+    }
+    for (int r = 0; r < nreds; r++) {
+        const FcNode *n = &s->g->nodes[reds[r]];
+        char raw[EXPR], x[EXPR];
+        if (value_of(G, n->in[0], reds[r], raw) < 0) {
+            goto cleanup;
+        }
+        convert(x, raw, s->sn[n->in[0]].dtype, fc_dtype_compute(s->sn[n->in[0]].dtype));
+        accumulate(G, reds[r], x, "(j0 + i)");
+    }
+    G->depth--;
+    LINE(G, "}");
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "j0 += len;");
+    LINE(G, "fc_advance(L->nd_inner, L->ishape, idx, len);");
+    G->depth--;
+    LINE(G, "}");
+    G->depth--;
+    LINE(G, "}");
+    G->sp = SP_OUTER_POINT;
+    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+    G->depth++;
+    for (int r = 0; r < nreds; r++) {
+        int v = reds[r], op = s->g->nodes[v].op;
+        const char *ct = ctname(fc_dtype_compute(s->sn[v].dtype));
+        if (has_nan_flag(s, v)) {
+            LINE(G, "t%d[b] = nan%d[b] ? (%s)NAN : (%s)acc%d[b];", v, v, ct, ct, v);
+        }
+        else if (op == FC_OP_ANY || op == FC_OP_ALL) {
+            LINE(G, "t%d[b] = acc%d[b] != 0;", v, v);
+        }
+        else {
+            LINE(G, "t%d[b] = (%s)acc%d[b];", v, ct, v);
+        }
+    }
+    G->depth--;
+    LINE(G, "}");
+    if (emit_outer_level(G, 1) < 0) {
+        goto cleanup;
+    }
+    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+    G->depth++;
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].materialize) {
+            FcAlign al = s->sn[v].keepform ? FC_ALIGN_FULL : FC_ALIGN_OUTER;
+            int o = find_operand(G, s->sn[v].slot, al);
+            char val[EXPR], tn[32];
+            snprintf(tn, sizeof(tn), "t%d[b]", v);
+            store_expr(val, tn, s->slots[K->ops[o].slot].dtype);
+            LINE(G, "%s[ob%d + b] = %s;", G->opname[o], o, val);
+        }
+    }
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "o += nb;");
+    LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, nb);");
+    G->depth--;
+    LINE(G, "}");
+    LINE(G, "fc_report(err, fc_err);");
+    G->depth--;
+    LINE(G, "}");
+    fc_str_puts(G->b, "\n");
+    rc = 0;
+cleanup:
+    G->cols = 0;
+    PyMem_Free(need);
+    return rc;
+}
+
 static int
 emit_reduction(Gen *G, const char *name)
 {
     const FcSpec *s = G->s;
     const FcKernelIR *K = G->K;
+    int cols = cols_eligible(G);
+
+    if (cols && emit_cols(G, name) < 0) {
+        return -1;
+    }
 
     /* per-thread partials for rows shared by all threads */
     LINE(G, "typedef struct {");
@@ -1032,6 +1275,12 @@ emit_reduction(Gen *G, const char *name)
     if (needs_nonempty(G)) {
         LINE(G, "if (L->n_inner == 0 && L->n_outer > 0) {");
         LINE(G, "    return FC_ERR_EMPTY_REDUCE;");
+        LINE(G, "}");
+    }
+    if (cols) {
+        LINE(G, "if (fc_use_cols(L)) {");
+        LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %s_cols, &err);", name);
+        LINE(G, "    return err;");
         LINE(G, "}");
     }
     LINE(G, "if (fc_use_split(L)) {");

@@ -1,5 +1,5 @@
-/* A growable string for the renderers and dumps.
- * In: printf-style pieces. Out: one malloc'd NUL-terminated string. */
+/* A growable string for the renderers, dumps and runtime messages.
+ * In: printf-style pieces. Out: one NUL-terminated PyMem_Raw string (fc_str_release). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdio.h>
@@ -22,7 +22,7 @@ reserve(FcStr *b, size_t extra)
     while (cap < b->len + extra + 1) {
         cap *= 2;
     }
-    p = PyMem_Realloc(b->s, cap);
+    p = PyMem_RawRealloc(b->s, cap);   /* GIL-free, unlike PyMem_Realloc */
     if (p == NULL) {
         b->failed = 1;
         return -1;
@@ -70,12 +70,11 @@ fc_str_indent(FcStr *b, int depth)
 }
 
 char *
-fc_str_take(FcStr *b)
+fc_str_take_raw(FcStr *b)
 {
     char *s;
     if (b->failed || reserve(b, 0) < 0) {
         fc_str_free(b);
-        PyErr_NoMemory();
         return NULL;
     }
     if (b->len == 0) {
@@ -87,10 +86,26 @@ fc_str_take(FcStr *b)
     return s;
 }
 
+char *
+fc_str_take(FcStr *b)
+{
+    char *s = fc_str_take_raw(b);
+    if (s == NULL) {
+        PyErr_NoMemory();
+    }
+    return s;
+}
+
+void
+fc_str_release(char *text)
+{
+    PyMem_RawFree(text);
+}
+
 void
 fc_str_free(FcStr *b)
 {
-    PyMem_Free(b->s);
+    PyMem_RawFree(b->s);
     b->s = NULL;
     b->len = b->cap = 0;
     b->failed = 0;

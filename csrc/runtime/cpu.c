@@ -7,25 +7,20 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "../core/strbuf.h"
 #include "cpu.h"
+#include "disk.h"
 #include "sha256.h"
-
-/* Test hook, registered by module.c as _C._cpu_load (see the bottom of this file). */
-FC_INTERNAL PyObject *fc_cpu_py_load(PyObject *self, PyObject *args);
 
 /* The kernel compile line: cc FC_FLAGS -I<include_dir> <cflags> -o OUT SRC FC_LIBS.
  * Never -ffast-math/-Ofast: they link crtfastmath.o, which sets FTZ/DAZ in MXCSR
@@ -49,7 +44,6 @@ static const char *const FC_FORBIDDEN_CFLAGS[] = {
     "-ffast-math", "-Ofast", "-funsafe-math-optimizations", "-mdaz-ftz",
 };
 
-#define FC_DEFAULT_PATH "PATH=/usr/local/bin:/usr/bin:/bin"
 #define FC_COMPILE_TIMEOUT_S 120   /* default; the config key "compile_timeout" overrides */
 #define FC_PROBE_TIMEOUT_S 30      /* cc --version */
 #define FC_LOG_MAX (1 << 20)       /* compiler output kept for the error message */
@@ -104,82 +98,8 @@ static struct {
 } rt;
 
 /* ---------------------------------------------------------------------------
- * Small helpers: growable text, strings, files. None of them needs the GIL.
+ * Small string helpers (GIL-free). Files and processes are in disk.c.
  * ------------------------------------------------------------------------- */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} FcBuf;
-
-static void
-buf_add(FcBuf *b, const char *s, size_t n)
-{
-    if (b->oom) {
-        return;
-    }
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1) {
-            cap *= 2;
-        }
-        char *p = realloc(b->p, cap);
-        if (p == NULL) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void
-buf_puts(FcBuf *b, const char *s)
-{
-    buf_add(b, s, strlen(s));
-}
-
-static void buf_printf(FcBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void
-buf_printf(FcBuf *b, const char *fmt, ...)
-{
-    char small[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof(small), fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        return;
-    }
-    if ((size_t)n < sizeof(small)) {
-        buf_add(b, small, (size_t)n);
-        return;
-    }
-    char *big = malloc((size_t)n + 1);
-    if (big == NULL) {
-        b->oom = 1;
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(big, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    buf_add(b, big, (size_t)n);
-    free(big);
-}
-
-static void
-buf_free(FcBuf *b)
-{
-    free(b->p);
-    b->p = NULL;
-    b->len = b->cap = 0;
-    b->oom = 0;
-}
 
 static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 
@@ -203,406 +123,12 @@ str_eq(const char *a, const char *b)
     return (a == NULL && b == NULL) || (a && b && strcmp(a, b) == 0);
 }
 
-static void
-strv_free(char **v)
-{
-    if (v != NULL) {
-        for (char **p = v; *p; p++) {
-            free(*p);
-        }
-        free(v);
-    }
-}
-
-static size_t
-strv_len(char *const *v)
-{
-    size_t n = 0;
-    while (v && v[n]) {
-        n++;
-    }
-    return n;
-}
-
-/* Appends a copy of s to *v (NULL-terminated). Returns 0, or -1 when out of memory. */
-static int
-strv_push(char ***v, const char *s)
-{
-    size_t n = strv_len(*v);
-    char *copy = strdup(s);
-    char **grown = copy ? realloc(*v, (n + 2) * sizeof(char *)) : NULL;
-    if (grown == NULL) {
-        free(copy);
-        return -1;
-    }
-    grown[n] = copy;
-    grown[n + 1] = NULL;
-    *v = grown;
-    return 0;
-}
-
-static double
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void
-sleep_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-    }
-}
-
-/* "<pid>.<16 random hex>": unique temp-name part, same folder as the target. */
-static void
-temp_suffix(char out[48])
-{
-    uint64_t r = 0;
-    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        r = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)&ts;
-    }
-    snprintf(out, 48, "%ld.%016llx", (long)getpid(), (unsigned long long)r);
-}
-
-/* Reads a whole regular file (never through a symlink) into a malloc'd,
- * NUL-terminated buffer. Returns 0, or -1 with errno (EFBIG past max). */
-static int
-read_all(const char *path, size_t max, char **out, size_t *n)
-{
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    char *p = NULL;
-    struct stat st;
-    size_t len = 0;
-    if (fd < 0) {
-        return -1;
-    }
-    if (fstat(fd, &st) < 0) {
-        goto error;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        errno = EINVAL;
-        goto error;
-    }
-    if ((size_t)st.st_size > max) {
-        errno = EFBIG;
-        goto error;
-    }
-    p = malloc((size_t)st.st_size + 1);
-    if (p == NULL) {
-        errno = ENOMEM;
-        goto error;
-    }
-    while (len < (size_t)st.st_size) {
-        ssize_t r = read(fd, p + len, (size_t)st.st_size - len);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            goto error;
-        }
-        if (r == 0) {
-            break;   /* shrank under us: the caller's checksum will say so */
-        }
-        len += (size_t)r;
-    }
-    p[len] = '\0';
-    close(fd);
-    *out = p;
-    *n = len;
-    return 0;
-error:;
-    int saved = errno;
-    free(p);
-    close(fd);
-    errno = saved;
-    return -1;
-}
-
-static int
-write_fd_all(int fd, const void *data, size_t n)
-{
-    const char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        if (w < 0) {
-            return -1;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Creates `path` (which must not exist), writes data, fsyncs. On failure the
- * file is removed. Returns 0, or -1 with errno. */
-static int
-write_new(const char *path, const void *data, size_t n, mode_t mode)
-{
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-    if (fd < 0) {
-        return -1;
-    }
-    if (write_fd_all(fd, data, n) < 0 || fsync(fd) < 0) {
-        int saved = errno;
-        close(fd);
-        unlink(path);
-        errno = saved;
-        return -1;
-    }
-    return close(fd);
-}
-
-/* Writes data to `path` via a temp file beside it and rename(2): readers see
- * the old or the new file, never a half-written one. Returns 0 or -1 with errno. */
-static int
-write_atomic(const char *path, const void *data, size_t n, mode_t mode)
-{
-    char sfx[48];
-    temp_suffix(sfx);
-    char *tmp = fmt("%s.%s.tmp", path, sfx);
-    if (tmp == NULL) {
-        errno = ENOMEM;
-        return -1;
-    }
-    int rc = write_new(tmp, data, n, mode);
-    if (rc == 0 && rename(tmp, path) < 0) {
-        int saved = errno;
-        unlink(tmp);
-        errno = saved;
-        rc = -1;
-    }
-    free(tmp);
-    return rc;
-}
-
-/* sha256 of a regular file's bytes (fsync'd first when `sync`). 0 or -1 with errno. */
-static int
-hash_file(const char *path, int sync, char hex[65], off_t *size)
-{
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    struct stat st;
-    FcSha256 s;
-    uint8_t digest[32];
-    char chunk[65536];
-    if (fd < 0) {
-        return -1;
-    }
-    if (fstat(fd, &st) < 0) {
-        goto error;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        errno = EINVAL;
-        goto error;
-    }
-    if (sync && fsync(fd) < 0) {
-        goto error;
-    }
-    fc_sha256_init(&s);
-    for (;;) {
-        ssize_t r = read(fd, chunk, sizeof(chunk));
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            goto error;
-        }
-        if (r == 0) {
-            break;
-        }
-        fc_sha256_update(&s, chunk, (size_t)r);
-    }
-    close(fd);
-    fc_sha256_final(&s, digest);
-    fc_sha256_hex(digest, hex);
-    if (size) {
-        *size = st.st_size;
-    }
-    return 0;
-error:;
-    int saved = errno;
-    close(fd);
-    errno = saved;
-    return -1;
-}
-
-static void
-fsync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);   /* durability only: a failure here loses nothing that is checked */
-        close(fd);
-    }
-}
-
-/* Moves `from` to `to` only if `to` does not exist (EEXIST otherwise): a
- * published file is never overwritten, so a process that has it mapped never
- * sees it change (cppimport#67's SIGBUS). Returns 0 or -1 with errno. */
-static int
-move_noreplace(const char *from, const char *to)
-{
-#ifdef RENAME_NOREPLACE
-    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) {
-        return 0;
-    }
-    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
-        return -1;
-    }
-#endif
-    if (link(from, to) < 0) {
-        return -1;
-    }
-    unlink(from);
-    return 0;
-}
-
-/* mkdir -p with mode 0700 for every folder it creates. 0 or -1 with errno. */
-static int
-mkdir_p(const char *path, mode_t mode)
-{
-    char *p = strdup(path);
-    int rc = 0;
-    if (p == NULL) {
-        errno = ENOMEM;
-        return -1;
-    }
-    for (char *s = p + 1;; s++) {
-        if (*s == '/' || *s == '\0') {
-            char c = *s;
-            *s = '\0';
-            if (mkdir(p, mode) < 0 && errno != EEXIST) {
-                rc = -1;
-                break;
-            }
-            *s = c;
-            if (c == '\0') {
-                break;
-            }
-        }
-    }
-    int saved = errno;
-    free(p);
-    errno = saved;
-    return rc;
-}
-
 /* The first line of s (without the newline), copied; NULL when out of memory. */
 static char *
 first_line(const char *s)
 {
     size_t n = strcspn(s, "\r\n");
     return strndup(s, n);
-}
-
-/* ---------------------------------------------------------------------------
- * Subprocesses: posix_spawn with argv (no shell), a scrubbed environment,
- * output to a file, a time limit. GIL-free.
- * ------------------------------------------------------------------------- */
-
-/* Runs argv[0] (an absolute path) with envp, stdin from /dev/null, stdout and
- * stderr to out_fd, in its own process group (so a timeout kills cc1, as and
- * ld too). Returns 0 with *status (a waitpid status) and *timed_out, or -1
- * with errno when it could not be started. */
-static int
-spawn_wait(char *const argv[], char *const envp[], int out_fd, int timeout_s,
-           int *status, int *timed_out)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawnattr_t attr;
-    sigset_t none, dflt;
-    pid_t pid;
-    int rc;
-
-    *timed_out = 0;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
-#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
-    posix_spawn_file_actions_addclosefrom_np(&fa, 3);   /* fds leaked by other libraries */
-#endif
-    posix_spawnattr_init(&attr);
-    sigemptyset(&none);
-    sigemptyset(&dflt);
-    sigaddset(&dflt, SIGPIPE);   /* Python ignores these; ignored dispositions survive exec */
-    sigaddset(&dflt, SIGXFSZ);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &dflt);
-    posix_spawnattr_setpgroup(&attr, 0);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF
-                                        | POSIX_SPAWN_SETPGROUP);
-    rc = posix_spawn(&pid, argv[0], &fa, &attr, argv, envp);
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) {
-        errno = rc;
-        return -1;
-    }
-
-    double deadline = now_ms() + 1e3 * timeout_s;
-    int nap = 1;
-    for (;;) {
-        pid_t r = waitpid(pid, status, WNOHANG);
-        if (r == pid) {
-            return 0;
-        }
-        if (r < 0 && errno != EINTR) {
-            return -1;   /* ECHILD: someone set SIGCHLD to SIG_IGN */
-        }
-        if (now_ms() > deadline) {
-            kill(-pid, SIGKILL);
-            kill(pid, SIGKILL);
-            while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
-            }
-            *timed_out = 1;
-            return 0;
-        }
-        sleep_ms(nap);
-        nap = nap < 8 ? nap * 2 : 8;
-    }
-}
-
-/* The compiler's environment: PATH, HOME, TMPDIR, LANG from ours, nothing
- * else (no CFLAGS, LD_PRELOAD, GCC_EXEC_PREFIX, COMPILER_PATH, ...). GIL held
- * (getenv races with os.environ writes otherwise). NULL when out of memory. */
-static char **
-scrubbed_env(void)
-{
-    static const char *const keep[] = {"PATH", "HOME", "TMPDIR", "LANG"};
-    char **env = NULL;
-    int have_path = 0;
-    for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
-        const char *v = getenv(keep[i]);
-        if (v == NULL) {
-            continue;
-        }
-        char *kv = fmt("%s=%s", keep[i], v);
-        int rc = kv ? strv_push(&env, kv) : -1;
-        free(kv);
-        if (rc < 0) {
-            goto error;
-        }
-        have_path |= strcmp(keep[i], "PATH") == 0;
-    }
-    if (!have_path && strv_push(&env, FC_DEFAULT_PATH) < 0) {
-        goto error;
-    }
-    if (env == NULL) {
-        env = calloc(1, sizeof(char *));
-    }
-    return env;
-error:
-    strv_free(env);
-    return NULL;
 }
 
 /* ---------------------------------------------------------------------------
@@ -659,64 +185,6 @@ cleanup:
  * The cache folder: private (0700, ours, not a symlink), never the CWD.
  * ------------------------------------------------------------------------- */
 
-/* Is dir safe to load code from? 0, or -1 with why filled in. Checks the leaf
- * (not a symlink, a directory, owned by us, not group/world-writable) and every
- * ancestor (not writable by others unless sticky, like /tmp: otherwise anyone
- * could rename our leaf away and put theirs in its place). */
-static int
-check_private(const char *dir, char *why, size_t whylen)
-{
-    struct stat st;
-    if (lstat(dir, &st) < 0) {
-        snprintf(why, whylen, "cannot stat it: %s", strerror(errno));
-        return -1;
-    }
-    if (S_ISLNK(st.st_mode)) {
-        snprintf(why, whylen, "it is a symlink");
-        return -1;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        snprintf(why, whylen, "it is not a directory");
-        return -1;
-    }
-    if (st.st_uid != geteuid()) {
-        snprintf(why, whylen, "it is owned by uid %ld, not by us (uid %ld)", (long)st.st_uid,
-                 (long)geteuid());
-        return -1;
-    }
-    if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-        snprintf(why, whylen, "it is group- or world-writable (mode %03o)",
-                 (unsigned)(st.st_mode & 0777));
-        return -1;
-    }
-    char *up = strdup(dir);
-    if (up == NULL) {
-        snprintf(why, whylen, "out of memory");
-        return -1;
-    }
-    int rc = 0;
-    for (char *slash = strrchr(up, '/'); slash != NULL; slash = strrchr(up, '/')) {
-        if (slash == up) {
-            slash[1] = '\0';   /* "/" itself */
-        }
-        else {
-            *slash = '\0';
-        }
-        if (stat(up, &st) == 0 && (st.st_mode & (S_IWGRP | S_IWOTH))
-            && !(st.st_mode & S_ISVTX)) {
-            snprintf(why, whylen, "its parent %s is writable by others without the sticky bit",
-                     up);
-            rc = -1;
-            break;
-        }
-        if (slash == up) {
-            break;
-        }
-    }
-    free(up);
-    return rc;
-}
-
 /* $XDG_CACHE_HOME/fastcompile, ~/.cache/fastcompile, /tmp/fastcompile-uid<N>. */
 static char *
 default_cache_dir(void)
@@ -732,15 +200,13 @@ default_cache_dir(void)
     return fmt("/tmp/fastcompile-uid%ld", (long)geteuid());
 }
 
-static int clear_dir(const char *dir, int remove_root);
-
 /* Forget the folder in use; a private fallback of ours is deleted with it
  * (kernels loaded from it stay mapped). */
 static void
 drop_cache_dir(void)
 {
     if (rt.cache_dir && rt.cache_is_fallback) {
-        clear_dir(rt.cache_dir, 1);
+        fc_disk_clear_dir(rt.cache_dir, 1);
     }
     free(rt.cache_dir);
     rt.cache_dir = NULL;
@@ -759,7 +225,7 @@ ensure_cache_dir(void)
     char *want = NULL, *msg = NULL;
     int rc = -1;
 
-    if (rt.cache_dir && check_private(rt.cache_dir, why, sizeof(why)) == 0) {
+    if (rt.cache_dir && fc_disk_check_private(rt.cache_dir, why, sizeof(why)) == 0) {
         return 0;
     }
     /* first use, or the folder went bad since: resolve the request again */
@@ -775,10 +241,10 @@ ensure_cache_dir(void)
     if (want[0] != '/') {
         snprintf(why, sizeof(why), "it is not an absolute path (the cache is never the CWD)");
     }
-    else if (mkdir_p(want, 0700) < 0) {
+    else if (fc_disk_mkdir_p(want, 0700) < 0) {
         snprintf(why, sizeof(why), "cannot create it: %s", strerror(errno));
     }
-    else if (check_private(want, why, sizeof(why)) == 0) {
+    else if (fc_disk_check_private(want, why, sizeof(why)) == 0) {
         rt.cache_dir = want;
         want = NULL;
         rc = 0;
@@ -809,109 +275,9 @@ cleanup:
     return rc;
 }
 
-/* Deletes what this runtime writes under dir: in each two-hex-digit shard,
- * the files named <64 hex>.<anything> (published and temp .so/.c/.meta/.log),
- * then the shard if empty; at the top, compiler-*.id files. Symlinks and
- * other names are left alone. With remove_root, rmdir dir too. GIL-free. */
-static int
-clear_dir(const char *dir, int remove_root)
-{
-    int top = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    DIR *d = top >= 0 ? fdopendir(top) : NULL;
-    struct dirent *de;
-    int rc = 0;
-    if (d == NULL) {
-        int saved = errno;
-        if (top >= 0) {
-            close(top);
-        }
-        errno = saved;
-        return saved == ENOENT ? 0 : -1;
-    }
-    while ((de = readdir(d)) != NULL) {
-        const char *n = de->d_name;
-        struct stat st;
-        if (fstatat(top, n, &st, AT_SYMLINK_NOFOLLOW) < 0) {
-            continue;
-        }
-        if (S_ISREG(st.st_mode) && strncmp(n, "compiler-", 9) == 0) {
-            unlinkat(top, n, 0);
-            continue;
-        }
-        if (!S_ISDIR(st.st_mode) || strlen(n) != 2 || strspn(n, "0123456789abcdef") != 2) {
-            continue;
-        }
-        int sfd = openat(top, n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        DIR *sd = sfd >= 0 ? fdopendir(sfd) : NULL;
-        if (sd == NULL) {
-            if (sfd >= 0) {
-                close(sfd);
-            }
-            rc = -1;
-            continue;
-        }
-        struct dirent *fe;
-        while ((fe = readdir(sd)) != NULL) {
-            const char *f = fe->d_name;
-            struct stat fst;
-            if (strspn(f, "0123456789abcdef") == 64 && f[64] == '.'
-                && fstatat(sfd, f, &fst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(fst.st_mode)
-                && unlinkat(sfd, f, 0) < 0 && errno != ENOENT) {
-                rc = -1;
-            }
-        }
-        closedir(sd);
-        unlinkat(top, n, AT_REMOVEDIR);   /* fails harmlessly if others' files remain */
-    }
-    closedir(d);
-    if (remove_root && rmdir(dir) < 0 && errno != ENOENT) {
-        rc = -1;
-    }
-    return rc;
-}
-
 /* ---------------------------------------------------------------------------
  * Key components: the compiler's identity, the CPU's, the shipped headers.
  * ------------------------------------------------------------------------- */
-
-/* Absolute path of the configured compiler, searching PATH for a bare name.
- * NULL (no exception) when not found; GIL held. */
-static char *
-resolve_cc(const char *cc)
-{
-    if (cc == NULL || cc[0] == '\0') {
-        cc = "cc";
-    }
-    if (cc[0] == '/') {
-        return access(cc, X_OK) == 0 ? strdup(cc) : NULL;
-    }
-    if (strchr(cc, '/') != NULL) {
-        char *abs = realpath(cc, NULL);
-        if (abs && access(abs, X_OK) != 0) {
-            free(abs);
-            abs = NULL;
-        }
-        return abs;
-    }
-    const char *path = getenv("PATH");
-    char *dirs = strdup(path && path[0] ? path : "/usr/local/bin:/usr/bin:/bin");
-    char *found = NULL, *save = NULL;
-    for (char *d = dirs ? strtok_r(dirs, ":", &save) : NULL; d && !found;
-         d = strtok_r(NULL, ":", &save)) {
-        if (d[0] != '/') {
-            continue;   /* a relative PATH entry would be the CWD */
-        }
-        char *cand = fmt("%s/%s", d, cc);
-        if (cand && access(cand, X_OK) == 0) {
-            found = cand;
-        }
-        else {
-            free(cand);
-        }
-    }
-    free(dirs);
-    return found;
-}
 
 /* The first line of `cc --version`. Probing costs a process spawn, so the
  * answer is kept in <cache>/compiler-<hash>.id, keyed by the compiler file's
@@ -923,7 +289,7 @@ compiler_line(const char *cc_abs)
     struct stat st;
     char hex[65], *id_path = NULL, *real = NULL, *text = NULL, *line = NULL, *stored = NULL;
     char **argv = NULL, **envp = NULL;
-    FcBuf ident = {0};
+    FcStr ident = {0};
     size_t n;
     int fd = -1, status, timed_out;
 
@@ -933,21 +299,21 @@ compiler_line(const char *cc_abs)
                      cc_abs, strerror(errno));
         goto cleanup;
     }
-    buf_printf(&ident, "%s\n%s\n%llu %llu %lld %lld.%09ld %lld.%09ld", cc_abs, real,
-               (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
-               (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
-               (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
-    if (ident.oom) {
+    fc_str_printf(&ident, "%s\n%s\n%llu %llu %lld %lld.%09ld %lld.%09ld", cc_abs, real,
+                  (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+                  (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+                  (long long)st.st_ctim.tv_sec, st.st_ctim.tv_nsec);
+    if (ident.failed) {
         PyErr_NoMemory();
         goto cleanup;
     }
-    fc_sha256_hex_of(ident.p, ident.len, hex);
+    fc_sha256_hex_of(ident.s, ident.len, hex);
     id_path = fmt("%s/compiler-%.16s.id", rt.cache_dir, hex);
     if (id_path == NULL) {
         PyErr_NoMemory();
         goto cleanup;
     }
-    if (read_all(id_path, 4096, &text, &n) == 0 && n > 0) {
+    if (fc_disk_read_all(id_path, 4096, &text, &n) == 0 && n > 0) {
         line = first_line(text);
         if (line == NULL) {
             PyErr_NoMemory();
@@ -957,15 +323,15 @@ compiler_line(const char *cc_abs)
 
     /* not known yet: ask the compiler */
     fd = memfd_create("fastcompile-cc-version", MFD_CLOEXEC);
-    envp = scrubbed_env();
-    if (fd < 0 || envp == NULL || strv_push(&argv, cc_abs) < 0
-        || strv_push(&argv, "--version") < 0) {
+    envp = fc_disk_scrubbed_env();
+    if (fd < 0 || envp == NULL || fc_disk_strv_push(&argv, cc_abs) < 0
+        || fc_disk_strv_push(&argv, "--version") < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto cleanup;
     }
     /* the GIL stays held: a few ms once per compiler, and rt.cc_abs must not
      * change under us */
-    int rc = spawn_wait(argv, envp, fd, FC_PROBE_TIMEOUT_S, &status, &timed_out);
+    int rc = fc_disk_spawn_wait(argv, envp, fd, FC_PROBE_TIMEOUT_S, &status, &timed_out);
     if (rc < 0 || timed_out || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         PyErr_Format(PyExc_RuntimeError, "fastcompile: `%s --version` failed (%s)", cc_abs,
                      rc < 0 ? strerror(errno) : timed_out ? "timed out" : "nonzero exit");
@@ -989,15 +355,16 @@ compiler_line(const char *cc_abs)
     }
     stored = fmt("%s\n", line);
     if (stored != NULL) {
-        write_atomic(id_path, stored, strlen(stored), 0600);   /* best effort: else we re-probe */
+        /* best effort: else we re-probe */
+        fc_disk_write_atomic(id_path, stored, strlen(stored), 0600);
     }
 cleanup:
     if (fd >= 0) {
         close(fd);
     }
-    strv_free(argv);
-    strv_free(envp);
-    buf_free(&ident);
+    fc_disk_strv_free(argv);
+    fc_disk_strv_free(envp);
+    fc_str_free(&ident);
     free(real);
     free(id_path);
     free(text);
@@ -1032,7 +399,7 @@ key_cpu(FcSha256 *s)
     };
     char *text = NULL;
     size_t n;
-    if (read_all("/proc/cpuinfo", 64 << 20, &text, &n) < 0) {
+    if (fc_disk_read_all("/proc/cpuinfo", 64 << 20, &text, &n) < 0) {
         key_str(s, "cpu", "unknown");
         return;
     }
@@ -1071,13 +438,13 @@ key_headers(FcSha256 *s, const char *dir)
     while ((de = readdir(d)) != NULL) {
         size_t len = strlen(de->d_name);
         if (len > 2 && strcmp(de->d_name + len - 2, ".h") == 0
-            && strv_push(&names, de->d_name) < 0) {
+            && fc_disk_strv_push(&names, de->d_name) < 0) {
             key_str(s, "headers", "out of memory");   /* never matches a real entry */
             break;
         }
     }
     closedir(d);
-    size_t count = strv_len(names);
+    size_t count = fc_disk_strv_len(names);
     if (count > 1) {
         qsort(names, count, sizeof(char *), cmp_str);
     }
@@ -1085,7 +452,7 @@ key_headers(FcSha256 *s, const char *dir)
         char *path = fmt("%s/%s", dir, names[i]), *text = NULL;
         size_t n;
         key_str(s, "header", names[i]);
-        if (path && read_all(path, 64 << 20, &text, &n) == 0) {
+        if (path && fc_disk_read_all(path, 64 << 20, &text, &n) == 0) {
             key_field(s, "bytes", text, n);
         }
         else {
@@ -1094,7 +461,7 @@ key_headers(FcSha256 *s, const char *dir)
         free(text);
         free(path);
     }
-    strv_free(names);
+    fc_disk_strv_free(names);
 }
 
 /* Where the code starts: after the leading comment block. gen_c opens each
@@ -1134,7 +501,7 @@ ensure_identity(void)
     free(rt.cc_abs);
     free(rt.cc_line);
     rt.cc_line = NULL;
-    rt.cc_abs = resolve_cc(rt.cc);
+    rt.cc_abs = fc_disk_find_program(rt.cc && rt.cc[0] ? rt.cc : "cc");
     if (rt.cc_abs == NULL) {
         PyErr_Format(PyExc_RuntimeError, "fastcompile: C compiler '%s' not found or not "
                      "executable (set FASTCOMPILE_CC or CC)", rt.cc ? rt.cc : "cc");
@@ -1288,7 +655,7 @@ typedef struct {
     char *warnings[FC_JOB_MAXWARN];
     int nwarn;
     int err;                /* FC_JOB_* */
-    FcBuf errmsg;
+    FcStr errmsg;           /* PyMem_Raw: built without the GIL */
 } FcJob;
 
 static void job_warn(FcJob *j, const char *f, ...) __attribute__((format(printf, 2, 3)));
@@ -1319,7 +686,7 @@ job_fail(FcJob *j, int err, const char *f, ...)
     vsnprintf(msg, sizeof(msg), f, ap);
     va_end(ap);
     j->err = err;
-    buf_puts(&j->errmsg, msg);
+    fc_str_puts(&j->errmsg, msg);
 }
 
 static void
@@ -1331,13 +698,13 @@ job_free(FcJob *j)
     free(j->meta_path);
     free(j->version);
     free(j->cc);
-    strv_free(j->flags);
-    strv_free(j->envp);
+    fc_disk_strv_free(j->flags);
+    fc_disk_strv_free(j->envp);
     free(j->loaded_path);
     for (int i = 0; i < j->nwarn; i++) {
         free(j->warnings[i]);
     }
-    buf_free(&j->errmsg);
+    fc_str_free(&j->errmsg);
 }
 
 /* Copies what the job needs out of rt. GIL held. 0, or -1 with MemoryError. */
@@ -1354,7 +721,7 @@ job_prepare(FcJob *j, const char *source, const char *symbol, const char *key)
     j->meta_path = fmt("%s/%.2s/%s.meta", rt.cache_dir, key, key);
     j->version = strdup(rt.version ? rt.version : "unknown");
     j->cc = strdup(rt.cc_abs);
-    j->envp = scrubbed_env();
+    j->envp = fc_disk_scrubbed_env();
     j->read_disk = !rt.always_compile;
     j->timeout_s = rt.timeout_s;
     for (FcEntry *e = rt.entries; e != NULL; e = e->next) {
@@ -1370,20 +737,20 @@ job_prepare(FcJob *j, const char *source, const char *symbol, const char *key)
         goto nomem;
     }
     for (int i = 0; i < FC_NFLAGS; i++) {
-        if (strv_push(&j->flags, FC_FLAGS[i]) < 0) {
+        if (fc_disk_strv_push(&j->flags, FC_FLAGS[i]) < 0) {
             goto nomem;
         }
     }
     if (rt.include_dir) {
         char *inc = fmt("-I%s", rt.include_dir);
-        int rc = inc ? strv_push(&j->flags, inc) : -1;
+        int rc = inc ? fc_disk_strv_push(&j->flags, inc) : -1;
         free(inc);
         if (rc < 0) {
             goto nomem;
         }
     }
     for (char **f = rt.cflags; f && *f; f++) {
-        if (strv_push(&j->flags, *f) < 0) {
+        if (fc_disk_strv_push(&j->flags, *f) < 0) {
             goto nomem;
         }
     }
@@ -1391,77 +758,6 @@ job_prepare(FcJob *j, const char *source, const char *symbol, const char *key)
 nomem:
     PyErr_NoMemory();
     return -1;
-}
-
-/* The sidecar: which key, which .so bytes, which fastcompile wrote it. */
-static char *
-meta_text(const FcJob *j, const char *so_hex)
-{
-    return fmt("fastcompile-cpu-cache 1\nkey %s\nso_sha256 %s\nversion %s\n", j->key, so_hex,
-               j->version);
-}
-
-enum { FC_OK, FC_META_MISSING, FC_META_STALE, FC_BAD };
-
-/* One look at so + j->meta_path. FC_OK, or why filled in and FC_META_* (which
- * may heal within moments: another process is between its two renames) or FC_BAD. */
-static int
-check_entry_once(FcJob *j, const char *so, char *why, size_t whylen)
-{
-    char *meta = NULL, *want = NULL, hex[65];
-    size_t n;
-    off_t size = 0;
-    int rc = FC_BAD;
-    if (read_all(j->meta_path, 4096, &meta, &n) < 0) {
-        snprintf(why, whylen, "%s .meta sidecar: %s", errno == ENOENT ? "missing" : "unreadable",
-                 strerror(errno));
-        rc = errno == ENOENT ? FC_META_MISSING : FC_BAD;
-        goto cleanup;
-    }
-    if (hash_file(so, 0, hex, &size) < 0) {
-        snprintf(why, whylen, "cannot read the .so: %s", strerror(errno));
-        goto cleanup;
-    }
-    want = meta_text(j, hex);
-    if (want == NULL) {
-        snprintf(why, whylen, "out of memory");
-        goto cleanup;
-    }
-    if (strcmp(meta, want) == 0) {
-        rc = FC_OK;
-        goto cleanup;
-    }
-    const char *said = strstr(meta, "\nso_sha256 ");
-    if (said && strncmp(said + 11, hex, 64) != 0) {
-        snprintf(why, whylen, "checksum mismatch: the %lld-byte .so hashes to %.12s..., the "
-                 ".meta says %.12s...", (long long)size, hex, said + 11);
-        rc = FC_META_STALE;
-    }
-    else {
-        snprintf(why, whylen, ".meta does not match this key and version");
-    }
-cleanup:
-    free(meta);
-    free(want);
-    return rc;
-}
-
-/* Checks an entry, giving a publisher that is between its link of the .so
- * and its rename of the .meta up to wait_ms to finish. 0 if good, else -1
- * with why. */
-static int
-check_entry(FcJob *j, const char *so, int wait_ms, char *why, size_t whylen)
-{
-    for (int waited = 0;; waited += 10) {
-        int rc = check_entry_once(j, so, why, whylen);
-        if (rc == FC_OK) {
-            return 0;
-        }
-        if (waited >= wait_ms || rc == FC_BAD) {
-            return -1;
-        }
-        sleep_ms(10);
-    }
 }
 
 /* dlopen + dlsym. 0; -1 with why when the loader rejects the file (a bad
@@ -1477,7 +773,7 @@ check_entry(FcJob *j, const char *so, int wait_ms, char *why, size_t whylen)
 static int
 open_entry(FcJob *j, const char *so, char *why, size_t whylen)
 {
-    char *path = strdup(so), *alias = NULL, sfx[48];
+    char *path = strdup(so), *alias = NULL, sfx[FC_DISK_SUFFIX];
     struct stat st;
     void *h = NULL;
     int rc = -2;
@@ -1492,7 +788,7 @@ open_entry(FcJob *j, const char *so, char *why, size_t whylen)
     }
     if (j->prev_loaded && strcmp(so, j->so_path) == 0
         && (st.st_dev != j->prev_dev || st.st_ino != j->prev_ino)) {
-        temp_suffix(sfx);
+        fc_disk_temp_suffix(sfx);
         alias = fmt("%s/%s.%s.so", j->shard, j->key, sfx);
         if (alias == NULL || link(so, alias) < 0) {
             job_fail(j, FC_JOB_OS, "fastcompile: cannot link %s to a fresh name: %s", so,
@@ -1538,7 +834,7 @@ static void
 ensure_source_file(FcJob *j)
 {
     if (access(j->c_path, F_OK) != 0) {
-        write_atomic(j->c_path, j->source, j->source_len, 0600);
+        fc_disk_write_atomic(j->c_path, j->source, j->source_len, 0600);
     }
 }
 
@@ -1546,47 +842,26 @@ ensure_source_file(FcJob *j)
 static void
 describe_failure(FcJob *j, char *const argv[], const char *log, const char *how)
 {
-    FcBuf *b = &j->errmsg;
+    FcStr *b = &j->errmsg;
     j->err = FC_JOB_CC;
-    buf_printf(b, "fastcompile: the C compiler %s on kernel '%s' (key %s)\ncommand:", how,
-               j->symbol, j->key);
+    fc_str_printf(b, "fastcompile: the C compiler %s on kernel '%s' (key %s)\ncommand:", how,
+                  j->symbol, j->key);
     for (char *const *a = argv; *a; a++) {
         int plain = strpbrk(*a, " \t\n'\"\\$`*?;&|<>()[]{}~!#") == NULL && (*a)[0] != '\0';
-        buf_printf(b, plain ? " %s" : " '%s'", *a);
+        fc_str_printf(b, plain ? " %s" : " '%s'", *a);
     }
-    buf_puts(b, "\n--- compiler output ---\n");
-    buf_puts(b, log && log[0] ? log : "(none)\n");
-    if (b->len && b->p[b->len - 1] != '\n') {
-        buf_puts(b, "\n");
+    fc_str_puts(b, "\n--- compiler output ---\n");
+    fc_str_puts(b, log && log[0] ? log : "(none)\n");
+    if (b->len && b->s[b->len - 1] != '\n') {
+        fc_str_puts(b, "\n");
     }
-    buf_puts(b, "--- source ---\n");
+    fc_str_puts(b, "--- source ---\n");
     int line = 1;
     for (const char *p = j->source; *p; line++) {
         size_t n = strcspn(p, "\n");
-        buf_printf(b, "%5d | %.*s\n", line, (int)n, p);
+        fc_str_printf(b, "%5d | %.*s\n", line, (int)n, p);
         p += n + (p[n] == '\n');
     }
-}
-
-/* The compiler's output so far, malloc'd (truncated at FC_LOG_MAX), or NULL. */
-static char *
-read_log(int fd)
-{
-    off_t len = lseek(fd, 0, SEEK_END);
-    size_t n = len < 0 ? 0 : len > FC_LOG_MAX ? FC_LOG_MAX : (size_t)len;
-    char *log = calloc(1, n + 64);
-    if (log == NULL) {
-        return NULL;
-    }
-    ssize_t r = n ? pread(fd, log, n, 0) : 0;
-    if (r < 0) {
-        r = 0;
-    }
-    log[r] = '\0';
-    if ((off_t)n < len) {
-        strcat(log, "\n... (compiler output truncated)\n");
-    }
-    return log;
 }
 
 /* Publishes tmp_so as j->so_path and loads it, never replacing a good
@@ -1599,13 +874,13 @@ publish(FcJob *j, const char *tmp_so, const char *tmp_meta)
 {
     char why[512];
     for (int attempt = 0; attempt < FC_PUBLISH_TRIES; attempt++) {
-        if (move_noreplace(tmp_so, j->so_path) == 0) {
+        if (fc_disk_move_noreplace(tmp_so, j->so_path) == 0) {
             if (rename(tmp_meta, j->meta_path) < 0) {
                 job_fail(j, FC_JOB_OS, "fastcompile: cannot publish %s: %s", j->meta_path,
                          strerror(errno));
                 return -1;
             }
-            fsync_dir(j->shard);
+            fc_disk_fsync_dir(j->shard);
             int rc = open_entry(j, j->so_path, why, sizeof(why));
             if (rc == -1) {
                 job_fail(j, FC_JOB_LOAD, "fastcompile: cannot load the freshly compiled kernel "
@@ -1622,8 +897,9 @@ publish(FcJob *j, const char *tmp_so, const char *tmp_meta)
         struct stat st;
         int known_bad = j->have_bad && lstat(j->so_path, &st) == 0 && st.st_dev == j->bad_dev
                         && st.st_ino == j->bad_ino;
-        int rc = known_bad ? -1 : check_entry(j, j->so_path, FC_META_WAIT_PUBLISH_MS, why,
-                                              sizeof(why));
+        int rc = known_bad ? -1 : fc_disk_check_entry(j->so_path, j->meta_path, j->key,
+                                                      j->version, FC_META_WAIT_PUBLISH_MS, why,
+                                                      sizeof(why));
         if (rc == 0) {
             rc = open_entry(j, j->so_path, why, sizeof(why));
         }
@@ -1649,14 +925,14 @@ publish(FcJob *j, const char *tmp_so, const char *tmp_meta)
 static void
 job_compile(FcJob *j)
 {
-    char sfx[48], why[512], hex[65];
+    char sfx[FC_DISK_SUFFIX], why[512], hex[65];
     char *tmp_c = NULL, *tmp_so = NULL, *tmp_log = NULL, *tmp_meta = NULL, *meta = NULL;
     char *log = NULL;
     char **argv = NULL;
     int logfd = -1, status = 0, timed_out = 0, keep_so = 0;
-    size_t nflags = strv_len(j->flags), k = 0;
+    size_t nflags = fc_disk_strv_len(j->flags), k = 0;
 
-    temp_suffix(sfx);
+    fc_disk_temp_suffix(sfx);
     tmp_c = fmt("%s/%s.%s.c", j->shard, j->key, sfx);
     tmp_so = fmt("%s/%s.%s.so", j->shard, j->key, sfx);
     tmp_log = fmt("%s/%s.%s.log", j->shard, j->key, sfx);
@@ -1677,7 +953,7 @@ job_compile(FcJob *j)
         argv[k++] = (char *)FC_LIBS[i];
     }
 
-    if (write_new(tmp_c, j->source, j->source_len, 0600) < 0) {
+    if (fc_disk_write_new(tmp_c, j->source, j->source_len, 0600) < 0) {
         job_fail(j, FC_JOB_OS, "fastcompile: cannot write %s: %s", tmp_c, strerror(errno));
         goto cleanup;
     }
@@ -1688,15 +964,15 @@ job_compile(FcJob *j)
     }
     unlink(tmp_log);   /* anonymous from here on: nothing to clean up after a crash */
 
-    double t0 = now_ms();
+    double t0 = fc_disk_now_ms();
     j->compiled = 1;
-    if (spawn_wait(argv, j->envp, logfd, j->timeout_s, &status, &timed_out) < 0) {
+    if (fc_disk_spawn_wait(argv, j->envp, logfd, j->timeout_s, &status, &timed_out) < 0) {
         job_fail(j, FC_JOB_OS, "fastcompile: cannot run the C compiler %s: %s", j->cc,
                  strerror(errno));
         goto cleanup;
     }
-    j->compile_ms = now_ms() - t0;
-    log = read_log(logfd);
+    j->compile_ms = fc_disk_now_ms() - t0;
+    log = fc_disk_read_head(logfd, FC_LOG_MAX, "\n... (compiler output truncated)\n");
     struct stat st;
     if (timed_out) {
         snprintf(why, sizeof(why), "timed out after %d s and was killed", j->timeout_s);
@@ -1719,16 +995,16 @@ job_compile(FcJob *j)
     }
 
     /* sync the .so's bytes, then the sidecar that vouches for them */
-    if (hash_file(tmp_so, 1, hex, NULL) < 0) {
+    if (fc_disk_hash_file(tmp_so, 1, hex, NULL) < 0) {
         job_fail(j, FC_JOB_OS, "fastcompile: cannot read %s: %s", tmp_so, strerror(errno));
         goto cleanup;
     }
-    meta = meta_text(j, hex);
+    meta = fc_disk_meta_text(j->key, hex, j->version);
     if (meta == NULL) {
         job_fail(j, FC_JOB_NOMEM, "out of memory");
         goto cleanup;
     }
-    if (write_new(tmp_meta, meta, strlen(meta), 0600) < 0) {
+    if (fc_disk_write_new(tmp_meta, meta, strlen(meta), 0600) < 0) {
         job_fail(j, FC_JOB_OS, "fastcompile: cannot write %s: %s", tmp_meta, strerror(errno));
         goto cleanup;
     }
@@ -1786,7 +1062,8 @@ job_run(FcJob *j)
         return;
     }
     if (j->read_disk && lstat(j->so_path, &st) == 0) {
-        int rc = check_entry(j, j->so_path, FC_META_WAIT_READ_MS, why, sizeof(why));
+        int rc = fc_disk_check_entry(j->so_path, j->meta_path, j->key, j->version,
+                                     FC_META_WAIT_READ_MS, why, sizeof(why));
         rc = rc == 0 ? open_entry(j, j->so_path, why, sizeof(why)) : rc;
         if (rc == 0) {
             j->disk_hit = 1;
@@ -1901,7 +1178,7 @@ fc_cpu_configure(PyObject *cfg)
                 goto cleanup;
             }
         }
-        if (strv_push(&flagv, f) < 0) {
+        if (fc_disk_strv_push(&flagv, f) < 0) {
             PyErr_NoMemory();
             goto cleanup;
         }
@@ -1923,7 +1200,7 @@ fc_cpu_configure(PyObject *cfg)
     FC_SWAP(version, version);
     FC_SWAP(dump_dir, dump_dir);
 #undef FC_SWAP
-    strv_free(rt.cflags);
+    fc_disk_strv_free(rt.cflags);
     rt.cflags = flagv;
     flagv = NULL;
     rt.always_compile = always_compile != 0;
@@ -1939,7 +1216,7 @@ cleanup:
     free(cache_req);
     free(version);
     free(dump_dir);
-    strv_free(flagv);
+    fc_disk_strv_free(flagv);
     return rc;
 }
 
@@ -1950,9 +1227,9 @@ dump_source(const char *key, const char *source)
 {
     char *path = NULL, *msg = NULL;
     int rc = 0;
-    if (mkdir_p(rt.dump_dir, 0777) < 0
+    if (fc_disk_mkdir_p(rt.dump_dir, 0777) < 0
         || (path = fmt("%s/%s.c", rt.dump_dir, key)) == NULL
-        || write_atomic(path, source, strlen(source), 0644) < 0) {
+        || fc_disk_write_atomic(path, source, strlen(source), 0644) < 0) {
         msg = fmt("fastcompile: cannot dump the kernel source to %s: %s", rt.dump_dir,
                   strerror(errno));
         rc = msg ? warn(msg) : 0;
@@ -2020,11 +1297,11 @@ fc_cpu_load(const char *source, const char *symbol, FcLoaded *out)
         }
     }
     if (job.err != FC_JOB_OK) {
-        if (job.err == FC_JOB_NOMEM || job.errmsg.oom || job.errmsg.p == NULL) {
+        if (job.err == FC_JOB_NOMEM || job.errmsg.failed || job.errmsg.s == NULL) {
             PyErr_NoMemory();
         }
         else {
-            PyErr_SetString(PyExc_RuntimeError, job.errmsg.p);
+            PyErr_SetString(PyExc_RuntimeError, job.errmsg.s);
         }
         goto cleanup;
     }
@@ -2099,7 +1376,7 @@ fc_cpu_cache_clear(int disk)
     if (ensure_cache_dir() < 0) {
         return -1;
     }
-    if (clear_dir(rt.cache_dir, 0) < 0) {
+    if (fc_disk_clear_dir(rt.cache_dir, 0) < 0) {
         PyErr_Format(PyExc_OSError, "fastcompile: could not empty the cache %s: %s",
                      rt.cache_dir, strerror(errno));
         return -1;
@@ -2116,7 +1393,7 @@ fc_cpu_free(void)
     free(rt.cache_req);
     free(rt.version);
     free(rt.dump_dir);
-    strv_free(rt.cflags);
+    fc_disk_strv_free(rt.cflags);
     free(rt.cc_abs);
     free(rt.cc_line);
     free(rt.slots);

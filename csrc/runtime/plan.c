@@ -226,11 +226,11 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         if (msg != NULL) {
             FcStr b = {0};
             fc_str_printf(&b, "fused graph %s (%s):\n  %s", ghash, origin ? origin : "?", msg);
-            PyMem_Free(msg);
+            fc_str_release(msg);
             msg = fc_str_take(&b);
             if (msg != NULL) {
                 log_debug(msg);
-                PyMem_Free(msg);
+                fc_str_release(msg);
             }
         }
         PyErr_Clear();
@@ -252,13 +252,13 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
             goto error;
         }
         snprintf(name, sizeof(name), "fc_%016llx", (unsigned long long)fc_fnv1a(draft));
-        PyMem_Free(draft);
+        fc_str_release(draft);
         header = kernel_header(s, k, name, ghash, origin);
         if (header == NULL) {
             goto error;
         }
         pk->source = fc_gen_c(s, k, name, header);
-        PyMem_Free(header);
+        fc_str_release(header);
         pk->name = PyMem_Malloc(strlen(name) + 1);
         if (pk->source == NULL || pk->name == NULL) {
             PyErr_NoMemory();
@@ -300,7 +300,7 @@ fc_plan_free(FcPlan *p)
     }
     for (int k = 0; k < p->nkernels; k++) {
         PyMem_Free(p->kernels[k].name);
-        PyMem_Free(p->kernels[k].source);
+        fc_str_release(p->kernels[k].source);
     }
     PyMem_Free(p->kernels);
     PyMem_Free(p->dump);
@@ -330,7 +330,7 @@ raise_broadcast(const FcSpec *s, PyObject **vals)
     text = fc_str_take(&b);
     if (text != NULL) {
         PyErr_SetString(PyExc_ValueError, text);
-        PyMem_Free(text);
+        fc_str_release(text);
     }
 }
 

@@ -84,6 +84,25 @@ fc_use_split(const fc_launch *L)
            L->n_outer * L->n_inner >= L->serial_below;
 }
 
+/* reduced with a stride while outer neighbours are adjacent (sum over
+ * axis 0 of a C-ordered array): walk blocks of FC_COLS outer elements */
+#define FC_COLS 64
+static inline int
+fc_use_cols(const fc_launch *L)
+{
+    int lo = L->nd_outer - 1, li = L->nd_inner - 1, strided = 0;
+    if (L->oshape[lo] < 8 || L->n_inner < 2) {
+        return 0;
+    }
+    for (int o = 0; o < L->nops; o++) {
+        if (L->ostride[o][lo] != 1) {
+            return 0;
+        }
+        strided |= L->istride[o][li] > 1 || L->istride[o][li] < -1;
+    }
+    return strided;
+}
+
 /* fn(L, lo, hi, err) over [0, n), on one thread below the serial threshold */
 #define FC_RUN_RANGES(L, n, fn, errp)                                              \
     do {                                                                           \

@@ -1,0 +1,874 @@
+"""The graph API contract: Graph, Value, Compiled, ops(), constants, dtype
+promotion, errors, graph copies and reference counts.
+
+Most tests only build graphs (no kernels); the few that run use tiny pointwise
+graphs, so this file compiles about fifteen small kernels.
+"""
+import gc
+import os
+import re
+import sys
+import tracemalloc
+import warnings
+import weakref
+
+import numpy as np
+import pytest
+
+import fastcompile
+from fastcompile import graph as fcg
+from fastcompile.graph import Compiled, Graph, Value
+
+OPS_DEF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "core", "ops.def")
+
+NP_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+             "float16", "float32", "float64"]
+ALL_DTYPES = NP_DTYPES[:9] + ["float16", "bfloat16", "float32", "float64"]
+
+
+def one_op(op, *dtypes, ndim=1, **attrs):
+    g = Graph()
+    xs = [g.input(dt, ndim) for dt in dtypes]
+    return g.call(op, *xs, **attrs)
+
+
+def compile1(fn, *specs):
+    g = Graph()
+    ins = [g.input(dt, nd) for dt, nd in specs]
+    outs = fn(g, *ins)
+    g.output(*(outs if isinstance(outs, tuple) else (outs,)))
+    return g.compile()
+
+
+# ---------------------------------------------------------------------------
+# Graph / Value / Compiled basics
+# ---------------------------------------------------------------------------
+
+def test_public_names():
+    assert fcg.Graph is Graph and fcg.Value is Value and fcg.Compiled is Compiled
+    assert callable(fcg.ops)
+    assert set(fcg.__all__) == {"Graph", "Value", "Compiled", "ops"}
+    assert fastcompile.graph is fcg
+
+
+def test_graph_takes_no_arguments():
+    with pytest.raises(TypeError):
+        Graph(1)
+    with pytest.raises(TypeError):
+        Graph(x=1)
+
+
+def test_value_and_compiled_are_not_constructible():
+    with pytest.raises(TypeError):
+        Value()
+    with pytest.raises(TypeError):
+        Compiled()
+
+
+@pytest.mark.parametrize("spec", ["float32", np.float32, np.dtype("float32"), "f4"])
+def test_input_dtype_spellings(spec):
+    g = Graph()
+    assert g.input(spec, 2).dtype == "float32"
+
+
+def test_input_value_attributes():
+    g = Graph()
+    x = g.input("float64", 3)
+    y = g.input("int8", 0)
+    b = g.input("bfloat16", 1)
+    assert isinstance(x, Value)
+    assert (x.dtype, x.ndim, x.node) == ("float64", 3, 0)
+    assert (y.dtype, y.ndim, y.node) == ("int8", 0, 1)
+    assert b.dtype == "bfloat16"
+    assert repr(x) == "<fastcompile.graph.Value %0 = input: float64, ndim=3>"
+    s = g.call("sum", g.call("exp", x), axis=1)
+    assert (s.dtype, s.ndim) == ("float64", 2)
+    assert s.node > x.node
+    assert re.fullmatch(r"<fastcompile\.graph\.Value %\d+ = sum: float64, ndim=2>", repr(s))
+    k = g.call("sum", x, axis=(0, 2), keepdim=True)
+    assert k.ndim == 3
+    assert g.call("amax", x).ndim == 0
+    assert g.call("add", x, y).ndim == 3                # broadcasting: the larger rank
+
+
+def test_extern_values_are_untyped_until_run():
+    g = Graph()
+    x = g.input("float64", 1)
+    e = g.extern(np.atleast_2d, x)
+    assert e.dtype is None and e.ndim is None
+    assert repr(e).endswith("= extern: ?>")
+    s = g.call("exp", e)
+    assert s.dtype is None and s.ndim is None
+    q, r = g.extern(np.divmod, x, x, nout=2)
+    assert isinstance(q, Value) and isinstance(r, Value)
+    assert (q.dtype, r.ndim) == (None, None)
+    assert r.node == q.node + 1
+
+
+@pytest.mark.parametrize("ndim", [0, 1, 16])
+def test_input_ndim_range(ndim):
+    assert Graph().input("float32", ndim).ndim == ndim
+
+
+@pytest.mark.parametrize("ndim", [-1, 17])
+def test_input_ndim_out_of_range(ndim):
+    with pytest.raises(ValueError, match="ndim"):
+        Graph().input("float32", ndim)
+
+
+def test_input_bad_dtype_and_device():
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        Graph().input("complex64", 1)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        Graph().input(object, 1)
+    with pytest.raises(ValueError, match="device"):
+        Graph().input("float32", 1, device="cuda")
+
+
+def test_compiled_basics():
+    c = compile1(lambda g, x, y: g.call("add", x, y), ("float64", 1), ("float64", 1))
+    assert isinstance(c, Compiled)
+    assert c.nplans == 0 and c.kernels == [] and c.fused == []
+    assert c.origin.startswith(__file__) or "test_graph.py:" in c.origin
+    assert "add(" in c.graph and c.graph.rstrip().endswith("return (%2)")
+    out = c(np.arange(3.0), np.ones(3))
+    assert isinstance(out, tuple) and len(out) == 1
+    np.testing.assert_array_equal(out[0], [1.0, 2.0, 3.0])
+    assert c.nplans == 1
+    assert c.compile_ms > 0
+    (k,) = c.kernels
+    assert k.name.startswith("fc_") and k.name in k.source
+    assert k.fused == c.fused[0]
+    # kernels is a copy: mutating it changes nothing
+    c.kernels.clear()
+    assert len(c.kernels) == 1
+
+
+def test_output_may_be_an_input_or_a_constant():
+    g = Graph()
+    x = g.input("int32", 1)
+    g.output(x, g.constant(7), 2.5)
+    c = g.compile()
+    a = np.arange(4, dtype=np.int32)
+    xi, seven, half = c(a)
+    np.testing.assert_array_equal(xi, a)
+    assert seven.shape == () and seven == 7 and seven.dtype == np.int64
+    assert half.shape == () and half == 2.5 and half.dtype == np.float64
+
+
+def test_output_replaces_previous_outputs():
+    g = Graph()
+    x = g.input("float64", 1)
+    g.output(g.call("neg", x))
+    g.output(g.call("abs", x), x)
+    c = g.compile()
+    out = c(np.array([-1.0, 2.0]))
+    assert len(out) == 2
+    np.testing.assert_array_equal(out[0], [1.0, 2.0])
+
+
+# ---------------------------------------------------------------------------
+# ops(): the op table
+# ---------------------------------------------------------------------------
+
+KINDS = {"FC_KIND_PW": "pointwise", "FC_KIND_RED": "reduction",
+         "FC_KIND_COMPOSITE": "composite", "FC_KIND_SPECIAL": "special"}
+
+
+def parse_ops_def():
+    if not os.path.exists(OPS_DEF):
+        pytest.skip("ops.def not found (tests run from an installed package)")
+    text = open(OPS_DEF).read()
+    rows = re.findall(r'^FC_OP\((\w+), "(\w+)", (-?\d+), (\w+), (\w+), (\w+), "((?:[^"\\]|\\.)*)", '
+                      r'"((?:[^"\\]|\\.)*)"\)', text, re.M)
+    assert len(rows) == text.count("\nFC_OP(")
+    return {r[1]: {"arity": int(r[2]), "kind": KINDS[r[3]], "meaning": r[7]} for r in rows}
+
+
+def test_ops_lists_every_callable_op_in_ops_def():
+    table = parse_ops_def()
+    callable_ops = {k: v for k, v in table.items() if v["kind"] != "special" or k == "cast"}
+    listed = fcg.ops()
+    assert set(listed) == set(callable_ops)
+    for name, rec in callable_ops.items():
+        assert listed[name] == rec, name
+    # the graph-plumbing ops are not offered
+    for name in ("input", "constant", "extern", "item", "rcount"):
+        assert name not in listed
+
+
+def test_ops_records():
+    listed = fcg.ops()
+    assert len(listed) > 60
+    for name, rec in listed.items():
+        assert set(rec) == {"arity", "kind", "meaning"}
+        assert rec["kind"] in ("pointwise", "reduction", "composite", "special")
+        assert isinstance(rec["meaning"], str) and rec["meaning"]
+        assert rec["arity"] in (1, 2, 3)
+    assert listed["add"]["arity"] == 2 and listed["add"]["kind"] == "pointwise"
+    assert listed["where"]["arity"] == 3
+    assert listed["sum"]["kind"] == "reduction"
+    assert listed["softmax"]["kind"] == "composite"
+    # a fresh dict each time
+    listed["add"]["arity"] = 99
+    assert fcg.ops()["add"]["arity"] == 2
+
+
+def _operand_dtype(op):
+    if op.startswith("bitwise") or op.startswith("logical"):
+        return "int32"
+    return "float64"
+
+
+def test_every_listed_op_is_callable_with_its_arity():
+    for name, rec in fcg.ops().items():
+        g = Graph()
+        dt = _operand_dtype(name)
+        xs = [g.input(dt, 2) for _ in range(rec["arity"])]
+        if name == "where":
+            xs[0] = g.input("bool", 2)
+        attrs = {"dtype": "float32"} if name == "cast" else {}
+        v = g.call(name, *xs, **attrs)
+        assert isinstance(v, Value)
+        assert v.dtype in ALL_DTYPES, (name, v.dtype)
+        assert v.ndim == (0 if rec["kind"] == "reduction" else 2) or rec["kind"] == "composite", name
+        with pytest.raises(TypeError, match="takes %d argument" % rec["arity"]):
+            g.call(name, *(xs + [xs[0]]))
+
+
+def test_composites_are_decomposed():
+    g = Graph()
+    x = g.input("float32", 2)
+    g.output(g.call("softmax", x), g.call("var", x, axis=0, correction=1), g.call("logsumexp", x, axis=1))
+    text = g.dump()
+    for name in ("softmax", "var(", "logsumexp"):
+        assert name not in text
+    assert "amax(" in text and "exp(" in text and "sum(" in text
+
+
+# ---------------------------------------------------------------------------
+# constants: Python scalars are weak, NumPy scalars are strong (NEP 50)
+# ---------------------------------------------------------------------------
+
+CONSTANT_CASES = [
+    ("float32", 1.5, "float32"),
+    ("float32", 2, "float32"),
+    ("float16", 1e3, "float16"),
+    ("int8", 1, "int8"),
+    ("int8", 1.5, "float64"),
+    ("uint16", 7, "uint16"),
+    ("bool", 1, "int64"),
+    ("bool", 1.5, "float64"),
+    ("int32", True, "int32"),
+    ("float32", np.float32(1.5), "float32"),
+    ("int8", np.int64(1), "int64"),
+    ("float16", np.float32(2.0), "float32"),
+    ("int16", np.uint16(3), "int32"),
+    ("float32", np.float64(1.5), "float64"),      # np.float64 is also a Python float: still strong
+    ("float32", np.bool_(True), "float32"),
+]
+
+
+def _numpy_result(dtype, value):
+    return (np.ones(2, dtype) + value).dtype.name
+
+
+@pytest.mark.parametrize("dtype,value,want", CONSTANT_CASES)
+def test_constant_promotion_in_graph(dtype, value, want):
+    assert _numpy_result(dtype, value) == want        # the expectation is NumPy's
+    g = Graph()
+    x = g.input(dtype, 1)
+    assert g.call("add", x, value).dtype == want
+    assert g.call("add", value, x).dtype == want
+    assert g.call("add", x, g.constant(value)).dtype == want
+
+
+RUN_CASES = [
+    ("float32", 1.5, "float32"),
+    ("int8", 1, "int8"),
+    ("int8", 1.5, "float64"),
+    ("int8", np.int64(1), "int64"),
+    ("float16", np.float32(2.0), "float32"),
+    ("float32", np.float64(1.5), "float64"),
+    ("int16", np.uint16(3), "int32"),
+]
+
+
+@pytest.mark.parametrize("dtype,value,want", RUN_CASES)
+def test_constant_promotion_at_run_time(dtype, value, want):
+    g = Graph()
+    x = g.input(dtype, 1)
+    v = g.call("add", x, value)
+    g.output(v)
+    (out,) = g.compile()(np.arange(3).astype(dtype))
+    expect = np.arange(3).astype(dtype) + value
+    assert out.dtype == expect.dtype == np.dtype(want)
+    assert out.dtype.name == v.dtype                  # the graph said so too
+    np.testing.assert_array_equal(out, expect)
+
+
+OUT_OF_RANGE = [("int8", 300), ("uint8", -1), ("int16", 2 ** 20)]
+
+
+@pytest.mark.parametrize("dtype,value", OUT_OF_RANGE)
+def test_numpy_rejects_out_of_range_python_int(dtype, value):
+    with pytest.raises(OverflowError):
+        np.ones(2, dtype) + value
+
+
+@pytest.mark.parametrize("dtype,value", OUT_OF_RANGE)
+def test_out_of_range_python_int_raises(dtype, value):
+    # known dtype: while building
+    g = Graph()
+    x = g.input(dtype, 1)
+    with pytest.raises(OverflowError):
+        g.call("add", x, value)
+    # dtype known only at run time (an extern's result): when called
+    g = Graph()
+    x = g.input("float64", 1)
+    g.output(g.call("add", g.extern(lambda a: a.astype(dtype), x), value))
+    c = g.compile()
+    with pytest.raises(OverflowError):
+        c(np.ones(2))
+
+
+def test_in_range_python_int_wraps_like_numpy():
+    c = compile1(lambda g, x: (g.call("add", x, 127), g.call("mul", x, -128)), ("int8", 1))
+    x = np.array([1, 2, -1], np.int8)
+    a, b = c(x)
+    np.testing.assert_array_equal(a, x + 127)
+    np.testing.assert_array_equal(b, x * -128)
+    assert a.dtype == b.dtype == np.int8
+
+
+def test_constant_values():
+    g = Graph()
+    assert (g.constant(True).dtype, g.constant(1).dtype, g.constant(1.5).dtype) == ("bool", "int64", "float64")
+    assert g.constant(np.float32(1)).dtype == "float32"
+    assert g.constant(np.uint8(1)).dtype == "uint8"
+    assert g.constant(1.5).ndim == 0
+    assert repr(g.constant(2.5)).endswith("= constant: float64, ndim=0>")
+    with pytest.raises(OverflowError):
+        g.constant(2 ** 70)
+    for bad in ([1], None, "1", 1j, np.ones(2)):
+        with pytest.raises(TypeError):
+            g.constant(bad)
+
+
+def test_constant_exact_values_at_run_time():
+    # int64 extremes and a float with all 53 bits survive into the kernel
+    def fn(g, x):
+        return (g.call("add", x, -(2 ** 63)), g.call("sub", x, 2 ** 63 - 1),
+                g.call("add", g.call("cast", x, dtype="float64"), 0.1 + 2 ** -50))
+    c = compile1(fn, ("int64", 1))
+    x = np.array([0, 1], np.int64)
+    a, b, f = c(x)
+    np.testing.assert_array_equal(a, x + np.int64(-(2 ** 63)))
+    np.testing.assert_array_equal(b, x - np.int64(2 ** 63 - 1))
+    np.testing.assert_array_equal(f, x.astype(np.float64) + (0.1 + 2 ** -50))
+
+
+# ---------------------------------------------------------------------------
+# dtype promotion between inputs: NumPy's ufunc result dtypes
+# ---------------------------------------------------------------------------
+
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
+          "floordiv": np.floor_divide, "remainder": np.remainder, "pow": np.power,
+          "maximum": np.maximum, "minimum": np.minimum, "fmax": np.fmax, "fmin": np.fmin,
+          "eq": np.equal, "lt": np.less, "ge": np.greater_equal, "logical_and": np.logical_and,
+          "logical_xor": np.logical_xor, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+          "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign}
+UNARY = {"neg": np.negative, "abs": np.abs, "exp": np.exp, "log1p": np.log1p, "sqrt": np.sqrt,
+         "sin": np.sin, "tanh": np.tanh, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
+         "sign": np.sign, "square": np.square, "reciprocal": np.reciprocal, "isnan": np.isnan,
+         "isfinite": np.isfinite, "logical_not": np.logical_not, "bitwise_not": np.bitwise_not}
+REDUCTIONS = {"sum": np.sum, "prod": np.prod, "amax": np.max, "amin": np.min, "argmax": np.argmax,
+              "argmin": np.argmin, "any": np.any, "all": np.all, "mean": np.mean, "var": np.var,
+              "std": np.std}
+
+def numpy_dtype(f, *dtypes, **kw):
+    """NumPy's result dtype name, or 'TypeError' where NumPy has no loop."""
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            return f(*[np.ones((2, 2), d) for d in dtypes], **kw).dtype.name
+    except TypeError:
+        return "TypeError"
+
+
+def fc_dtype(op, *dtypes, **kw):
+    try:
+        return one_op(op, *dtypes, ndim=2, **kw).dtype
+    except TypeError:
+        return "TypeError"
+
+
+@pytest.mark.parametrize("op", sorted(BINARY))
+def test_binary_result_dtype_matches_numpy(op):
+    # float-rule ops of two integers take NumPy's loop: int8 with uint8 is float16
+    bad = [(a, b, fc_dtype(op, a, b), numpy_dtype(BINARY[op], a, b))
+           for a in NP_DTYPES for b in NP_DTYPES]
+    bad = [row for row in bad if row[2] != row[3]]
+    assert not bad, "(a, b, fastcompile, numpy): %s" % bad[:10]
+
+
+def test_add_dtype_matches_result_type():
+    for a in NP_DTYPES:
+        for b in NP_DTYPES:
+            assert fc_dtype("add", a, b) == np.result_type(a, b).name, (a, b)
+
+
+@pytest.mark.parametrize("op", sorted(UNARY))
+def test_unary_result_dtype_matches_numpy(op):
+    bad = [(a, fc_dtype(op, a), numpy_dtype(UNARY[op], a)) for a in NP_DTYPES]
+    bad = [row for row in bad if row[1] != row[2]]
+    assert not bad, "(dtype, fastcompile, numpy): %s" % bad
+
+
+@pytest.mark.parametrize("op", sorted(REDUCTIONS))
+def test_reduction_result_dtype_matches_numpy(op):
+    bad = [(a, fc_dtype(op, a, axis=0), numpy_dtype(REDUCTIONS[op], a, axis=0)) for a in NP_DTYPES]
+    bad = [row for row in bad if row[1] != row[2]]
+    assert not bad, "(dtype, fastcompile, numpy): %s" % bad
+
+
+def test_where_and_clamp_dtypes_match_numpy():
+    for a in NP_DTYPES:
+        for b in NP_DTYPES:
+            g = Graph()
+            c, x, y = g.input("bool", 1), g.input(a, 1), g.input(b, 1)
+            assert g.call("where", c, x, y).dtype == np.where(True, np.ones(1, a), np.ones(1, b)).dtype.name
+            assert g.call("clamp", x, y, y).dtype == numpy_dtype(np.clip, a, b, b)
+
+
+@pytest.mark.parametrize("a,b", [("int8", "uint8"), ("float16", "int16"), ("bool", "float32"),
+                                 ("uint32", "int32"), ("uint64", "int64")])
+def test_promotion_at_run_time(a, b):
+    c = compile1(lambda g, x, y: g.call("mul", x, y), (a, 1), (b, 1))
+    x, y = np.arange(1, 4).astype(a), np.arange(2, 5).astype(b)
+    (out,) = c(x, y)
+    want = x * y
+    assert out.dtype == want.dtype
+    np.testing.assert_array_equal(out, want)
+
+
+def test_bfloat16_promotion_in_graph():
+    assert fc_dtype("add", "bfloat16", "float16") == "float32"
+    assert fc_dtype("add", "bfloat16", "int8") == "bfloat16"
+    assert fc_dtype("add", "bfloat16", "float32") == "float32"
+    assert fc_dtype("exp", "bfloat16") == "bfloat16"
+
+
+# ---------------------------------------------------------------------------
+# errors while building
+# ---------------------------------------------------------------------------
+
+def test_unknown_op():
+    g = Graph()
+    x = g.input("float32", 1)
+    with pytest.raises(ValueError, match=r"unknown op 'nope'.* add .*softmax"):
+        g.call("nope", x)
+
+
+@pytest.mark.parametrize("op", ["input", "constant", "extern", "item", "rcount"])
+def test_plumbing_ops_not_callable(op):
+    g = Graph()
+    x = g.input("float32", 1)
+    with pytest.raises(ValueError, match="not callable through call"):
+        g.call(op, x)
+
+
+def test_call_op_name_must_be_a_str():
+    g = Graph()
+    x = g.input("float32", 1)
+    with pytest.raises(TypeError, match="op_name"):
+        g.call()
+    with pytest.raises(TypeError, match="op_name"):
+        g.call(x)
+
+
+@pytest.mark.parametrize("op,n", [("add", 1), ("add", 3), ("exp", 2), ("where", 2), ("sum", 0), ("clamp", 4)])
+def test_wrong_arity(op, n):
+    g = Graph()
+    xs = [g.input("float32", 1) for _ in range(n)]
+    with pytest.raises(TypeError, match="op '%s' takes" % op):
+        g.call(op, *xs)
+
+
+def test_value_from_another_graph():
+    g1, g2 = Graph(), Graph()
+    x, y = g1.input("float32", 1), g2.input("float32", 1)
+    with pytest.raises(ValueError, match="another Graph"):
+        g1.call("add", x, y)
+    with pytest.raises(ValueError, match="another Graph"):
+        g1.output(y)
+    with pytest.raises(ValueError, match="another Graph"):
+        g1.extern(np.negative, y)
+
+
+def test_numpy_array_passed_to_call():
+    g = Graph()
+    x = g.input("float32", 1)
+    with pytest.raises(TypeError, match="NumPy array"):
+        g.call("add", x, np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="NumPy array"):
+        g.extern(np.negative, np.ones(3))
+    with pytest.raises(TypeError, match="NumPy array"):
+        g.output(np.ones(3))
+    for bad in ("a", None, [1.0], 1j):
+        with pytest.raises(TypeError, match="constant"):
+            g.call("add", x, bad)
+
+
+def test_no_outputs_at_compile():
+    g = Graph()
+    g.input("float32", 1)
+    with pytest.raises(ValueError, match="no outputs"):
+        g.compile()
+    g.output()
+    with pytest.raises(ValueError, match="no outputs"):
+        g.compile()
+
+
+@pytest.mark.parametrize("axis", [2, -3, (0, 2), (1, -3)])
+def test_bad_axis_axis_error(axis):
+    g = Graph()
+    x = g.input("float32", 2)
+    for op in ("sum", "amax", "mean", "var", "logsumexp"):
+        with pytest.raises(np.exceptions.AxisError):
+            g.call(op, x, axis=axis)
+    if isinstance(axis, int):
+        with pytest.raises(np.exceptions.AxisError):
+            g.call("softmax", x, axis=axis)
+
+
+def test_bad_axis_on_untyped_value_raises_at_run_time():
+    g = Graph()
+    x = g.input("float64", 1)
+    g.output(g.call("sum", g.extern(np.atleast_2d, x), axis=2))
+    c = g.compile()
+    with pytest.raises(np.exceptions.AxisError):
+        c(np.ones(3))
+
+
+def test_other_axis_errors():
+    g = Graph()
+    x = g.input("float32", 3)
+    with pytest.raises(ValueError, match="duplicate"):
+        g.call("sum", x, axis=(0, 0))
+    with pytest.raises(ValueError, match="duplicate"):
+        g.call("sum", x, axis=(1, -2))
+    with pytest.raises(TypeError, match="axis"):
+        g.call("sum", x, axis=1.5)
+    with pytest.raises(TypeError, match="axis"):
+        g.call("sum", x, axis=(0, "a"))
+    with pytest.raises(TypeError, match="one int axis"):
+        g.call("softmax", x, axis=(0, 1))
+
+
+def test_argmax_takes_one_axis():
+    g = Graph()
+    x = g.input("float64", 3)
+    with pytest.raises(TypeError, match="one axis"):
+        g.output(g.call("argmax", x, axis=(0, 1)))
+        g.compile()(np.ones((2, 2, 2)))
+
+
+@pytest.mark.parametrize("op,kw", [("add", {"axis": 0}), ("exp", {"out": None}), ("sum", {"dtype": "float32"}),
+                                   ("sum", {"foo": 1}), ("cast", {"dtype": "float32", "copy": False}),
+                                   ("var", {"unbiased": True}), ("softmax", {"keepdim": 3j, "bar": 1})])
+def test_unexpected_kwarg(op, kw):
+    g = Graph()
+    xs = [g.input("float32", 2) for _ in range(fcg.ops()[op]["arity"])]
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        g.call(op, *xs, **kw)
+
+
+def test_attribute_errors():
+    g = Graph()
+    x = g.input("float32", 2)
+    with pytest.raises(TypeError, match="cast needs dtype"):
+        g.call("cast", x)
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        g.call("cast", x, dtype="complex128")
+    with pytest.raises(ValueError, match="approximate"):
+        g.call("gelu", x, approximate="fast")
+    assert repr(g.call("gelu", x, approximate="tanh")).split("= ")[1].startswith("gelu_tanh")
+    # reductions accept torch's spellings too
+    assert g.call("sum", x, dim=0, keepdims=True).ndim == 2
+    assert g.call("var", x, axis=1, ddof=1).ndim == 1
+
+
+def test_dtype_errors_while_building():
+    g = Graph()
+    f, b = g.input("float32", 1), g.input("bool", 1)
+    with pytest.raises(TypeError, match="bool"):
+        g.call("neg", b)
+    with pytest.raises(TypeError, match="bool"):
+        g.call("sub", b, b)
+    with pytest.raises(TypeError, match="integer"):
+        g.call("bitwise_and", f, f)
+
+
+def test_extern_argument_errors():
+    g = Graph()
+    x = g.input("float32", 1)
+    with pytest.raises(TypeError, match="callable"):
+        g.extern(3, x)
+    with pytest.raises(TypeError, match="nout"):
+        g.extern(np.negative, x, foo=1)
+    with pytest.raises(ValueError, match="nout"):
+        g.extern(np.divmod, x, x, nout=0)
+    assert isinstance(g.extern(np.negative, x, nout=None), Value)
+
+
+# ---------------------------------------------------------------------------
+# errors at call time
+# ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def add2():
+    return compile1(lambda g, x, y: g.call("add", x, y), ("float64", 1), ("float64", 1))
+
+
+def test_call_non_array_argument(add2):
+    for bad in ([1.0, 2.0], 3.0, None, "x"):
+        with pytest.raises(TypeError, match="must be a numpy.ndarray"):
+            add2(bad, np.ones(2))
+
+
+def test_call_wrong_dtype(add2):
+    with pytest.raises(TypeError, match="declared float64 but is an array of float32"):
+        add2(np.ones(2), np.ones(2, np.float32))
+    with pytest.raises(TypeError):
+        add2(np.ones(2, np.complex128), np.ones(2))
+
+
+def test_call_wrong_rank(add2):
+    with pytest.raises(ValueError, match="ndim=1 but has ndim=2"):
+        add2(np.ones((2, 1)), np.ones(2))
+    with pytest.raises(ValueError, match="ndim"):
+        add2(np.ones(()), np.ones(2))
+
+
+def test_call_wrong_number_or_kind_of_arguments(add2):
+    with pytest.raises(TypeError, match="takes 2 arrays, got 1"):
+        add2(np.ones(2))
+    with pytest.raises(TypeError, match="takes 2 arrays, got 3"):
+        add2(np.ones(2), np.ones(2), np.ones(2))
+    with pytest.raises(TypeError, match="positional"):
+        add2(np.ones(2), y=np.ones(2))
+
+
+@pytest.mark.parametrize("shapes", [((3,), (4,)), ((0,), (2,)), ((2,), (0,))])
+def test_call_broadcast_mismatch(add2, shapes):
+    with pytest.raises(ValueError, match="broadcast"):
+        add2(np.ones(shapes[0]), np.ones(shapes[1]))
+
+
+def test_call_broadcast_mismatch_inside_graph():
+    # the mismatch is between two intermediate values, not two inputs
+    c = compile1(lambda g, x, y: g.call("mul", g.call("sum", x, axis=0), y), ("float64", 2), ("float64", 1))
+    (out,) = c(np.ones((2, 3)), np.ones(3))
+    np.testing.assert_array_equal(out, [2.0, 2.0, 2.0])
+    with pytest.raises(ValueError, match="broadcast"):
+        c(np.ones((3, 2)), np.ones(3))
+
+
+def test_errors_leave_the_compiled_usable(add2):
+    with pytest.raises(ValueError):
+        add2(np.ones(3), np.ones(4))
+    (out,) = add2(np.ones(3), np.full(1, 2.0))
+    np.testing.assert_array_equal(out, [3.0, 3.0, 3.0])
+
+
+# ---------------------------------------------------------------------------
+# the graph is copied at compile
+# ---------------------------------------------------------------------------
+
+def test_graph_copied_at_compile():
+    g = Graph()
+    x = g.input("float64", 1)
+    y = g.call("mul", x, 2.0)
+    g.output(y)
+    c = g.compile()
+    text = c.graph
+    # change the graph after compile: more nodes, other outputs
+    z = g.call("add", y, 100.0)
+    g.output(z, y)
+    assert c.graph == text
+    (out,) = c(np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(out, [2.0, 4.0])
+    c2 = g.compile()
+    a, b = c2(np.array([1.0, 2.0]))
+    np.testing.assert_array_equal(a, [102.0, 104.0])
+    np.testing.assert_array_equal(b, [2.0, 4.0])
+    # and the first one still does what it did
+    assert len(c(np.array([1.0]))) == 1
+
+
+def test_graph_outlives_compiled_and_values_keep_graph_alive():
+    g = Graph()
+    x = g.input("float64", 1)
+    g.output(g.call("neg", x))
+    c = g.compile()
+    before = sys.getrefcount(g)
+    v = g.call("abs", x)
+    assert sys.getrefcount(g) == before + 1
+    del v
+    assert sys.getrefcount(g) == before
+    del g
+    # x still holds the graph; the compiled graph needs neither
+    assert x.dtype == "float64"
+    np.testing.assert_array_equal(c(np.array([1.0]))[0], [-1.0])
+
+
+# ---------------------------------------------------------------------------
+# reference counts and memory
+# ---------------------------------------------------------------------------
+
+def _refcounts(*objs):
+    return [sys.getrefcount(o) for o in objs]
+
+
+def test_refcounts_stable_over_many_calls():
+    c = compile1(lambda g, x, y: (g.call("add", x, y), g.call("sum", g.call("mul", x, y), axis=0)),
+                 ("float32", 2), ("float32", 1))
+    x, y = np.ones((4, 3), np.float32), np.arange(3, dtype=np.float32)
+    a, s = c(x, y)
+    assert sys.getrefcount(a) == 2 and sys.getrefcount(s) == 2   # only `a`/`s` and the call's argument
+    del a, s
+    before = _refcounts(x, y, c)
+    for _ in range(10_000):
+        c(x, y)
+    assert _refcounts(x, y, c) == before
+
+
+def test_refcounts_stable_with_extern_and_errors():
+    def ext(a):
+        return a[::-1]
+    c = compile1(lambda g, x: g.call("exp", g.extern(ext, g.call("neg", x))), ("float64", 1))
+    x = np.arange(3.0)
+    (out,) = c(x)
+    np.testing.assert_allclose(out, np.exp(-x[::-1]))
+    before = _refcounts(x, c, ext)
+    bad = np.ones(3, np.float32)
+    bad_before = sys.getrefcount(bad)
+    for _ in range(2_000):
+        c(x)
+        with pytest.raises(TypeError):
+            c(bad)
+    assert _refcounts(x, c, ext) == before
+    assert sys.getrefcount(bad) == bad_before
+
+
+def test_refcounts_when_extern_returns_its_arguments():
+    # an extern that hands back its input arrays (identity, a tuple of them):
+    # they become graph outputs without a copy, and nothing is leaked
+    def fn(g, x, y):
+        same = g.extern(lambda a: a, x)
+        p, q = g.extern(lambda a, b: (b, a), x, y, nout=2)
+        return same, p, q, g.call("add", p, q)
+    c = compile1(fn, ("float64", 1), ("float64", 1))
+    x, y = np.arange(3.0), np.ones(3)
+    same, p, q, s = c(x, y)
+    assert same is x and p is y and q is x
+    np.testing.assert_array_equal(s, x + y)
+    del same, p, q, s
+    before = _refcounts(x, y, c)
+    for _ in range(10_000):
+        c(x, y)
+    assert _refcounts(x, y, c) == before
+
+
+def test_refcounts_when_extern_raises():
+    class Boom(Exception):
+        pass
+
+    def ext(a):
+        raise Boom()
+    c = compile1(lambda g, x: g.call("neg", g.extern(ext, g.call("exp", x))), ("float64", 1))
+    x = np.arange(3.0)
+    before = _refcounts(x, c)
+    for _ in range(1_000):
+        with pytest.raises(Boom):
+            c(x)
+    assert _refcounts(x, c) == before
+
+
+def test_no_memory_growth_over_many_calls():
+    c = compile1(lambda g, x: (g.call("tanh", x), g.call("amax", x, axis=-1)), ("float64", 2))
+    x = np.ones((8, 8))
+    for _ in range(200):
+        c(x)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for _ in range(1_000):
+            c(x)
+        gc.collect()
+        base, _ = tracemalloc.get_traced_memory()
+        for _ in range(10_000):
+            c(x)
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - base < 64 * 1024, "grew by %d bytes over 10,000 calls" % (after - base)
+
+
+def test_deleting_compiled_frees_it():
+    class Fn:
+        """An extern callable: weakref-able, so we see when it is released."""
+        def __call__(self, a):
+            return a * 2
+
+    fn = Fn()
+    alive = weakref.ref(fn)
+    g = Graph()
+    x = g.input("float64", 1)
+    g.output(g.call("neg", g.extern(fn, x)))
+    c = g.compile()
+    np.testing.assert_array_equal(c(np.ones(2))[0], [-2.0, -2.0])
+    assert sys.getrefcount(c) == 2                 # nothing else holds it
+    cid = id(c)
+    assert any(o is c for o in gc.get_objects())   # tracked by the cycle collector
+    del fn, g, x, c
+    # the graph and the compiled graph released the extern, without gc
+    assert alive() is None
+    gc.collect()
+    assert not any(id(o) == cid and type(o) is Compiled for o in gc.get_objects())
+
+
+def test_cycle_through_compiled_is_collected():
+    class Fn:
+        def __call__(self, a):
+            return a
+
+    fn = Fn()
+    alive = weakref.ref(fn)
+    g = Graph()
+    x = g.input("float64", 1)
+    g.output(g.extern(fn, x))
+    c = g.compile()
+    del g, x
+    fn.compiled = c                                # extern -> compiled -> extern
+    del fn, c
+    gc.collect()
+    assert alive() is None
+
+
+def test_cycle_through_graph_is_collected():
+    # Graph and Value are GC types: a cycle through them is freed
+    class Fn:
+        def __call__(self, a):
+            return a
+
+    fn = Fn()
+    alive = weakref.ref(fn)
+    g = Graph()
+    x = g.input("float64", 1)
+    fn.value = g.extern(fn, x)                     # extern -> Value -> Graph -> extern
+    del fn, g, x
+    gc.collect()
+    assert alive() is None

@@ -1,0 +1,63 @@
+"""Reductions in every loop order the runtime picks: rows owned by a thread,
+rows shared by all threads (few long rows), and column blocks (reduced with a
+stride while outer neighbours are adjacent, e.g. sum over axis 0)."""
+import numpy as np
+import pytest
+
+from fastcompile.graph import Graph
+
+from conftest import assert_close_np
+
+REFS = {
+    "sum": lambda x, ax, kd: np.sum(x, axis=ax, keepdims=kd, dtype=np.float64).astype(x.dtype),
+    "mean": lambda x, ax, kd: np.mean(x, axis=ax, keepdims=kd, dtype=np.float64).astype(x.dtype),
+    "amax": lambda x, ax, kd: np.max(x, axis=ax, keepdims=kd),
+    "amin": lambda x, ax, kd: np.min(x, axis=ax, keepdims=kd),
+    "any": lambda x, ax, kd: np.any(x, axis=ax, keepdims=kd),
+    "prod": lambda x, ax, kd: np.prod(x, axis=ax, keepdims=kd, dtype=np.float64).astype(x.dtype),
+}
+
+SHAPES = [
+    ((300, 70), 0),          # column blocks, a partial block at the end
+    ((5, 130, 9), (0, 1)),   # two reduced leading axes, short outer rows
+    ((64, 3, 40), 0),        # outer rows of 3*40 with blocks crossing row ends
+    ((2, 200000), 1),        # few long rows: threads share each row
+    ((40000, 3), 1),         # many short rows
+    ((3, 40000), 0),         # column blocks over a long outer dim (threaded)
+]
+
+
+@pytest.mark.parametrize("op", sorted(REFS))
+@pytest.mark.parametrize("shape,axis", SHAPES)
+def test_reduction_loop_orders(op, shape, axis):
+    rng = np.random.default_rng(abs(hash((op, shape))) % 2**32)
+    x = (rng.standard_normal(shape) * 0.5 + (1.0 if op == "prod" else 0.0)).astype(np.float32)
+    if op == "prod":
+        x = np.clip(x, 0.98, 1.02).astype(np.float32)
+    x.flat[7] = np.nan                      # one NaN, found by position in the result
+    for keepdim in (False, True):
+        g = Graph()
+        a = g.input("float32", len(shape))
+        g.output(g.call(op, a, axis=axis, keepdim=keepdim))
+        (got,) = g.compile()(x)
+        expected = REFS[op](x, axis, keepdim)
+        assert_close_np(got, expected, rtol=1e-5 if op != "prod" else 1e-4, atol=1e-5)
+
+
+def test_column_reduction_with_prologue_and_epilogue():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1000, 100)).astype(np.float64)
+    w = rng.standard_normal((1000, 1)).astype(np.float64)
+    g = Graph()
+    a, b = g.input("float64", 2), g.input("float64", 2)
+    s = g.call("sum", g.call("mul", g.call("exp", a), b), axis=0, keepdim=True)
+    g.output(g.call("log", g.call("add", s, 1.0)), g.call("amax", a, axis=0))
+    f = g.compile()
+    got_s, got_m = f(x, w)
+    with np.errstate(invalid="ignore"):     # log of negative sums: NaN at the same places
+        expected = np.log((np.exp(x) * w).sum(0, keepdims=True) + 1.0)
+    np.testing.assert_allclose(got_s, expected, rtol=1e-12)
+    np.testing.assert_array_equal(got_m, x.max(0))
+    # the same plan on a transposed view runs the row loop order instead
+    got_s2, _ = f(np.ascontiguousarray(x.T).T, w)
+    np.testing.assert_allclose(got_s2, got_s, rtol=1e-12)
