@@ -1273,7 +1273,7 @@ emit_reduction(Gen *G, const char *name)
     G->depth++;
     LINE(G, "int err = 0;");
     if (needs_nonempty(G)) {
-        LINE(G, "if (L->n_inner == 0 && L->n_outer > 0) {");
+        LINE(G, "if (L->n_inner == 0) {");
         LINE(G, "    return FC_ERR_EMPTY_REDUCE;");
         LINE(G, "}");
     }

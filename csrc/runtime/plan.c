@@ -465,7 +465,9 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes)
         L.nd_outer = collapse(outer, nouter, fsz, st, K->nops, L.oshape, L.ostride, &L.n_outer);
         L.nd_inner = collapse(inner, ninner, fsz, st, K->nops, L.ishape, L.istride, &L.n_inner);
     }
-    if (L.n_outer == 0) {
+    /* nothing to compute, unless a reduction with no identity must raise
+     * over an empty axis (np.max(np.ones((0, 0)), axis=0) raises) */
+    if (L.n_outer == 0 && !(K->mask != 0 && L.n_inner == 0)) {
         return 0;
     }
     if (L.n_outer * L.n_inner >= L.serial_below) {
