@@ -1068,10 +1068,7 @@ const_array(const FcNode *n)
     r = PyArray_FROM_O(v);
     Py_DECREF(v);
     if (r != NULL && !n->weak) {
-        static const int typenum[FC_NDTYPES] = {
-            NPY_BOOL, NPY_INT8, NPY_INT16, NPY_INT32, NPY_INT64, NPY_UINT8, NPY_UINT16,
-            NPY_UINT32, NPY_UINT64, NPY_HALF, NPY_HALF, NPY_FLOAT32, NPY_FLOAT64};
-        PyObject *cast = PyArray_Cast((PyArrayObject *)r, typenum[n->dtype]);
+        PyObject *cast = PyArray_Cast((PyArrayObject *)r, fc_plan_typenum(n->dtype));
         Py_DECREF(r);
         r = cast;
     }

@@ -60,6 +60,15 @@ fc_plan_configure(PyObject *cfg)
  * keys
  * ---------------------------------------------------------------------- */
 
+int
+fc_plan_typenum(int dtype)
+{
+    static const int typenum[FC_NDTYPES] = {
+        NPY_BOOL, NPY_INT8, NPY_INT16, NPY_INT32, NPY_INT64, NPY_UINT8, NPY_UINT16,
+        NPY_UINT32, NPY_UINT64, NPY_HALF, NPY_HALF, NPY_FLOAT32, NPY_FLOAT64};
+    return typenum[dtype];
+}
+
 static int
 dtype_of(PyArrayObject *a)
 {
@@ -537,9 +546,6 @@ fc_plan_run(FcPlan *p, PyObject **vals)
         }
         {
             npy_intp shape[FC_MAXDIM];
-            static const int typenum[FC_NDTYPES] = {
-                NPY_BOOL, NPY_INT8, NPY_INT16, NPY_INT32, NPY_INT64, NPY_UINT8, NPY_UINT16,
-                NPY_UINT32, NPY_UINT64, NPY_HALF, NPY_HALF, NPY_FLOAT32, NPY_FLOAT64};
             for (int d = 0; d < sl->ndim; d++) {
                 shape[d] = sl->dims[d] ? sizes[sl->dims[d]] : 1;
             }
@@ -547,7 +553,7 @@ fc_plan_run(FcPlan *p, PyObject **vals)
                 PyErr_SetString(PyExc_TypeError, "fastcompile: bfloat16 results need torch tensors");
                 goto cleanup;
             }
-            arrs[i] = (PyArrayObject *)fc_alloc_empty(sl->ndim, shape, typenum[sl->dtype]);
+            arrs[i] = (PyArrayObject *)fc_alloc_empty(sl->ndim, shape, fc_plan_typenum(sl->dtype));
             if (arrs[i] == NULL) {
                 goto cleanup;
             }

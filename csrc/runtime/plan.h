@@ -45,6 +45,9 @@ typedef struct {
 FC_INTERNAL int fc_plan_configure(PyObject *cfg);
 FC_INTERNAL const FcPlanConfig *fc_plan_config(void);
 
+/* the NumPy type number that stores dtype (bfloat16: none, float16 stands in) */
+FC_INTERNAL int fc_plan_typenum(int dtype);
+
 /* NumPy array -> meta (dtype, rank, size-1 mask, contiguity). Returns 0, or -1
  * with TypeError for a dtype the core does not have. arr: borrowed. */
 FC_INTERNAL int fc_plan_meta(PyObject *arr, FcMeta *m);
