@@ -92,9 +92,9 @@ FC_INTERNAL int fc_fuse(FcSpec *s);
 FC_INTERNAL int fc_spec_verify(const FcSpec *s);   /* -1 + RuntimeError if broken */
 FC_INTERNAL void fc_spec_free(FcSpec *s);
 
-/* gen_c.c: one kernel -> C source (malloc'd). name: the symbol to define. */
+/* gen_c.c: one kernel -> C source (free it with fc_str_release). name: the symbol to define. */
 FC_INTERNAL char *fc_gen_c(const FcSpec *s, int k, const char *name, const char *header_comment);
-/* a human-readable dump of the fused segment (malloc'd) */
+/* a human-readable dump of the fused segment (PyMem_Malloc, free with PyMem_Free) */
 FC_INTERNAL char *fc_spec_dump(const FcSpec *s);
 
 #endif
