@@ -29,6 +29,10 @@ typedef struct {
     Space sp;            /* how buffer operands are addressed right now */
     int unit;            /* runs: every operand has unit stride */
     int cols;            /* column blocks: OUTER values are arrays over b */
+    int stash, stash_op; /* a costly FULL value the last reduction sweep writes into an
+                          * output the final sweep then reads back (-1: none) */
+    int stash_level;
+    int in_stash_sweep;  /* emitting the sweep of stash_level */
     char *loaded;        /* per operand: a local x<o> holds its value in this body */
     char opname[FC_MAXOPS][16];
 } Gen;
@@ -577,8 +581,11 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
 {
     const FcSpec *s = G->s;
     memset(use, 0, FC_MAXOPS);
+    if (G->stash >= 0 && (need[G->stash] == 2 || G->in_stash_sweep)) {
+        use[G->stash_op] = 1;
+    }
     for (int v = 0; v < s->g->nnodes; v++) {
-        int reads = need[v];
+        int reads = need[v] == 1;
         for (int r = 0; r < nreds; r++) {
             reads |= reds[r] == v;
         }
@@ -626,8 +633,26 @@ emit_run(Gen *G, const char *need, const int *reds, int nreds, int store, int si
     G->depth++;
     memset(G->loaded, 0, FC_MAXOPS);
     for (int v = 0; v < nn; v++) {
-        if (need[v] && emit_node(G, v) < 0) {
+        if (need[v] == 2) {
+            /* computed by an earlier sweep and parked in an output: read it back */
+            const char *ty = ctname(fc_dtype_compute(s->sn[v].dtype));
+            if (G->unit) {
+                LINE(G, "const %s t%d = p%d[i];", ty, v, G->stash_op);
+            }
+            else {
+                LINE(G, "const %s t%d = p%d[i * s%d];", ty, v, G->stash_op, G->stash_op);
+            }
+        }
+        else if (need[v] && emit_node(G, v) < 0) {
             return -1;
+        }
+    }
+    if (G->in_stash_sweep) {
+        if (G->unit) {
+            LINE(G, "p%d[i] = t%d;", G->stash_op, G->stash);
+        }
+        else {
+            LINE(G, "p%d[i * s%d] = t%d;", G->stash_op, G->stash_op, G->stash);
         }
     }
     for (int r = 0; r < nreds; r++) {
@@ -686,6 +711,9 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
     }
     for (int r = 0; r < nreds; r++) {
         need_full(G, s->g->nodes[reds[r]].in[0], need);
+    }
+    if (store && G->stash >= 0) {
+        need[G->stash] = 2;          /* read back, not recomputed (need_full stops here) */
     }
     if (store) {
         for (int m = 0; m < K->nnodes; m++) {
@@ -846,6 +874,58 @@ emit_pointwise(Gen *G, const char *name)
     return 0;
 }
 
+/* A FULL value with a transcendental in it, needed by the last reduction
+ * sweep and again by the final sweep (softmax's exp(x - max)), is written to
+ * an output of its type in the first and read back in the second instead of
+ * being computed twice. Sets G->stash/stash_op, or leaves stash at -1. */
+static int
+choose_stash(Gen *G)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    int nn = s->g->nnodes, best = -1;
+    char *fin = PyMem_Calloc(nn + 1, 1), *last = PyMem_Calloc(nn + 1, 1);
+    G->stash = -1;
+    if (fin == NULL || last == NULL) {
+        PyMem_Free(fin);
+        PyMem_Free(last);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int m = 0; K->nphases > 0 && m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
+            need_full(G, v, fin);
+        }
+        if (is_red(s, v) && s->sn[v].level == K->nphases) {
+            need_full(G, s->g->nodes[v].in[0], last);
+        }
+    }
+    for (int v = 0; v < nn; v++) {
+        const FcOpInfo *op = &fc_ops[s->g->nodes[v].op];
+        if (fin[v] && last[v] && op->kind == FC_KIND_PW && op->rule == FC_R_FLOAT &&
+                strncmp(op->cexpr, "fc_", 3) == 0) {
+            best = v;
+        }
+    }
+    for (int o = 0; best >= 0 && o < K->nops; o++) {
+        const FcOperand *op = &K->ops[o];
+        int node = op->node;
+        if (op->is_out && op->align == FC_ALIGN_FULL && s->sn[node].kind == FC_VK_FULL &&
+                s->slots[op->slot].dtype == fc_dtype_compute(s->sn[best].dtype)) {
+            G->stash = best;
+            G->stash_op = o;
+            G->stash_level = K->nphases;
+            if (node == best) {
+                break;
+            }
+        }
+    }
+    PyMem_Free(fin);
+    PyMem_Free(last);
+    return 0;
+}
+
 /* the body for one outer element o (offsets ob<k> already set). With P
  * non-NULL the threads share the row: partials are combined at barriers. */
 static int
@@ -855,6 +935,9 @@ emit_row(Gen *G)
     const FcKernelIR *K = G->K;
     int reds[FC_MAX_KERNEL_REDS], has_full_out = 0;
 
+    if (choose_stash(G) < 0) {
+        return -1;
+    }
     G->sp = SP_OUTER_POINT;
     memset(G->loaded, 0, FC_MAXOPS);
     for (int level = 0; level <= K->nphases; level++) {
@@ -870,9 +953,11 @@ emit_row(Gen *G)
             for (int r = 0; r < nreds; r++) {
                 declare_acc(G, reds[r]);
             }
+            G->in_stash_sweep = G->stash >= 0 && level == G->stash_level;
             if (emit_sweep(G, 1, reds, nreds, 0) < 0) {
                 return -1;
             }
+            G->in_stash_sweep = 0;
             G->sp = SP_OUTER_POINT;
             /* shared rows: publish partials, then every thread folds them in thread order */
             LINE(G, "if (P != NULL) {");
@@ -1308,6 +1393,7 @@ fc_gen_c(const FcSpec *s, int k, const char *name, const char *header_comment)
     int nin = 0, nout = 0, rc;
 
     memset(&G, 0, sizeof(G));
+    G.stash = -1;
     G.s = s;
     G.K = &s->kernels[k];
     G.b = &b;
