@@ -874,6 +874,26 @@ emit_pointwise(Gen *G, const char *name)
     return 0;
 }
 
+/* write the kernel's materialized OUTER values at the current outer point
+ * (in column blocks: at every b of the block) */
+static void
+emit_outer_stores(Gen *G)
+{
+    const FcSpec *s = G->s;
+    const FcKernelIR *K = G->K;
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_OUTER) {
+            FcAlign al = s->sn[v].keepform ? FC_ALIGN_FULL : FC_ALIGN_OUTER;
+            int o = find_operand(G, s->sn[v].slot, al);
+            char val[EXPR], tn[32];
+            snprintf(tn, sizeof(tn), G->cols ? "t%d[b]" : "t%d", v);
+            store_expr(val, tn, s->slots[K->ops[o].slot].dtype);
+            LINE(G, G->cols ? "%s[ob%d + b] = %s;" : "%s[ob%d] = %s;", G->opname[o], o, val);
+        }
+    }
+}
+
 /* A FULL value with a transcendental in it, needed by the last reduction
  * sweep and again by the final sweep (softmax's exp(x - max)), is written to
  * an output of its type in the first and read back in the second instead of
@@ -1043,17 +1063,7 @@ emit_row(Gen *G)
     }
     LINE(G, "if (P == NULL || tid == 0) {");
     G->depth++;
-    for (int m = 0; m < K->nnodes; m++) {
-        int v = K->nodes[m];
-        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_OUTER) {
-            FcAlign al = s->sn[v].keepform ? FC_ALIGN_FULL : FC_ALIGN_OUTER;
-            int o = find_operand(G, s->sn[v].slot, al);
-            char val[EXPR], tn[32];
-            snprintf(tn, sizeof(tn), "t%d", v);
-            store_expr(val, tn, s->slots[K->ops[o].slot].dtype);
-            LINE(G, "%s[ob%d] = %s;", G->opname[o], o, val);
-        }
-    }
+    emit_outer_stores(G);
     G->depth--;
     LINE(G, "}");
     return 0;
@@ -1255,17 +1265,7 @@ emit_cols(Gen *G, const char *name)
     }
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->depth++;
-    for (int m = 0; m < K->nnodes; m++) {
-        int v = K->nodes[m];
-        if (s->sn[v].materialize) {
-            FcAlign al = s->sn[v].keepform ? FC_ALIGN_FULL : FC_ALIGN_OUTER;
-            int o = find_operand(G, s->sn[v].slot, al);
-            char val[EXPR], tn[32];
-            snprintf(tn, sizeof(tn), "t%d[b]", v);
-            store_expr(val, tn, s->slots[K->ops[o].slot].dtype);
-            LINE(G, "%s[ob%d + b] = %s;", G->opname[o], o, val);
-        }
-    }
+    emit_outer_stores(G);
     G->depth--;
     LINE(G, "}");
     LINE(G, "o += nb;");
