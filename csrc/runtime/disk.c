@@ -95,24 +95,40 @@ fc_disk_temp_suffix(char out[FC_DISK_SUFFIX])
     snprintf(out, FC_DISK_SUFFIX, "%ld.%016llx", (long)getpid(), (unsigned long long)r);
 }
 
+/* open path for reading: a regular file, never through a symlink. Returns
+ * the fd with *st filled, or -1 with errno (EINVAL: not a regular file). */
+static int
+open_regular(const char *path, struct stat *st)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    if (fstat(fd, st) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    return fd;
+}
+
 /* Reads a whole regular file (never through a symlink) into a malloc'd,
  * NUL-terminated buffer. Returns 0, or -1 with errno (EFBIG past max). */
 int
 fc_disk_read_all(const char *path, size_t max, char **out, size_t *n)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     char *p = NULL;
     struct stat st;
     size_t len = 0;
+    int fd = open_regular(path, &st);
     if (fd < 0) {
         return -1;
-    }
-    if (fstat(fd, &st) < 0) {
-        goto error;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        errno = EINVAL;
-        goto error;
     }
     if ((size_t)st.st_size > max) {
         errno = EFBIG;
@@ -235,20 +251,13 @@ fc_disk_write_atomic(const char *path, const void *data, size_t n, mode_t mode)
 int
 fc_disk_hash_file(const char *path, int sync, char hex[65], off_t *size)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     struct stat st;
     FcSha256 s;
     uint8_t digest[32];
     char chunk[65536];
+    int fd = open_regular(path, &st);
     if (fd < 0) {
         return -1;
-    }
-    if (fstat(fd, &st) < 0) {
-        goto error;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        errno = EINVAL;
-        goto error;
     }
     if (sync && fsync(fd) < 0) {
         goto error;
