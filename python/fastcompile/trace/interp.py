@@ -25,6 +25,7 @@ except ImportError:                                          # NumPy-only instal
     torch = None
 
 MAX_STEPS = 200000
+_DEBUG = bool(__import__('os').environ.get('FC_TRACE_DEBUG'))
 SCALARS = (type(None), bool, int, float, str, bytes)
 FOLDABLE_BUILTINS = {
     len, range, isinstance, issubclass, abs, min, max, int, float, bool, str, tuple, list, dict,
@@ -354,12 +355,14 @@ class Tracer:
         vals = [self.graph_arg(a) for a in args]
         try:
             v = self.graph.call(op, *vals, **attrs)
-        except (TypeError, ValueError, OverflowError, np.exceptions.AxisError):
+        except (TypeError, ValueError, OverflowError, np.exceptions.AxisError) as e:
+            if _DEBUG:
+                print("core %s failed: %r" % (op, e))
             raise _NoCore()
         want = _np_dtype(example)
-        if v.dtype != want.name:
+        if v.dtype != want.name:            # None after an extern call: known at compile time
             v = self.graph.call("cast", v, dtype=want.name)
-        if v.ndim != np.ndim(example):
+        if v.ndim is not None and v.ndim != np.ndim(example):
             raise _NoCore()
         self.record_op()
         return ArrayVar(v, example, kind, fresh=True)
