@@ -55,9 +55,25 @@ def localsplus_names(code):
 def protected_offsets(code):
     """Offsets covered by the exception table (try/except/with bodies)."""
     out = set()
+    instrs = list(dis.get_instructions(code))
     for e in dis._parse_exception_table(code):
+        if _cleanup_only(instrs, e.target):
+            continue                        # 3.12 inlined comprehension: restores a local, reraises
         out.update(range(e.start, e.end, 2))
     return out
+
+
+def _cleanup_only(instrs, target):
+    started = False
+    for ins in instrs:
+        if ins.offset == target:
+            started = True
+        if started:
+            if ins.opname in ("PUSH_EXC_INFO", "WITH_EXCEPT_START", "CHECK_EXC_MATCH"):
+                return False
+            if ins.opname == "RERAISE":
+                return True
+    return False
 
 
 def const_ok(v):
@@ -214,7 +230,7 @@ class Tracer:
             if name in self.f_locals:
                 src = S.LocalSource(name, self.slots[name])
                 frame.locals[name] = _Lazy(self._loader(name, src))
-        self.frame = frame
+        self.frame = self.top_frame = frame
         return self.run_frame(frame)
 
     def _loader(self, name, src):
@@ -235,6 +251,7 @@ class Tracer:
         try:
             while True:
                 ins = frame.instrs[frame.pc]
+                frame.cur = frame.pc
                 if ins.starts_line is not None:
                     frame.lineno = ins.starts_line
                 if frame.top and self.stop_at is not None and frame.pc == self.stop_at:
