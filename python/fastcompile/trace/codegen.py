@@ -120,7 +120,7 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
     depth = len(stack)
     op = ins.opname
     nxt = top.instrs[idx + 1].offset if idx + 1 < len(top.instrs) else None
-    if "JUMP_IF" in op:
+    if "JUMP" in op and "_IF_" in op:
         other = Label()
         keep_on_jump = op.endswith("_OR_POP")
         out.append(_copy(real[idx], other))
@@ -128,10 +128,10 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
         out.append(other)
         out += _resume_call(code, f_globals, ins.argval, depth if keep_on_jump else depth - 1, bound, top)
     else:
-        if op == "CALL" and top.kw_names:
-            k = idx - 1
-            while top.instrs[k].opname != "KW_NAMES":
-                k -= 1
+        k = idx - 1
+        while op == "CALL" and k >= 0 and top.instrs[k].opname == "PRECALL":
+            k -= 1
+        if op == "CALL" and k >= 0 and top.instrs[k].opname == "KW_NAMES":
             out.append(_copy(real[k]))
         if op == "CALL" and PY311:
             out.append(Instr("PRECALL", ins.arg))

@@ -1114,6 +1114,8 @@ class Tracer:
         frame = Frame(code, f_globals, builtins_ if isinstance(builtins_, dict) else vars(builtins_),
                       self.frame)
         for name, value in bound.arguments.items():
+            if name.startswith("implicit") and name not in code.co_varnames:
+                name = "." + name[len("implicit"):]         # inspect renames comprehension args
             if isinstance(value, tuple) and code.co_flags & 0x04 and name == code.co_varnames[
                     code.co_argcount + code.co_kwonlyargcount]:
                 value = TupleVar(value)

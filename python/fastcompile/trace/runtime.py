@@ -4,7 +4,7 @@ Tracer and the Vars to rebuild; out: (run(*slot_values) -> list, slots)."""
 import numpy as np
 
 from . import sources as S
-from .variables import ArrayVar, DictVar, ListVar, PyVar, ShapeVar, TupleVar, Unsupported
+from .variables import ArrayMethodVar, ArrayVar, DictVar, ListVar, PyVar, ShapeVar, TupleVar, Unsupported
 
 try:
     import torch
@@ -68,6 +68,9 @@ def build(tracer, vars_, user_stack=()):
                 return lambda env, outs: env.get(src)
             parts = {k: plan(x) for k, x in v.items.items()}
             return lambda env, outs: {k: p(env, outs) for k, p in parts.items()}
+        if isinstance(v, ArrayMethodVar):
+            base, name = plan(v.array), v.name
+            return lambda env, outs: getattr(base(env, outs), name)
         if isinstance(v, ShapeVar):
             shape = tuple(tracer.py(v))
             return lambda env, outs: shape
