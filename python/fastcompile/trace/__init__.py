@@ -1,0 +1,117 @@
+"""Trace stage: symbolic execution of a Python frame (NumPy/torch code) into
+fastcompile graphs, guards and graph breaks. In: a frame's code, globals,
+builtins, closure and bound locals; out: a TraceResult.
+
+    r = trace_function(fn, *args)
+    r.target(*[value of each slot in r.slots])   # == fn(*args), one compiled graph
+    r.program                                    # flat guard program (guards.py)
+"""
+import inspect
+
+from . import guards
+from .interp import Stop, Tracer, localsplus_names
+from .variables import Unsupported
+
+__all__ = ["trace_frame", "trace_function", "TraceResult", "GraphInfo", "BreakReason", "Unsupported",
+           "guards"]
+
+
+class GraphInfo:
+    """graph: the fastcompile Graph; input_sources: where each input comes from;
+    op_count: ops traced into it; span: (filename, first line, last line)."""
+
+    def __init__(self, graph, input_sources, op_count, span):
+        self.graph, self.input_sources, self.op_count, self.span = graph, input_sources, op_count, span
+
+    def __repr__(self):
+        return "GraphInfo(ops=%d, inputs=%r, span=%s:%d-%d)" % ((self.op_count, self.input_sources) + self.span)
+
+
+class BreakReason:
+    """reason: str; user_stack: list of (filename, lineno, funcname, source_line)."""
+
+    def __init__(self, reason, user_stack):
+        self.reason, self.user_stack = reason, list(user_stack)
+
+    def __repr__(self):
+        where = "%s:%d" % self.user_stack[-1][:2] if self.user_stack else "?"
+        return "BreakReason(%r at %s)" % (self.reason, where)
+
+
+class TraceResult:
+    """graphs, guards, program, breaks; target + slots when the whole frame
+    traced; code (the transformed code object) when a break resumes."""
+
+    def __init__(self):
+        self.graphs, self.guards, self.program, self.breaks = [], [], [], []
+        self.target, self.slots, self.code = None, (), None
+
+    def __repr__(self):
+        return "TraceResult(graphs=%d, breaks=%r, guards=%d, target=%s, code=%s)" % (
+            len(self.graphs), self.breaks, len(self.guards), self.target is not None, self.code is not None)
+
+
+def _graph_info(tracer, run):
+    if run.graph is None or tracer.op_count == 0:
+        return []
+    lines = [ln for _, ln in tracer.lines]
+    fname = tracer.lines[0][0] if tracer.lines else tracer.code.co_filename
+    return [GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
+                      (fname, min(lines), max(lines)))]
+
+
+def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False):
+    """Trace one frame. f_locals: name -> value of the bound fast locals (args
+    included) and of the free variables; closure: the function's cells."""
+    from . import runtime
+    result = TraceResult()
+    tracer = Tracer(code, f_globals, f_builtins, closure, f_locals)
+    try:
+        ret = tracer.run()
+        run = runtime.build(tracer, [ret])
+    except Unsupported as e:
+        if fullgraph:
+            raise
+        result.breaks.append(BreakReason(e.reason, e.user_stack))
+        result.guards = guards.dedupe(tracer.guards)
+        result.program = guards.compile_program(result.guards)
+        from . import codegen
+        codegen.resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer)
+        return result
+
+    def target(*values):
+        return run(*values)[0]
+    result.target, result.slots = target, run.slots
+    result.graphs = _graph_info(tracer, run)
+    result.guards = guards.dedupe(tracer.guards)
+    result.program = guards.compile_program(result.guards)
+    return result
+
+
+def bind_locals(fn, args, kwargs):
+    """name -> value of fn's fast locals at frame start, as a call binds them."""
+    sig = inspect.signature(fn)
+    b = sig.bind(*args, **kwargs)
+    b.apply_defaults()
+    f_locals = dict(b.arguments)
+    code = fn.__code__
+    for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+        try:
+            f_locals[name] = cell.cell_contents
+        except ValueError:
+            pass
+    return f_locals
+
+
+def slot_values(fn, args, kwargs, slots):
+    """The values of the given localsplus slots for a call fn(*args, **kwargs)."""
+    f_locals = bind_locals(fn, args, kwargs)
+    names = localsplus_names(fn.__code__)
+    return [f_locals[names[s]] for s in slots]
+
+
+def trace_function(fn, *args, fullgraph=False, **kwargs):
+    """trace_frame for a call fn(*args, **kwargs) (defaults, *args, **kwargs bound as a call does)."""
+    f_locals = bind_locals(fn, args, kwargs)
+    b = fn.__globals__.get("__builtins__", __builtins__)
+    return trace_frame(fn.__code__, fn.__globals__, b, fn.__closure__, f_locals, fullgraph=fullgraph)

@@ -1,0 +1,199 @@
+"""Trace stage, guards: what a trace relied on, as records and as the flat
+program the C guard engine runs. In: (source, check) pairs; out:
+``compile_program(guards) -> list of tuples`` and ``check_program`` (pure Python).
+
+Program format (one tuple per instruction; registers are small ints):
+
+loads   ("local", reg, slot)            frame localsplus[slot] (cells unwrapped)
+        ("global", reg, name)           f_globals[name], else builtins[name]
+        ("closure", reg, index)         closure[index].cell_contents
+        ("item", reg, src, key)         src[key] for exact dict/tuple/list
+        ("dictattr", reg, src, name)    src.__dict__[name] (instance dict only)
+        ("type_of", reg, src)           type(src)
+checks  ("type", reg, type_obj)         type(v) is type_obj
+        ("id", reg, obj)                v is obj
+        ("eq", reg, value)              type(v) is type(value) and v == value
+        ("len", reg, n)                 len(v) == n
+        ("ndarray", reg, dtype, ndim, size1_mask, contig)
+        ("tensor", reg, dtype, ndim, size1_mask, contig, device, requires_grad)
+        ("dim", reg, axis, size)        v.shape[axis] == size (a size used as a Python value)
+
+size1_mask bit i is set iff shape[i] == 1; contig 0 any, 1 C-contiguous, 2 not.
+A load that finds nothing fails at that load."""
+from . import sources as S
+
+
+class Guard:
+    """One fact about one source: kind is a check name above, args its operands."""
+    __slots__ = ("source", "kind", "args")
+
+    def __init__(self, source, kind, *args):
+        self.source, self.kind, self.args = source, kind, args
+
+    def key(self):
+        a = tuple(id(x) if self.kind == "id" else (x if _hashable(x) else repr(x)) for x in self.args)
+        return (self.source, self.kind, a)
+
+    def describe(self):
+        src = repr(self.source)
+        if self.kind == "type":
+            return "type(%s) is %s" % (src, getattr(self.args[0], "__qualname__", self.args[0]))
+        if self.kind == "id":
+            return "%s is <%s at 0x%x>" % (src, type(self.args[0]).__name__, id(self.args[0]))
+        if self.kind == "eq":
+            return "%s == %r" % (src, self.args[0])
+        if self.kind == "len":
+            return "len(%s) == %d" % (src, self.args[0])
+        if self.kind == "dim":
+            return "%s.shape[%d] == %d" % (src, self.args[0], self.args[1])
+        if self.kind in ("ndarray", "tensor"):
+            dtype, ndim, mask, contig = self.args[:4]
+            txt = "%s is %s %s ndim=%d size1_mask=0b%s contig=%s" % (
+                src, self.kind, dtype, ndim, format(mask, "b"), ("any", "C", "non-C")[contig])
+            if self.kind == "tensor":
+                txt += " device=%s requires_grad=%s" % self.args[4:6]
+            return txt
+        return "%s %s %r" % (src, self.kind, self.args)
+
+    __repr__ = describe
+
+
+def _hashable(x):
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def size1_mask(shape):
+    m = 0
+    for i, n in enumerate(shape):
+        if n == 1:
+            m |= 1 << i
+    return m
+
+
+def array_guard(source, arr):
+    """The compile-key guard of a NumPy array."""
+    return Guard(source, "ndarray", arr.dtype, arr.ndim, size1_mask(arr.shape),
+                 1 if arr.flags.c_contiguous else 2)
+
+
+def tensor_guard(source, t):
+    return Guard(source, "tensor", t.dtype, t.dim(), size1_mask(t.shape),
+                 1 if t.is_contiguous() else 2, str(t.device), bool(t.requires_grad))
+
+
+def dedupe(guards):
+    seen, out = set(), []
+    for g in guards:
+        k = g.key()
+        if k not in seen:
+            seen.add(k)
+            out.append(g)
+    return out
+
+
+def compile_program(guards):
+    """Guards -> flat program (see the module docstring). Each source is loaded
+    once, before its first check; checks keep the order of the guards."""
+    prog, regs = [], {}
+
+    def load(src):
+        if src in regs:
+            return regs[src]
+        if isinstance(src, S.LocalSource):
+            ins = ("local", None, src.slot)
+        elif isinstance(src, S.GlobalSource):
+            ins = ("global", None, src.name)
+        elif isinstance(src, S.ClosureSource):
+            ins = ("closure", None, src.index)
+        elif isinstance(src, S.ItemSource):
+            ins = ("item", None, load(src.base), src.key)
+        elif isinstance(src, S.DictAttrSource):
+            ins = ("dictattr", None, load(src.base), src.name)
+        elif isinstance(src, S.TypeOfSource):
+            ins = ("type_of", None, load(src.base))
+        else:
+            raise TypeError("no load for source %r" % (src,))
+        reg = len(regs)
+        regs[src] = reg
+        prog.append((ins[0], reg) + ins[2:])
+        return reg
+
+    for g in dedupe(guards):
+        reg = load(g.source)
+        prog.append((g.kind, reg) + tuple(g.args))
+    return prog
+
+
+def _check(ins, v):
+    kind = ins[0]
+    if kind == "type":
+        return type(v) is ins[2]
+    if kind == "id":
+        return v is ins[2]
+    if kind == "eq":
+        return type(v) is type(ins[2]) and v == ins[2]
+    if kind == "len":
+        try:
+            return len(v) == ins[2]
+        except TypeError:
+            return False
+    if kind == "dim":
+        shape = getattr(v, "shape", None)
+        return shape is not None and len(shape) > ins[2] and shape[ins[2]] == ins[3]
+    if kind == "ndarray":
+        import numpy as np
+        if type(v) is not np.ndarray:
+            return False
+        _, _, dtype, ndim, mask, contig = ins
+        return (v.dtype == dtype and v.ndim == ndim and size1_mask(v.shape) == mask
+                and _contig_ok(v.flags.c_contiguous, contig))
+    if kind == "tensor":
+        import torch
+        if not isinstance(v, torch.Tensor):
+            return False
+        _, _, dtype, ndim, mask, contig, device, rg = ins
+        return (v.dtype == dtype and v.dim() == ndim and size1_mask(v.shape) == mask
+                and _contig_ok(v.is_contiguous(), contig) and str(v.device) == device
+                and bool(v.requires_grad) == rg)
+    raise ValueError("unknown guard instruction %r" % (kind,))
+
+
+def _contig_ok(is_c, contig):
+    return contig == 0 or (contig == 1) == bool(is_c)
+
+
+def check_program(program, f_locals_by_slot, f_globals, f_builtins, closure):
+    """Run a guard program in Python: index of the first failing instruction, or -1.
+    f_locals_by_slot: dict slot -> value, or a sequence indexed by slot."""
+    regs = {}
+    for i, ins in enumerate(program):
+        kind = ins[0]
+        if kind == "local":
+            src = S.LocalSource("?", ins[2])
+            v = S.evaluate(src, f_locals_by_slot, f_globals, f_builtins, closure)
+        elif kind == "global":
+            v = S.evaluate(S.GlobalSource(ins[2]), f_locals_by_slot, f_globals, f_builtins, closure)
+        elif kind == "closure":
+            v = S.evaluate(S.ClosureSource("?", ins[2]), f_locals_by_slot, f_globals, f_builtins, closure)
+        elif kind == "item":
+            base = regs[ins[2]]
+            try:
+                v = base[ins[3]] if type(base) in (dict, tuple, list) else S.MISSING
+            except (KeyError, IndexError, TypeError):
+                v = S.MISSING
+        elif kind == "dictattr":
+            v = S._instance_dict_get(regs[ins[2]], ins[3])
+        elif kind == "type_of":
+            v = type(regs[ins[2]])
+        else:
+            if not _check(ins, regs[ins[1]]):
+                return i
+            continue
+        if v is S.MISSING:
+            return i
+        regs[ins[1]] = v
+    return -1

@@ -1,0 +1,1478 @@
+"""Trace stage, interpreter: symbolic execution of one frame's bytecode
+(CPython 3.11 and 3.12) into a graph, guards and, at an unsupported point, a
+break. In: code, globals, builtins, closure, bound locals; out: the final
+state (return value or the stack and locals at the break)."""
+import builtins as _builtins
+import dis
+import linecache
+import operator
+import sys
+import types
+
+import numpy as np
+
+from fastcompile.graph import Graph
+
+from . import guards as G
+from . import numpy_ops as NP
+from . import sources as S
+from .variables import (NULL, ArrayMethodVar, ArrayVar, CellVar, DictVar, FuncVar, IterVar,
+                        ListVar, MethodVar, PyVar, ShapeVar, TupleVar, Unsupported, Var)
+
+try:
+    import torch
+except ImportError:                                          # NumPy-only installs
+    torch = None
+
+MAX_STEPS = 200000
+_DEBUG = bool(__import__('os').environ.get('FC_TRACE_DEBUG'))
+SCALARS = (type(None), bool, int, float, str, bytes)
+FOLDABLE_BUILTINS = {
+    len, range, isinstance, issubclass, abs, min, max, int, float, bool, str, tuple, list, dict,
+    enumerate, zip, reversed, sorted, getattr, hasattr, type, round, divmod, pow, sum, any, all,
+    slice, iter, callable, hash, repr, format, id,
+}
+FOLDABLE_MODULES = ("math", "operator", "functools", "itertools")
+
+
+class Stop(Exception):
+    """Raised when the top frame reaches the break instruction on a restart."""
+
+    def __init__(self, frame):
+        self.frame = frame
+
+
+def localsplus_names(code):
+    names, i = [], 0
+    while True:
+        try:
+            names.append(code._varname_from_oparg(i))
+        except (IndexError, ValueError):
+            return names
+        i += 1
+
+
+def protected_offsets(code):
+    """Offsets covered by the exception table (try/except/with bodies)."""
+    out = set()
+    instrs = list(dis.get_instructions(code))
+    for e in dis._parse_exception_table(code):
+        if _cleanup_only(instrs, e.target):
+            continue                        # 3.12 inlined comprehension: restores a local, reraises
+        out.update(range(e.start, e.end, 2))
+    return out
+
+
+def _cleanup_only(instrs, target):
+    started = False
+    for ins in instrs:
+        if ins.offset == target:
+            started = True
+        if started:
+            if ins.opname in ("PUSH_EXC_INFO", "WITH_EXCEPT_START", "CHECK_EXC_MATCH"):
+                return False
+            if ins.opname == "RERAISE":
+                return True
+    return False
+
+
+def const_ok(v):
+    if isinstance(v, tuple):
+        return all(const_ok(x) for x in v)
+    return type(v) in SCALARS
+
+
+class Frame:
+    def __init__(self, code, f_globals, f_builtins, parent, top=False):
+        self.code, self.f_globals, self.f_builtins, self.parent, self.top = \
+            code, f_globals, f_builtins, parent, top
+        self.instrs = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+        self.index_of = {ins.offset: k for k, ins in enumerate(self.instrs)}
+        self.protected = protected_offsets(code)
+        self.locals = {}        # name -> Var (fast locals)
+        self.cells = {}         # name -> CellVar (cellvars and freevars)
+        self.stack = []
+        self.pc = 0
+        self.kw_names = None
+        self.lineno = code.co_firstlineno
+
+    def user_stack(self):
+        out, f = [], self
+        while f is not None:
+            line = linecache.getline(f.code.co_filename, f.lineno).strip()
+            out.append((f.code.co_filename, f.lineno, f.code.co_name, line))
+            f = f.parent
+        return out[::-1]
+
+
+class Tracer:
+    """One trace of one frame. stop_at: index of the top-frame instruction to
+    stop before (a restart after a break)."""
+
+    def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None):
+        self.code, self.f_globals, self.closure = code, f_globals, closure or ()
+        self.f_builtins = f_builtins if isinstance(f_builtins, dict) else vars(f_builtins or _builtins)
+        self.f_locals, self.stop_at = f_locals, stop_at
+        self.graph = Graph()
+        self.inputs = []            # (source, kind, example) per graph input
+        self.arrays = {}            # id(array) -> ArrayVar of graph inputs
+        self.keep = []              # objects whose id is a key above
+        self.guards = []
+        self.wrapped = {}           # source -> Var
+        self.op_count = 0
+        self.lines = []             # (filename, lineno) of each op
+        self.steps = 0
+        self.slots = {n: i for i, n in enumerate(localsplus_names(code))}
+
+    # ------------------------------------------------------------------ errors
+
+    def unsupported(self, reason):
+        raise Unsupported(reason, self.frame.user_stack())
+
+    # ------------------------------------------------------------------ wrapping frame values
+
+    def guard(self, source, kind, *args):
+        if source is not None:
+            self.guards.append(G.Guard(source, kind, *args))
+
+    def wrap(self, value, source):
+        """A Var for a value read from the frame, with the guards it needs."""
+        if source is not None and source in self.wrapped:
+            return self.wrapped[source]
+        var = self._wrap(value, source)
+        if source is not None:
+            self.wrapped[source] = var
+        return var
+
+    def _wrap(self, value, source):
+        t = type(value)
+        if t is np.ndarray:
+            return self.array_input(value, source, "numpy")
+        if torch is not None and isinstance(value, torch.Tensor):
+            return self.array_input(value, source, "torch")
+        if t in SCALARS:
+            self.guard(source, "eq", value)
+            return PyVar(value, source)
+        if t is tuple:
+            self.guard(source, "type", tuple)
+            self.guard(source, "len", len(value))
+            return TupleVar([self.wrap(v, S.ItemSource(source, i) if source else None)
+                             for i, v in enumerate(value)], source)
+        if t is list:
+            self.guard(source, "type", list)
+            self.guard(source, "len", len(value))
+            return ListVar([self.wrap(v, S.ItemSource(source, i) if source else None)
+                            for i, v in enumerate(value)], source)
+        if t is dict:
+            self.guard(source, "type", dict)
+            self.guard(source, "len", len(value))
+            if not all(type(k) in (str, int) for k in value):
+                self.unsupported("dict with non-str/int keys")
+            return DictVar({k: self.wrap(v, S.ItemSource(source, k) if source else None)
+                            for k, v in value.items()}, source)
+        if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type,
+                              np.ufunc, np.dtype)) or value is Ellipsis:
+            self.guard(source, "id", value)
+            return PyVar(value, source)
+        if torch is not None and isinstance(value, torch.nn.Module):
+            self.guard(source, "id", value)
+            if source is not None:
+                self.guard(S.DictAttrSource(source, "training"), "eq", bool(value.training))
+            return PyVar(value, source)
+        if torch is not None and isinstance(value, (torch.dtype, torch.device)):
+            self.guard(source, "id", value)
+            return PyVar(value, source)
+        self.guard(source, "type", t)
+        return PyVar(value, source)
+
+    def array_input(self, arr, source, kind):
+        key = id(arr)
+        if key in self.arrays:
+            return self.arrays[key]
+        if kind == "numpy":
+            if arr.dtype.kind not in "biuf":
+                self.unsupported("array of dtype %s is not supported" % arr.dtype)
+            if source is not None:
+                self.guards.append(G.array_guard(source, arr))
+            dtype = arr.dtype
+        else:
+            if arr.device.type != "cpu":
+                self.unsupported("tensor on device %s: only CPU tensors are traced" % arr.device)
+            if arr.requires_grad and torch.is_grad_enabled():
+                self.unsupported("tensor requires grad: autograd is not traced "
+                                 "(hint: torch.no_grad() or requires_grad_(False))")
+            if arr.dtype not in TORCH_TO_NP:
+                self.unsupported("tensor dtype %s has no NumPy dtype" % arr.dtype)
+            if source is not None:
+                self.guards.append(G.tensor_guard(source, arr))
+            dtype = TORCH_TO_NP[arr.dtype]
+        if source is None:
+            self.unsupported("array without a source in the frame")
+        value = self.graph.input(dtype.name, arr.ndim)
+        var = ArrayVar(value, arr, kind, source)
+        self.inputs.append((source, kind, arr))
+        self.arrays[key] = var
+        self.keep.append(arr)
+        return var
+
+    # ------------------------------------------------------------------ running
+
+    def run(self):
+        code = self.code
+        frame = Frame(code, self.f_globals, self.f_builtins, None, top=True)
+        names = localsplus_names(code)
+        nfree = len(code.co_freevars)
+        for i, name in enumerate(code.co_freevars):
+            slot = len(names) - nfree + i
+            cell_src = S.ClosureSource(name, i)
+            frame.cells[name] = CellVar(external=True, loader=self._loader(name, cell_src))
+        for name in names[:len(names) - nfree]:
+            if name in self.f_locals:
+                src = S.LocalSource(name, self.slots[name])
+                frame.locals[name] = _Lazy(self._loader(name, src))
+        self.frame = self.top_frame = frame
+        return self.run_frame(frame)
+
+    def _loader(self, name, src):
+        def load():
+            if isinstance(src, S.ClosureSource):
+                try:
+                    value = self.closure[src.index].cell_contents
+                except (ValueError, IndexError):
+                    value = self.f_locals[name]
+            else:
+                value = self.f_locals[name]
+            return self.wrap(value, src)
+        return load
+
+    def run_frame(self, frame):
+        saved = getattr(self, "frame", None)
+        self.frame = frame
+        try:
+            while True:
+                ins = frame.instrs[frame.pc]
+                frame.cur = frame.pc
+                if ins.starts_line is not None:
+                    frame.lineno = ins.starts_line
+                if frame.top and self.stop_at is not None and frame.pc == self.stop_at:
+                    raise Stop(frame)
+                self.steps += 1
+                if self.steps > MAX_STEPS:
+                    self.unsupported("trace longer than %d instructions" % MAX_STEPS)
+                if ins.offset in frame.protected:
+                    self.unsupported("try/except/with blocks are not supported (%s inside a protected "
+                                     "region)" % ins.opname)
+                frame.pc += 1
+                handler = getattr(self, "op_" + ins.opname, None)
+                if handler is None:
+                    self.unsupported("bytecode %s is not supported" % ins.opname)
+                result = handler(frame, ins)
+                if result is not None:
+                    return result[0]
+        finally:
+            self.frame = saved
+
+    # ------------------------------------------------------------------ helpers
+
+    def push(self, v):
+        self.frame.stack.append(v)
+
+    def pop(self, n=None):
+        st = self.frame.stack
+        if n is None:
+            return st.pop()
+        if n == 0:
+            return []
+        out = st[-n:]
+        del st[-n:]
+        return out
+
+    def jump(self, frame, offset):
+        frame.pc = frame.index_of[offset]
+
+    def const(self, v):
+        return PyVar(v)
+
+    def py(self, var, what="value"):
+        """The Python value of a Var, or a break if it depends on array data."""
+        if isinstance(var, _Lazy):
+            var = var.get()
+        if isinstance(var, PyVar):
+            return var.value
+        if isinstance(var, TupleVar):
+            return tuple(self.py(v, what) for v in var.items)
+        if isinstance(var, ListVar):
+            return [self.py(v, what) for v in var.items]
+        if isinstance(var, DictVar):
+            return {k: self.py(v, what) for k, v in var.items.items()}
+        if isinstance(var, ShapeVar):
+            return tuple(self.dim(var.array, i) for i in range(var.array.ndim))
+        if isinstance(var, ArrayVar):
+            self.unsupported("data-dependent %s: an array value is used as a Python value" % what)
+        if isinstance(var, FuncVar):
+            self.unsupported("a function made in the trace is passed to Python code")
+        self.unsupported("%s of kind %s used as a Python value" % (what, type(var).__name__))
+
+    def dim(self, arr, axis):
+        """arr.shape[axis] as a Python int, guarded."""
+        size = int(arr.example.shape[axis])
+        if arr.source is not None:
+            self.guard(arr.source, "dim", axis % arr.ndim, size)
+        else:
+            # the size of an intermediate: guard every size of every input
+            for src, kind, ex in self.inputs:
+                for a, n in enumerate(ex.shape):
+                    self.guard(src, "dim", a, int(n))
+        return size
+
+    def truth(self, var, opname):
+        var = _unlazy(var)
+        if isinstance(var, ArrayVar):
+            self.unsupported("data-dependent branch on an array value (%s) (hint: use np.where "
+                             "or torch.where)" % opname)
+        if isinstance(var, (TupleVar, ListVar)):
+            return bool(var.items)
+        if isinstance(var, DictVar):
+            return bool(var.items)
+        if isinstance(var, (FuncVar, MethodVar, ArrayMethodVar)):
+            return True
+        return bool(self.py(var))
+
+    # ------------------------------------------------------------------ array ops
+
+    def record_op(self):
+        self.op_count += 1
+        self.lines.append((self.frame.code.co_filename, self.frame.lineno))
+
+    def example_of(self, var):
+        var = _unlazy(var)
+        if isinstance(var, ArrayVar):
+            return var.example
+        return self.py(var)
+
+    def graph_arg(self, var):
+        var = _unlazy(var)
+        if isinstance(var, ArrayVar):
+            return var.value
+        v = self.py(var)
+        if isinstance(v, (bool, int, float, np.generic)):
+            return v
+        raise _NoCore()
+
+    def eager(self, fn, args, kwargs):
+        ex_args = [_map_examples(self, a) for a in args]
+        ex_kwargs = {k: _map_examples(self, v) for k, v in kwargs.items()}
+        try:
+            return fn(*ex_args, **ex_kwargs)
+        except Exception as e:                               # the user's code raises
+            self.unsupported("%s raised %s: %s while tracing" % (_name(fn), type(e).__name__, e))
+
+    def core(self, op, args, attrs, example, kind):
+        """A core op; dtype checked against the eager example (cast when it differs)."""
+        vals = [self.graph_arg(a) for a in args]
+        try:
+            v = self.graph.call(op, *vals, **attrs)
+        except (TypeError, ValueError, OverflowError, np.exceptions.AxisError) as e:
+            if _DEBUG:
+                print("core %s failed: %r" % (op, e))
+            raise _NoCore()
+        want = _np_dtype(example)
+        if v.dtype != want.name:            # None after an extern call: known at compile time
+            v = self.graph.call("cast", v, dtype=want.name)
+        if v.ndim is not None and v.ndim != np.ndim(example):
+            raise _NoCore()
+        self.record_op()
+        return ArrayVar(v, example, kind, fresh=True)
+
+    def extern(self, fn, args, kwargs, example, kind):
+        """fn(*args, **kwargs) at run time through g.extern; arrays are the values."""
+        arrays = []
+
+        def template(v):
+            v = _unlazy(v)
+            if isinstance(v, ArrayVar):
+                arrays.append(v)
+                v.escaped = True
+                return _Slot(len(arrays) - 1)
+            if isinstance(v, (TupleVar, ListVar)):
+                items = [template(x) for x in v.items]
+                return tuple(items) if isinstance(v, TupleVar) else _ListT(items)
+            if isinstance(v, DictVar):
+                return _DictT({k: template(x) for k, x in v.items.items()})
+            if isinstance(v, ShapeVar):
+                return self.py(v)
+            return self.py(v)
+        targs = [template(a) for a in args]
+        tkw = {k: template(v) for k, v in kwargs.items()}
+        if isinstance(example, (tuple, list)) and example and all(_is_array(e) for e in example):
+            nout = len(example)
+        elif _is_array(example):
+            nout = None
+        else:
+            self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
+                             % (_name(fn), type(example).__name__))
+        to_torch = kind == "torch"
+
+        def run(*arrs):
+            if to_torch:
+                arrs = [torch.from_numpy(a) if isinstance(a, np.ndarray) else torch.as_tensor(a) for a in arrs]
+            out = fn(*[_fill(t, arrs) for t in targs], **{k: _fill(t, arrs) for k, t in tkw.items()})
+            if to_torch:
+                if nout is None:
+                    return out.numpy()
+                return tuple(o.numpy() for o in out)
+            return out if nout is None else tuple(out)
+        run.__name__ = "extern_" + _name(fn).replace(".", "_")
+        v = self.graph.extern(run, *[a.value for a in arrays], nout=nout)
+        self.record_op()
+        if nout is None:
+            return ArrayVar(v, example, kind)
+        return TupleVar([ArrayVar(x, e, kind) for x, e in zip(v, example)])
+
+    def array_call(self, fn, args, kwargs, core_op=None, attrs=None, core_args=None, kind=None):
+        """Call fn on traced arguments: a core op when possible, else an extern call."""
+        kind = kind or _kind_of(args, kwargs)
+        example = self.eager(fn, args, kwargs)
+        if kind == "torch" and _is_array(example) and not isinstance(example, torch.Tensor):
+            kind = "numpy"
+        if core_op is not None and _is_array(example):
+            try:
+                return self.core(core_op, core_args if core_args is not None else args, attrs or {},
+                                 example, kind)
+            except _NoCore:
+                pass
+        return self.extern(fn, args, kwargs, example, kind)
+
+    # ------------------------------------------------------------------ opcodes: loads and stores
+
+    def op_RESUME(self, f, ins): pass
+    def op_NOP(self, f, ins): pass
+    def op_PRECALL(self, f, ins): pass
+    def op_COPY_FREE_VARS(self, f, ins): pass
+
+    def op_MAKE_CELL(self, f, ins):
+        name = ins.argval
+        if name not in f.cells:
+            init = f.locals.pop(name, None)
+            f.cells[name] = CellVar(_unlazy(init) if init is not None else None)
+
+    def op_LOAD_CONST(self, f, ins):
+        self.push(PyVar(ins.argval))
+
+    def op_RETURN_CONST(self, f, ins):
+        return (PyVar(ins.argval),)
+
+    def op_RETURN_VALUE(self, f, ins):
+        return (self.pop(),)
+
+    def op_LOAD_FAST(self, f, ins):
+        name = ins.argval
+        if name in f.cells:                                  # 3.12 comprehension cells
+            return self.op_LOAD_DEREF(f, ins)
+        if name not in f.locals:
+            self.unsupported("local variable %r read before assignment" % name)
+        v = f.locals[name]
+        if isinstance(v, _Lazy):
+            v = f.locals[name] = v.get()
+        self.push(v)
+
+    op_LOAD_FAST_CHECK = op_LOAD_FAST
+
+    def op_LOAD_FAST_AND_CLEAR(self, f, ins):
+        v = f.locals.pop(ins.argval, None)
+        self.push(_unlazy(v) if v is not None else _UNBOUND)
+
+    def op_STORE_FAST(self, f, ins):
+        v = self.pop()
+        if v is _UNBOUND:
+            f.locals.pop(ins.argval, None)
+        else:
+            f.locals[ins.argval] = v
+
+    def op_DELETE_FAST(self, f, ins):
+        f.locals.pop(ins.argval, None)
+
+    def op_LOAD_DEREF(self, f, ins):
+        cell = f.cells.get(ins.argval)
+        if cell is None or cell.contents is None:
+            self.unsupported("free variable %r read before assignment" % ins.argval)
+        self.push(cell.contents)
+
+    def op_STORE_DEREF(self, f, ins):
+        cell = f.cells.get(ins.argval)
+        if cell is None:
+            cell = f.cells[ins.argval] = CellVar()
+        if cell.external:
+            self.unsupported("store to a variable of an enclosing function (nonlocal %s) "
+                             "is not supported" % ins.argval)
+        cell.contents = self.pop()
+
+    def op_LOAD_CLOSURE(self, f, ins):
+        name = ins.argval
+        if name not in f.cells:
+            f.cells[name] = CellVar()
+        self.push(f.cells[name])
+
+    def op_LOAD_GLOBAL(self, f, ins):
+        name = ins.argval
+        if (ins.arg & 1) and sys.version_info >= (3, 11):
+            self.push(NULL)
+        self.push(self.load_global(f, name))
+
+    def load_global(self, f, name):
+        top_globals = f.f_globals is self.f_globals
+        if name in f.f_globals:
+            value = f.f_globals[name]
+        elif name in f.f_builtins:
+            value = f.f_builtins[name]
+        else:
+            self.unsupported("name %r is not defined" % name)
+        src = S.GlobalSource(name) if top_globals else None
+        if src is None:
+            return self._wrap_foreign(value)
+        return self.wrap(value, src)
+
+    def _wrap_foreign(self, value):
+        # a global of a function from another module: trusted, not guarded
+        if type(value) is np.ndarray or (torch is not None and isinstance(value, torch.Tensor)):
+            self.unsupported("array global of another module is not supported")
+        return self.wrap(value, None)
+
+    def op_STORE_GLOBAL(self, f, ins):
+        self.unsupported("store to global %r is not supported (side effect)" % ins.argval)
+
+    def op_PUSH_NULL(self, f, ins):
+        self.push(NULL)
+
+    def op_POP_TOP(self, f, ins):
+        self.pop()
+
+    def op_COPY(self, f, ins):
+        self.push(f.stack[-ins.arg])
+
+    def op_SWAP(self, f, ins):
+        st = f.stack
+        st[-1], st[-ins.arg] = st[-ins.arg], st[-1]
+
+    def op_KW_NAMES(self, f, ins):
+        f.kw_names = f.code.co_consts[ins.arg]
+
+    # ------------------------------------------------------------------ building
+
+    def op_BUILD_TUPLE(self, f, ins):
+        self.push(TupleVar(self.pop(ins.arg)))
+
+    def op_BUILD_LIST(self, f, ins):
+        self.push(ListVar(self.pop(ins.arg)))
+
+    def op_BUILD_MAP(self, f, ins):
+        items = self.pop(2 * ins.arg)
+        self.push(DictVar({self.py(items[i], "dict key"): items[i + 1] for i in range(0, len(items), 2)}))
+
+    def op_BUILD_CONST_KEY_MAP(self, f, ins):
+        keys = self.py(self.pop())
+        vals = self.pop(ins.arg)
+        self.push(DictVar(dict(zip(keys, vals))))
+
+    def op_BUILD_SLICE(self, f, ins):
+        parts = [self.py(v, "slice bound") for v in self.pop(ins.arg)]
+        self.push(PyVar(slice(*parts)))
+
+    def op_BUILD_STRING(self, f, ins):
+        self.push(PyVar("".join(self.py(v) for v in self.pop(ins.arg))))
+
+    def op_FORMAT_VALUE(self, f, ins):
+        spec = self.py(self.pop()) if (ins.arg & 0x04) else ""
+        v = self.py(self.pop(), "formatted value")
+        conv = ins.arg & 0x03
+        v = {0: v, 1: str(v), 2: repr(v), 3: ascii(v)}[conv] if conv else v
+        self.push(PyVar(format(v, spec)))
+
+    def op_LIST_APPEND(self, f, ins):
+        v = self.pop()
+        self.local_list(f.stack[-ins.arg]).items.append(v)
+
+    def op_LIST_EXTEND(self, f, ins):
+        v = self.pop()
+        self.local_list(f.stack[-ins.arg]).items.extend(self.unpack(v))
+
+    def op_SET_UPDATE(self, f, ins):
+        self.unsupported("sets are not supported")
+
+    op_BUILD_SET = op_SET_UPDATE
+
+    def op_LIST_TO_TUPLE(self, f, ins):
+        self.push(TupleVar(self.pop().items))
+
+    def op_CALL_INTRINSIC_1(self, f, ins):
+        name = dis._intrinsic1_descs[ins.arg] if hasattr(dis, "_intrinsic1_descs") else str(ins.argrepr)
+        if name == "INTRINSIC_LIST_TO_TUPLE":
+            self.push(TupleVar(self.pop().items))
+        elif name == "INTRINSIC_UNARY_POSITIVE":
+            v = self.pop()
+            self.push(self.unary(v, operator.pos, None, "+"))
+        else:
+            self.unsupported("intrinsic %s is not supported" % name)
+
+    def op_MAP_ADD(self, f, ins):
+        v = self.pop()
+        k = self.py(self.pop(), "dict key")
+        self.local_dict(f.stack[-ins.arg]).items[k] = v
+
+    def op_DICT_UPDATE(self, f, ins):
+        v = _unlazy(self.pop())
+        if not isinstance(v, DictVar):
+            self.unsupported("dict update from %s" % type(v).__name__)
+        self.local_dict(f.stack[-ins.arg]).items.update(v.items)
+
+    op_DICT_MERGE = op_DICT_UPDATE
+
+    def local_list(self, v):
+        v = _unlazy(v)
+        if not isinstance(v, ListVar):
+            self.unsupported("list operation on %s" % type(v).__name__)
+        if v.source is not None:
+            self.unsupported("mutation of a list from outside the frame (side effect)")
+        return v
+
+    def local_dict(self, v):
+        v = _unlazy(v)
+        if not isinstance(v, DictVar):
+            self.unsupported("dict operation on %s" % type(v).__name__)
+        if v.source is not None:
+            self.unsupported("mutation of a dict from outside the frame (side effect)")
+        return v
+
+    def unpack(self, v):
+        """Items of an iterable Var as a list of Vars."""
+        v = _unlazy(v)
+        if isinstance(v, (TupleVar, ListVar)):
+            return list(v.items)
+        if isinstance(v, DictVar):
+            return [PyVar(k) for k in v.items]
+        if isinstance(v, IterVar):
+            out = v.items[v.pos:]
+            v.pos = len(v.items)
+            return out
+        if isinstance(v, ShapeVar):
+            return [PyVar(x) for x in self.py(v)]
+        if isinstance(v, PyVar):
+            val = v.value
+            if torch is not None and isinstance(val, (torch.nn.ModuleList, torch.nn.Sequential)):
+                return [self.module_child(v, k) for k in val._modules]
+            if isinstance(val, torch.nn.ModuleDict) if torch is not None else False:
+                return [PyVar(k) for k in val._modules]
+            if isinstance(val, (range, str, bytes)):
+                return [PyVar(x) for x in val]
+        if isinstance(v, ArrayVar):
+            self.unsupported("iteration over an array (data-dependent length)")
+        self.unsupported("iteration over %s is not supported" % _describe(v))
+
+    def op_UNPACK_SEQUENCE(self, f, ins):
+        items = self.unpack(self.pop())
+        if len(items) != ins.arg:
+            self.unsupported("unpacking %d values into %d names" % (len(items), ins.arg))
+        for v in reversed(items):
+            self.push(v)
+
+    def op_UNPACK_EX(self, f, ins):
+        items = self.unpack(self.pop())
+        before, after = ins.arg & 0xFF, ins.arg >> 8
+        if len(items) < before + after:
+            self.unsupported("not enough values to unpack")
+        mid = ListVar(items[before:len(items) - after])
+        for v in reversed(items[len(items) - after:]):
+            self.push(v)
+        self.push(mid)
+        for v in reversed(items[:before]):
+            self.push(v)
+
+    # ------------------------------------------------------------------ control flow
+
+    def op_JUMP_FORWARD(self, f, ins):
+        self.jump(f, ins.argval)
+
+    op_JUMP_BACKWARD = op_JUMP_FORWARD
+    op_JUMP_BACKWARD_NO_INTERRUPT = op_JUMP_FORWARD
+
+    def _pop_jump(self, f, ins):
+        name = ins.opname.replace("FORWARD_", "").replace("BACKWARD_", "")
+        v = self.pop()
+        if name.endswith("IF_NONE") or name.endswith("IF_NOT_NONE"):
+            u = _unlazy(v)
+            is_none = isinstance(u, PyVar) and u.value is None
+            take = is_none if name.endswith("IF_NONE") else not is_none
+        else:
+            t = self.truth(v, ins.opname)
+            take = t if name.endswith("TRUE") else not t
+        if take:
+            self.jump(f, ins.argval)
+
+    op_POP_JUMP_IF_FALSE = op_POP_JUMP_IF_TRUE = op_POP_JUMP_IF_NONE = op_POP_JUMP_IF_NOT_NONE = _pop_jump
+    op_POP_JUMP_FORWARD_IF_FALSE = op_POP_JUMP_FORWARD_IF_TRUE = _pop_jump
+    op_POP_JUMP_FORWARD_IF_NONE = op_POP_JUMP_FORWARD_IF_NOT_NONE = _pop_jump
+    op_POP_JUMP_BACKWARD_IF_FALSE = op_POP_JUMP_BACKWARD_IF_TRUE = _pop_jump
+    op_POP_JUMP_BACKWARD_IF_NONE = op_POP_JUMP_BACKWARD_IF_NOT_NONE = _pop_jump
+
+    def _jump_or_pop(self, f, ins):
+        t = self.truth(f.stack[-1], ins.opname)
+        if t == ins.opname.startswith("JUMP_IF_TRUE"):
+            self.jump(f, ins.argval)
+        else:
+            self.pop()
+
+    op_JUMP_IF_TRUE_OR_POP = op_JUMP_IF_FALSE_OR_POP = _jump_or_pop
+
+    def op_GET_ITER(self, f, ins):
+        v = _unlazy(self.pop())
+        if isinstance(v, IterVar):
+            self.push(v)
+        else:
+            self.push(IterVar(self.unpack(v)))
+
+    def op_FOR_ITER(self, f, ins):
+        it = f.stack[-1]
+        if not isinstance(it, IterVar):
+            self.unsupported("for loop over %s" % _describe(it))
+        if it.pos < len(it.items):
+            self.push(it.items[it.pos])
+            it.pos += 1
+            return
+        self.pop()
+        self.jump(f, ins.argval)
+        if f.instrs[f.pc].opname == "END_FOR":              # 3.12: skip END_FOR
+            f.pc += 1
+
+    def op_END_FOR(self, f, ins):
+        self.pop(2)
+
+    def op_GET_LEN(self, f, ins):
+        self.push(PyVar(len(self.unpack(f.stack[-1]))))
+
+    # ------------------------------------------------------------------ unsupported on purpose
+
+    def op_BEFORE_WITH(self, f, ins):
+        self.unsupported("with-blocks are not supported (BEFORE_WITH)")
+
+    def op_RAISE_VARARGS(self, f, ins):
+        self.unsupported("raise is not supported (RAISE_VARARGS)")
+
+    def op_RETURN_GENERATOR(self, f, ins):
+        self.unsupported("generators are not supported")
+
+    def op_IMPORT_NAME(self, f, ins):
+        self.unsupported("import inside the traced function is not supported")
+
+    def op_LOAD_ASSERTION_ERROR(self, f, ins):
+        self.push(PyVar(AssertionError))
+
+    # ------------------------------------------------------------------ operators
+
+    def op_BINARY_OP(self, f, ins):
+        b, a = self.pop(), self.pop()
+        sym = ins.argrepr
+        inplace = sym.endswith("=")
+        self.push(self.binary(a, b, sym[:-1] if inplace else sym, inplace))
+
+    def op_COMPARE_OP(self, f, ins):
+        b, a = self.pop(), self.pop()
+        self.push(self.binary(a, b, ins.argval, False))
+
+    def binary(self, a, b, sym, inplace):
+        a, b = _unlazy(a), _unlazy(b)
+        core_op, fn = NP.OPERATORS[sym]
+        if not isinstance(a, ArrayVar) and not isinstance(b, ArrayVar):
+            if sym == "+" and type(a) is type(b) and isinstance(a, (TupleVar, ListVar)):
+                if inplace and isinstance(a, ListVar):
+                    self.local_list(a).items.extend(b.items)
+                    return a
+                return type(a)(a.items + b.items)
+            if sym == "*" and isinstance(a, (TupleVar, ListVar)):
+                return type(a)(a.items * self.py(b))
+            if inplace and isinstance(a, ListVar):
+                self.local_list(a).items.extend(self.unpack(b))
+                return a
+            return self.fold(fn, [a, b], {})
+        if inplace and isinstance(a, ArrayVar):
+            if a.source is not None or not a.fresh or a.escaped:
+                self.unsupported("in-place %s= on an array that may be shared (an input or a view) "
+                                 "is not supported" % sym)
+            ifn = getattr(operator, "i" + fn.__name__.strip("_"))
+            new = self.array_op(lambda x, y: ifn(x.copy(), y), core_op, [a, b], sym + "=")
+            a.value, a.example = new.value, new.example
+            return a
+        return self.array_op(fn, core_op, [a, b], sym)
+
+    def array_op(self, fn, core_op, args, what):
+        kind = _kind_of(args, {})
+        if kind == "torch":
+            from . import torch_ops
+            return torch_ops.pointwise(self, fn, core_op, args, {})
+        return self.array_call(fn, args, {}, core_op)
+
+    def fold(self, fn, args, kwargs):
+        """Call fn at trace time on Python values (its result is a constant)."""
+        pa = [self.py(a) for a in args]
+        pk = {k: self.py(v) for k, v in kwargs.items()}
+        try:
+            return self.wrap_result(fn(*pa, **pk))
+        except Exception as e:
+            self.unsupported("%s raised %s: %s while tracing" % (_name(fn), type(e).__name__, e))
+
+    def wrap_result(self, v):
+        if _is_array(v):
+            self.unsupported("an array computed from Python values only (constant arrays are "
+                             "not supported)")
+        if type(v) is tuple:
+            return TupleVar([self.wrap_result(x) for x in v])
+        if type(v) is list:
+            return ListVar([self.wrap_result(x) for x in v])
+        return PyVar(v)
+
+    def unary(self, v, fn, core_op, what):
+        v = _unlazy(v)
+        if isinstance(v, ArrayVar):
+            return self.array_op(fn, core_op, [v], what)
+        return self.fold(fn, [v], {})
+
+    def op_UNARY_NEGATIVE(self, f, ins):
+        self.push(self.unary(self.pop(), operator.neg, "neg", "-"))
+
+    def op_UNARY_INVERT(self, f, ins):
+        self.push(self.unary(self.pop(), operator.invert, "bitwise_not", "~"))
+
+    def op_UNARY_NOT(self, f, ins):
+        self.push(PyVar(not self.truth(self.pop(), "UNARY_NOT")))
+
+    def op_IS_OP(self, f, ins):
+        b, a = _unlazy(self.pop()), _unlazy(self.pop())
+        if isinstance(a, PyVar) and isinstance(b, PyVar):
+            r = a.value is b.value
+        else:
+            r = a is b
+        self.push(PyVar(r != bool(ins.arg)))
+
+    def op_CONTAINS_OP(self, f, ins):
+        b, a = _unlazy(self.pop()), self.py(self.pop())
+        if isinstance(b, DictVar):
+            r = a in b.items
+        else:
+            r = a in [self.py(x) for x in self.unpack(b)] if not isinstance(b, PyVar) else a in b.value
+        self.push(PyVar(r != bool(ins.arg)))
+
+    # ------------------------------------------------------------------ subscripts
+
+    def op_BINARY_SUBSCR(self, f, ins):
+        k, o = self.pop(), self.pop()
+        self.push(self.getitem(o, k))
+
+    def op_BINARY_SLICE(self, f, ins):
+        stop, start, o = self.pop(), self.pop(), self.pop()
+        self.push(self.getitem(o, PyVar(slice(self.py(start), self.py(stop)))))
+
+    def getitem(self, o, k):
+        o, k = _unlazy(o), _unlazy(k)
+        if isinstance(o, ArrayVar):
+            return self.array_call(operator.getitem, [o, k], {})
+        if isinstance(o, ShapeVar):
+            key = self.py(k)
+            axes = range(o.array.ndim)[key]
+            if isinstance(key, slice):
+                return TupleVar([PyVar(self.dim(o.array, a)) for a in axes])
+            return PyVar(self.dim(o.array, axes))
+        key = self.py(k, "index")
+        if isinstance(o, (TupleVar, ListVar)):
+            r = o.items[key]
+            return type(o)(r) if isinstance(key, slice) else r
+        if isinstance(o, DictVar):
+            if key not in o.items:
+                self.unsupported("KeyError %r while tracing" % (key,))
+            return o.items[key]
+        if isinstance(o, PyVar) and torch is not None and isinstance(o.value, (torch.nn.ModuleList, torch.nn.Sequential)):
+            names = list(o.value._modules)
+            if isinstance(key, slice):
+                self.unsupported("slicing an nn.ModuleList/Sequential")
+            return self.module_child(o, names[key])
+        if isinstance(o, PyVar) and torch is not None and isinstance(o.value, torch.nn.ModuleDict):
+            return self.module_child(o, key)
+        return self.fold(operator.getitem, [o, k], {})
+
+    def op_STORE_SUBSCR(self, f, ins):
+        k, o, v = self.pop(), _unlazy(self.pop()), self.pop()
+        if isinstance(o, ListVar):
+            self.local_list(o).items[self.py(k)] = v
+        elif isinstance(o, DictVar):
+            self.local_dict(o).items[self.py(k, "dict key")] = v
+        elif isinstance(o, ArrayVar):
+            self.unsupported("item assignment into an array (in-place update) is not supported")
+        else:
+            self.unsupported("item assignment into %s (side effect)" % _describe(o))
+
+    def op_STORE_SLICE(self, f, ins):
+        self.unsupported("slice assignment is not supported")
+
+    def op_DELETE_SUBSCR(self, f, ins):
+        self.unsupported("del of an item is not supported")
+
+    def op_STORE_ATTR(self, f, ins):
+        self.unsupported("attribute store .%s is not supported (side effect)" % ins.argval)
+
+    # ------------------------------------------------------------------ attributes
+
+    def op_LOAD_ATTR(self, f, ins):
+        obj = _unlazy(self.pop())
+        method = sys.version_info >= (3, 12) and (ins.arg & 1)
+        self.load_attr(obj, ins.argval, method)
+
+    def op_LOAD_METHOD(self, f, ins):
+        self.load_attr(_unlazy(self.pop()), ins.argval, True)
+
+    def load_attr(self, obj, name, method):
+        v = self.getattr_var(obj, name)
+        if method:
+            if isinstance(v, MethodVar):
+                self.push(v.fn)
+                self.push(v.self_var)
+            else:
+                self.push(NULL)
+                self.push(v)
+        else:
+            self.push(v)
+
+    def getattr_var(self, obj, name):
+        obj = _unlazy(obj)
+        if isinstance(obj, ArrayVar):
+            return self.array_attr(obj, name)
+        if isinstance(obj, (ListVar, DictVar, TupleVar)):
+            base = {ListVar: list, DictVar: dict, TupleVar: tuple}[type(obj)]
+            if not hasattr(base, name):
+                self.unsupported("%s has no attribute %r" % (base.__name__, name))
+            return MethodVar(PyVar(getattr(base, name)), obj)
+        if isinstance(obj, FuncVar):
+            self.unsupported("attribute of a function made in the trace")
+        if not isinstance(obj, PyVar):
+            self.unsupported("attribute %r of %s" % (name, _describe(obj)))
+        value, src = obj.value, obj.source
+        if isinstance(value, types.ModuleType):
+            d = value.__dict__
+            if name in d:
+                return self.wrap(d[name], S.DictAttrSource(src, name) if src else None)
+            return self.wrap(getattr(value, name), None)
+        if torch is not None and isinstance(value, torch.nn.Module):
+            for dname in ("_parameters", "_buffers", "_modules"):
+                d = value.__dict__.get(dname)
+                if d is not None and name in d:
+                    s = S.ItemSource(S.DictAttrSource(src, dname), name) if src else None
+                    if d[name] is None:
+                        return PyVar(None)
+                    return self.wrap(d[name], s)
+        if isinstance(value, type):
+            attr = getattr(value, name)
+            return PyVar(attr)
+        inst = getattr(value, "__dict__", None)
+        if isinstance(inst, dict) and name in inst:
+            return self.wrap(inst[name], S.DictAttrSource(src, name) if src else None)
+        cls_attr = None
+        for klass in type(value).__mro__:
+            if name in klass.__dict__:
+                cls_attr = klass.__dict__[name]
+                break
+        if isinstance(cls_attr, types.FunctionType):
+            return MethodVar(PyVar(cls_attr), obj)
+        if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
+            return self.call_var(PyVar(cls_attr.fget), [obj], {})
+        if isinstance(cls_attr, staticmethod):
+            return PyVar(cls_attr.__func__)
+        if isinstance(cls_attr, classmethod):
+            return MethodVar(PyVar(cls_attr.__func__), PyVar(type(value)))
+        try:
+            attr = getattr(value, name)
+        except AttributeError as e:
+            self.unsupported("AttributeError while tracing: %s" % e)
+        if type(attr) in SCALARS or isinstance(attr, (types.BuiltinMethodType, types.MethodWrapperType)):
+            return PyVar(attr)
+        return self.wrap(attr, None)
+
+    def array_attr(self, arr, name):
+        if name == "shape":
+            return ShapeVar(arr)
+        if name == "ndim":
+            return PyVar(arr.ndim)
+        if name == "dtype":
+            return PyVar(arr.example.dtype)
+        if name == "size" and arr.kind == "numpy":
+            n = 1
+            for a in range(arr.ndim):
+                n *= self.dim(arr, a)
+            return PyVar(n)
+        if name in ("T", "mT", "real"):
+            return self.array_call(lambda x: getattr(x, name), [arr], {})
+        if arr.kind == "torch" and name in ("device", "requires_grad", "is_cuda", "layout"):
+            return PyVar(getattr(arr.example, name))
+        return ArrayMethodVar(arr, name)
+
+    def module_child(self, mod_var, name):
+        mod = mod_var.value
+        src = S.ItemSource(S.DictAttrSource(mod_var.source, "_modules"), name) if mod_var.source else None
+        return self.wrap(mod._modules[name], src)
+
+    # ------------------------------------------------------------------ calls
+
+    def op_CALL(self, f, ins):
+        n = ins.arg
+        args = self.pop(n)
+        callable_, first = self.pop(), self.pop()
+        if first is not NULL:                       # [method, self, args] form
+            callable_, args = first, [callable_] + args
+        kwargs = {}
+        if f.kw_names:
+            k = len(f.kw_names)
+            kwargs = dict(zip(f.kw_names, args[len(args) - k:]))
+            args = args[:len(args) - k]
+            f.kw_names = None
+        self.push(self.call_var(callable_, args, kwargs))
+
+    def op_CALL_FUNCTION_EX(self, f, ins):
+        kw = _unlazy(self.pop()) if ins.arg & 1 else DictVar({})
+        args = self.unpack(self.pop())
+        fn = self.pop()
+        if f.stack and f.stack[-1] is NULL:
+            self.pop()
+        if not isinstance(kw, DictVar):
+            self.unsupported("**kwargs from %s" % _describe(kw))
+        self.push(self.call_var(fn, args, dict(kw.items)))
+
+    def op_MAKE_FUNCTION(self, f, ins):
+        code = self.py(self.pop())
+        closure = tuple(self.pop().items) if ins.arg & 0x08 else ()
+        if ins.arg & 0x04:
+            self.pop()
+        kwdefaults = dict(_unlazy(self.pop()).items) if ins.arg & 0x02 else {}
+        defaults = tuple(_unlazy(self.pop()).items) if ins.arg & 0x01 else ()
+        self.push(FuncVar(code, f.f_globals, defaults, kwdefaults, closure, code.co_name))
+
+    def call_var(self, fn, args, kwargs):
+        fn = _unlazy(fn)
+        if isinstance(fn, MethodVar):
+            return self.call_var(fn.fn, [fn.self_var] + list(args), kwargs)
+        if isinstance(fn, FuncVar):
+            return self.inline(fn.code, fn.f_globals, fn.closure, fn.defaults, fn.kwdefaults, args, kwargs)
+        if isinstance(fn, ArrayMethodVar):
+            return self.array_method(fn.array, fn.name, args, kwargs)
+        if not isinstance(fn, PyVar):
+            self.unsupported("call of %s" % _describe(fn))
+        v = fn.value
+        if v in _CONTAINER_METHODS if _hashable(v) else False:
+            return self.container_method(v, args, kwargs)
+        if torch is not None and isinstance(v, torch.nn.Module):
+            return self.module_call(fn, args, kwargs)
+        if isinstance(v, types.BuiltinFunctionType) and getattr(v, "__module__", None) == "builtins" \
+                or v in (range, enumerate, zip, reversed, int, float, bool, str, tuple, list, dict,
+                         type, slice, isinstance, len):
+            return self.builtin_call(v, args, kwargs)
+        if NP.is_numpy_callable(v):
+            return self.numpy_call(v, args, kwargs)
+        if torch is not None and _is_torch_callable(v):
+            from . import torch_ops
+            return torch_ops.call(self, v, args, kwargs)
+        if isinstance(v, types.FunctionType):
+            cells = tuple(CellVar(loader=_const_loader(self, c)) for c in (v.__closure__ or ()))
+            defaults = tuple(self.wrap(d, None) for d in (v.__defaults__ or ()))
+            kwd = {k: self.wrap(d, None) for k, d in (v.__kwdefaults__ or {}).items()}
+            return self.inline(v.__code__, v.__globals__, cells, defaults, kwd, args, kwargs)
+        if isinstance(v, types.MethodType) and isinstance(v.__func__, types.FunctionType):
+            return self.call_var(PyVar(v.__func__), [self.wrap(v.__self__, None)] + list(args), kwargs)
+        mod = (getattr(v, "__module__", None) or "").split(".")[0]
+        if mod in FOLDABLE_MODULES and not _any_array(args, kwargs):
+            return self.fold(v, args, kwargs)
+        if isinstance(v, type):
+            self.unsupported("constructing an instance of %s is not supported" % v.__qualname__)
+        if isinstance(v, (types.BuiltinMethodType, types.MethodWrapperType)):
+            owner = getattr(v, "__self__", None)
+            if type(owner) in SCALARS or type(owner) is tuple:
+                return self.fold(v, args, kwargs)
+        self.unsupported("call to %s %s is not supported" % (_kind_name(v), _name(v)))
+
+    def inline(self, code, f_globals, closure, defaults, kwdefaults, args, kwargs):
+        if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+            self.unsupported("generator/coroutine function %s is not supported" % code.co_name)
+        depth, p = 0, self.frame
+        while p is not None:
+            depth, p = depth + 1, p.parent
+        if depth > 40:
+            self.unsupported("inlining deeper than 40 frames (recursion?)")
+        dummy = types.FunctionType(code, {}, code.co_name, defaults or None,
+                                   tuple(types.CellType() for _ in code.co_freevars))
+        dummy.__kwdefaults__ = dict(kwdefaults) or None
+        import inspect
+        try:
+            bound = inspect.signature(dummy).bind(*args, **kwargs)
+        except TypeError as e:
+            self.unsupported("TypeError while tracing a call to %s: %s" % (code.co_name, e))
+        bound.apply_defaults()
+        builtins_ = f_globals.get("__builtins__", _builtins)
+        frame = Frame(code, f_globals, builtins_ if isinstance(builtins_, dict) else vars(builtins_),
+                      self.frame)
+        for name, value in bound.arguments.items():
+            if name.startswith("implicit") and name not in code.co_varnames:
+                name = "." + name[len("implicit"):]         # inspect renames comprehension args
+            if isinstance(value, tuple) and code.co_flags & 0x04 and name == code.co_varnames[
+                    code.co_argcount + code.co_kwonlyargcount]:
+                value = TupleVar(value)
+            elif isinstance(value, dict) and code.co_flags & 0x08:
+                value = DictVar(value)
+            frame.locals[name] = value
+        for name, cell in zip(code.co_freevars, closure):
+            frame.cells[name] = cell
+        return self.run_frame(frame)
+
+    def module_call(self, mod_var, args, kwargs):
+        mod = mod_var.value
+        m = torch.nn.modules.module
+        if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
+                m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks:
+            self.unsupported("nn.Module hooks are not supported")
+        fwd = type(mod).forward
+        return self.call_var(PyVar(fwd), [mod_var] + list(args), kwargs)
+
+    def container_method(self, fn, args, kwargs):
+        self_var = _unlazy(args[0])
+        rest = args[1:]
+        if fn in (list.append, list.extend, list.insert, list.pop, list.clear, list.reverse):
+            lst = self.local_list(self_var)
+            if fn is list.append:
+                lst.items.append(rest[0])
+            elif fn is list.extend:
+                lst.items.extend(self.unpack(rest[0]))
+            elif fn is list.insert:
+                lst.items.insert(self.py(rest[0]), rest[1])
+            elif fn is list.pop:
+                return lst.items.pop(*[self.py(r) for r in rest])
+            elif fn is list.clear:
+                lst.items.clear()
+            else:
+                lst.items.reverse()
+            return PyVar(None)
+        if fn in (dict.items, dict.keys, dict.values, dict.get):
+            if not isinstance(self_var, DictVar):
+                self.unsupported("dict method on %s" % _describe(self_var))
+            if fn is dict.items:
+                return ListVar([TupleVar([PyVar(k), v]) for k, v in self_var.items.items()])
+            if fn is dict.keys:
+                return ListVar([PyVar(k) for k in self_var.items])
+            if fn is dict.values:
+                return ListVar(list(self_var.items.values()))
+            key = self.py(rest[0])
+            return self_var.items.get(key, rest[1] if len(rest) > 1 else PyVar(None))
+        if fn is dict.update:
+            self.local_dict(self_var).items.update(_unlazy(rest[0]).items)
+            return PyVar(None)
+        if fn in (list.index, list.count, tuple.index, tuple.count):
+            return self.fold(fn, [self_var] + list(rest), kwargs)
+        self.unsupported("container method %s" % _name(fn))
+
+    def builtin_call(self, fn, args, kwargs):
+        args = [_unlazy(a) for a in args]
+        if fn is print:
+            self.unsupported("call to builtin print is not supported")
+        if fn is len:
+            a = args[0]
+            if isinstance(a, ArrayVar):
+                return PyVar(self.dim(a, 0))
+            if isinstance(a, ShapeVar):
+                return PyVar(a.array.ndim)
+            if isinstance(a, DictVar):
+                return PyVar(len(a.items))
+            return PyVar(len(self.unpack(a)))
+        if fn is isinstance:
+            a = args[0]
+            ex = a.example if isinstance(a, ArrayVar) else None
+            if ex is not None:
+                return PyVar(isinstance(ex, self.py(args[1])))
+            if isinstance(a, (TupleVar, ListVar, DictVar)):
+                return PyVar(isinstance({TupleVar: (), ListVar: [], DictVar: {}}[type(a)], self.py(args[1])))
+        if fn is type and len(args) == 1:
+            a = args[0]
+            if isinstance(a, ArrayVar):
+                return PyVar(type(a.example))
+            if isinstance(a, (TupleVar, ListVar, DictVar)):
+                return PyVar({TupleVar: tuple, ListVar: list, DictVar: dict}[type(a)])
+        if fn in (tuple, list) and len(args) == 1:
+            return (TupleVar if fn is tuple else ListVar)(self.unpack(args[0]))
+        if fn in (tuple, list) and not args:
+            return (TupleVar if fn is tuple else ListVar)([])
+        if fn is dict and not args:
+            return DictVar({k: v for k, v in kwargs.items()})
+        if fn is enumerate:
+            start = self.py(args[1]) if len(args) > 1 else self.py(kwargs.get("start", PyVar(0)))
+            return ListVar([TupleVar([PyVar(i + start), v]) for i, v in enumerate(self.unpack(args[0]))])
+        if fn is zip:
+            cols = [self.unpack(a) for a in args]
+            return ListVar([TupleVar(list(t)) for t in zip(*cols)])
+        if fn is reversed:
+            return ListVar(self.unpack(args[0])[::-1])
+        if fn is iter and len(args) == 1:
+            return IterVar(self.unpack(args[0]))
+        if fn is next and isinstance(args[0], IterVar):
+            it = args[0]
+            if it.pos >= len(it.items):
+                self.unsupported("StopIteration while tracing")
+            it.pos += 1
+            return it.items[it.pos - 1]
+        if fn is getattr and len(args) in (2, 3):
+            name = self.py(args[1])
+            try:
+                return self.getattr_var(args[0], name)
+            except Unsupported:
+                if len(args) == 3:
+                    return args[2]
+                raise
+        if fn is hasattr:
+            o = args[0]
+            if isinstance(o, ArrayVar):
+                return PyVar(hasattr(o.example, self.py(args[1])))
+        if fn in (sum, max, min, abs) and _any_array(args, kwargs) or \
+                fn is sum and len(args) == 1 and any(isinstance(_unlazy(x), ArrayVar) for x in self.unpack(args[0])):
+            return self.builtin_array(fn, args, kwargs)
+        if fn in (float, int, bool, complex) and _any_array(args, kwargs):
+            self.unsupported("data-dependent %s() of an array value" % fn.__name__)
+        if fn in FOLDABLE_BUILTINS:
+            return self.fold(fn, args, kwargs)
+        self.unsupported("call to builtin %s is not supported" % _name(fn))
+
+    def builtin_array(self, fn, args, kwargs):
+        if fn is abs and len(args) == 1:
+            return self.array_op(operator.abs, "abs", args, "abs")
+        if fn is sum and len(args) <= 2 and not kwargs:
+            items = self.unpack(args[0])
+            acc = args[1] if len(args) > 1 else PyVar(0)
+            for x in items:
+                acc = self.binary(acc, x, "+", False)
+            return acc
+        self.unsupported("builtin %s on arrays (data-dependent comparison)" % fn.__name__)
+
+    def numpy_call(self, fn, args, kwargs):
+        if "out" in kwargs:
+            self.unsupported("%s(out=...) writes into an array (side effect)" % _name(fn))
+        if not NP.is_pure(fn):
+            self.unsupported("call to %s is not supported (not a pure function)" % _name(fn))
+        if not _any_array(args, kwargs):
+            if isinstance(fn, type) and issubclass(fn, NP.FOLDABLE_CLASSES) or \
+                    fn in (np.result_type, np.promote_types, np.can_cast, np.dtype):
+                return self.fold(fn, args, kwargs)
+            return self.fold(fn, args, kwargs)
+        kind = _kind_of(args, kwargs)
+        if kind == "torch":
+            self.unsupported("NumPy function %s on a torch tensor" % _name(fn))
+        nargs = len(args)
+        if fn in NP.UNARY and nargs == 1 and not kwargs:
+            return self.array_call(fn, args, kwargs, NP.UNARY[fn])
+        if fn in NP.BINARY and nargs == 2 and not kwargs:
+            return self.array_call(fn, args, kwargs, NP.BINARY[fn])
+        if fn is np.where and nargs == 3 and not kwargs:
+            return self.array_call(fn, args, kwargs, "where")
+        if fn is np.clip and nargs == 3 and not kwargs:
+            lo, hi = _unlazy(args[1]), _unlazy(args[2])
+            if not (isinstance(lo, PyVar) and lo.value is None) and not (isinstance(hi, PyVar) and hi.value is None):
+                return self.array_call(fn, args, kwargs, "clamp")
+        if fn in (np.round, np.around) and nargs == 1 and not kwargs:
+            return self.array_call(fn, args, kwargs, "round")
+        if fn in NP.REDUCTION_FNS:
+            name = NP.REDUCTION_FNS[fn]
+            import inspect
+            try:
+                b = inspect.signature(fn).bind(*args, **kwargs)
+                params = {k: self.py(v) for k, v in b.arguments.items() if k != "a"}
+            except (TypeError, ValueError, Unsupported):
+                params = None
+            if params is not None and "a" in b.arguments and not any(
+                    v is not np._NoValue for k, v in params.items() if k in ("where", "initial")):
+                params = {k: v for k, v in params.items() if v is not np._NoValue}
+                attrs = NP.reduction_attrs(name, **params)
+                if attrs is not None:
+                    return self.array_call(fn, args, kwargs, NP.REDUCTIONS[name], attrs,
+                                           core_args=[b.arguments["a"]])
+        if fn is np.asarray and nargs == 1 and not kwargs and isinstance(_unlazy(args[0]), ArrayVar):
+            return _unlazy(args[0])
+        return self.array_call(fn, args, kwargs)
+
+    def array_method(self, arr, name, args, kwargs):
+        if arr.kind == "torch":
+            from . import torch_ops
+            return torch_ops.method(self, arr, name, args, kwargs)
+        if name in NP.REDUCTIONS:
+            return self.numpy_call(getattr(np, name), [arr] + list(args), kwargs)
+        if name == "astype" and len(args) == 1 and not kwargs:
+            dt = np.dtype(self.py(args[0]))
+            return self.array_call(lambda x: x.astype(dt), [arr], {}, "cast", {"dtype": dt.name})
+        if name in ("clip", "round") and hasattr(np, name):
+            return self.numpy_call(getattr(np, name), [arr] + list(args), kwargs)
+        if name in ("fill", "sort", "resize", "put", "itemset", "setfield", "setflags", "tofile",
+                    "partition", "byteswap"):
+            self.unsupported("ndarray.%s mutates the array (side effect)" % name)
+        if name in ("item", "tolist", "tobytes", "__bool__", "__int__", "__float__"):
+            self.unsupported("data-dependent ndarray.%s()" % name)
+        if not hasattr(np.ndarray, name):
+            self.unsupported("ndarray has no attribute %r" % name)
+        return self.array_call(lambda x, *a, **k: getattr(x, name)(*a, **k), [arr] + list(args), kwargs)
+
+
+# ---------------------------------------------------------------------- helpers
+
+class _NoCore(Exception):
+    """A core op cannot express this call; use an extern call."""
+
+
+class _Lazy:
+    """A frame local not read yet: wrapped (and guarded) on first read."""
+
+    def __init__(self, loader):
+        self.loader, self.value = loader, None
+
+    def get(self):
+        if self.value is None:
+            self.value = self.loader()
+        return self.value
+
+
+class _UnboundMarker(Var):
+    pass
+
+
+_UNBOUND = _UnboundMarker()
+
+
+def _unlazy(v):
+    return v.get() if isinstance(v, _Lazy) else v
+
+
+def _const_loader(tracer, cell):
+    def load():
+        try:
+            return tracer.wrap(cell.cell_contents, None)
+        except ValueError:
+            return None
+    return load
+
+
+class _Slot:
+    __slots__ = ("i",)
+
+    def __init__(self, i):
+        self.i = i
+
+
+class _ListT(list):
+    pass
+
+
+class _DictT(dict):
+    pass
+
+
+def _fill(t, arrs):
+    if isinstance(t, _Slot):
+        return arrs[t.i]
+    if isinstance(t, _ListT):
+        return [_fill(x, arrs) for x in t]
+    if isinstance(t, tuple):
+        return tuple(_fill(x, arrs) for x in t)
+    if isinstance(t, _DictT):
+        return {k: _fill(x, arrs) for k, x in t.items()}
+    return t
+
+
+def _map_examples(tracer, v):
+    v = _unlazy(v)
+    if isinstance(v, ArrayVar):
+        return v.example
+    if isinstance(v, TupleVar):
+        return tuple(_map_examples(tracer, x) for x in v.items)
+    if isinstance(v, ListVar):
+        return [_map_examples(tracer, x) for x in v.items]
+    if isinstance(v, DictVar):
+        return {k: _map_examples(tracer, x) for k, x in v.items.items()}
+    return tracer.py(v)
+
+
+def _is_array(x):
+    return isinstance(x, (np.ndarray, np.generic)) or (torch is not None and isinstance(x, torch.Tensor))
+
+
+def _np_dtype(example):
+    if torch is not None and isinstance(example, torch.Tensor):
+        return TORCH_TO_NP[example.dtype]
+    return np.asarray(example).dtype
+
+
+def _walk(v):
+    v = _unlazy(v)
+    if isinstance(v, (TupleVar, ListVar)):
+        for x in v.items:
+            yield from _walk(x)
+    elif isinstance(v, DictVar):
+        for x in v.items.values():
+            yield from _walk(x)
+    else:
+        yield v
+
+
+def _any_array(args, kwargs):
+    return any(isinstance(x, ArrayVar) for a in list(args) + list(kwargs.values()) for x in _walk(a))
+
+
+def _kind_of(args, kwargs):
+    for a in list(args) + list(kwargs.values()):
+        for x in _walk(a):
+            if isinstance(x, ArrayVar):
+                return x.kind
+    return "numpy"
+
+
+def _hashable(x):
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _name(fn):
+    mod = getattr(fn, "__module__", None)
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    return "%s.%s" % (mod, name) if mod and mod != "builtins" else name
+
+
+def _kind_name(v):
+    if isinstance(v, types.BuiltinFunctionType):
+        return "builtin"
+    return "C extension function" if not isinstance(v, types.FunctionType) else "function"
+
+
+def _describe(v):
+    v = _unlazy(v)
+    if isinstance(v, PyVar):
+        return type(v.value).__name__
+    return type(v).__name__
+
+
+def _is_torch_callable(v):
+    mod = getattr(v, "__module__", None) or ""
+    return mod == "torch" or mod.startswith("torch.") or getattr(v, "__self__", None) is torch._C._VariableFunctions \
+        or type(v).__name__ == "builtin_function_or_method" and getattr(v, "__self__", None).__class__.__name__ == "module" \
+        and getattr(getattr(v, "__self__", None), "__name__", "").startswith("torch")
+
+
+_CONTAINER_METHODS = {list.append, list.extend, list.insert, list.pop, list.clear, list.reverse,
+                      list.index, list.count, tuple.index, tuple.count, dict.items, dict.keys,
+                      dict.values, dict.get, dict.update}
+
+if torch is not None:
+    TORCH_TO_NP = {
+        torch.bool: np.dtype("bool"), torch.int8: np.dtype("int8"), torch.int16: np.dtype("int16"),
+        torch.int32: np.dtype("int32"), torch.int64: np.dtype("int64"), torch.uint8: np.dtype("uint8"),
+        torch.float16: np.dtype("float16"), torch.float32: np.dtype("float32"),
+        torch.float64: np.dtype("float64"),
+    }
+else:
+    TORCH_TO_NP = {}

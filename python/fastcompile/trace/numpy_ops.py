@@ -1,0 +1,94 @@
+"""Trace stage, NumPy mapping: which NumPy functions, operators and array
+methods become core ops (name, attributes); everything else pure in NumPy runs
+as an extern call. In: a NumPy callable and its traced arguments; out: a plan."""
+import operator
+
+import numpy as np
+
+UNARY = {
+    np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.exp2: "exp2", np.expm1: "expm1",
+    np.log: "log", np.log2: "log2", np.log10: "log10", np.log1p: "log1p", np.sqrt: "sqrt",
+    np.reciprocal: "reciprocal", np.square: "square", np.sin: "sin", np.cos: "cos", np.tan: "tan",
+    np.tanh: "tanh", np.arcsin: "asin", np.arccos: "acos", np.arctan: "atan", np.sinh: "sinh",
+    np.cosh: "cosh", np.arcsinh: "asinh", np.arccosh: "acosh", np.arctanh: "atanh",
+    np.floor: "floor", np.ceil: "ceil", np.rint: "round", np.trunc: "trunc", np.sign: "sign",
+    np.isnan: "isnan", np.isinf: "isinf", np.isfinite: "isfinite", np.logical_not: "logical_not",
+    np.invert: "bitwise_not",
+}
+
+BINARY = {
+    np.add: "add", np.subtract: "sub", np.multiply: "mul", np.divide: "div",
+    np.floor_divide: "floordiv", np.remainder: "remainder", np.power: "pow",
+    np.maximum: "maximum", np.minimum: "minimum", np.fmax: "fmax", np.fmin: "fmin",
+    np.arctan2: "atan2", np.hypot: "hypot", np.copysign: "copysign",
+    np.equal: "eq", np.not_equal: "ne", np.less: "lt", np.less_equal: "le",
+    np.greater: "gt", np.greater_equal: "ge", np.logical_and: "logical_and",
+    np.logical_or: "logical_or", np.logical_xor: "logical_xor", np.bitwise_and: "bitwise_and",
+    np.bitwise_or: "bitwise_or", np.bitwise_xor: "bitwise_xor",
+}
+
+# Python operators (BINARY_OP argrepr without "=", COMPARE_OP argval) -> (core op, eager fn)
+OPERATORS = {
+    "+": ("add", operator.add), "-": ("sub", operator.sub), "*": ("mul", operator.mul),
+    "/": ("div", operator.truediv), "//": ("floordiv", operator.floordiv),
+    "%": ("remainder", operator.mod), "**": ("pow", operator.pow),
+    "&": ("bitwise_and", operator.and_), "|": ("bitwise_or", operator.or_),
+    "^": ("bitwise_xor", operator.xor), "@": (None, operator.matmul),
+    "<<": (None, operator.lshift), ">>": (None, operator.rshift),
+    "<": ("lt", operator.lt), "<=": ("le", operator.le), "==": ("eq", operator.eq),
+    "!=": ("ne", operator.ne), ">": ("gt", operator.gt), ">=": ("ge", operator.ge),
+}
+
+# reductions: function or method name -> core op
+REDUCTIONS = {
+    "sum": "sum", "mean": "mean", "prod": "prod", "max": "amax", "amax": "amax", "min": "amin",
+    "amin": "amin", "argmax": "argmax", "argmin": "argmin", "var": "var", "std": "std",
+    "any": "any", "all": "all",
+}
+REDUCTION_FNS = {getattr(np, name): name for name in REDUCTIONS}
+
+# NumPy callables never traced (side effects, randomness, I/O)
+NOT_PURE_MODULES = ("numpy.random", "numpy.testing", "numpy.lib.npyio", "numpy._core.arrayprint")
+NOT_PURE = {np.save, np.load, np.savetxt, np.loadtxt, np.set_printoptions, np.seterr,
+            np.copyto, np.put, np.place, np.putmask, np.fill_diagonal}
+
+# NumPy callables that may be called at trace time on Python-level values
+FOLDABLE_CLASSES = (np.dtype, np.generic, np.errstate, np.finfo, np.iinfo)
+
+
+def is_numpy_callable(fn):
+    mod = getattr(fn, "__module__", None) or ""
+    if isinstance(fn, np.ufunc):
+        return True
+    return mod == "numpy" or mod.startswith("numpy.")
+
+
+def is_pure(fn):
+    if fn in NOT_PURE if _hashable(fn) else False:
+        return False
+    mod = getattr(fn, "__module__", None) or ""
+    return not mod.startswith(NOT_PURE_MODULES)
+
+
+def _hashable(x):
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False
+
+
+def reduction_attrs(name, axis=None, keepdims=False, ddof=0, dtype=None, out=None, **rest):
+    """Core attributes for a NumPy reduction, or None when only an extern can do it."""
+    if dtype is not None or out is not None or rest:
+        return None
+    if axis is not None and not isinstance(axis, (int, tuple)):
+        return None
+    attrs = {"axis": axis, "keepdim": bool(keepdims)}
+    if name in ("var", "std"):
+        if ddof not in (0, 1):
+            return None
+        attrs["correction"] = int(ddof)
+    elif ddof:
+        return None
+    return attrs

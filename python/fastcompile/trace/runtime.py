@@ -1,0 +1,144 @@
+"""Trace stage, run time: turns the traced state into a callable that runs the
+compiled graph once and rebuilds Python values around its outputs. In: a
+Tracer and the Vars to rebuild; out: (run(*slot_values) -> list, slots)."""
+import numpy as np
+
+from . import sources as S
+from .variables import ArrayMethodVar, ArrayVar, DictVar, ListVar, PyVar, ShapeVar, TupleVar, Unsupported
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def _roots(src, out):
+    while isinstance(src, (S.ItemSource, S.DictAttrSource, S.TypeOfSource)):
+        src = src.base
+    out.add(src)
+
+
+def build(tracer, vars_, user_stack=()):
+    """A function of the frame's slot values returning the Python values of vars_."""
+    from .interp import _unlazy
+    outputs, out_index = [], {}
+    roots = set()
+    nlocalsplus = len(tracer.slots)
+    nfree = len(tracer.code.co_freevars)
+
+    def plan(v):
+        v = _unlazy(v)
+        if isinstance(v, ArrayVar):
+            if v.source is not None:
+                _roots(v.source, roots)
+                src = v.source
+                return lambda env, outs: env.get(src)
+            if id(v) not in out_index:
+                out_index[id(v)] = len(outputs)
+                outputs.append(v)
+            k = out_index[id(v)]
+            as_torch = v.kind == "torch"
+            scalar = isinstance(v.example, np.generic)
+
+            def get(env, outs, k=k):
+                r = outs[k]
+                if as_torch:
+                    return torch.from_numpy(r)
+                return r[()] if scalar else r
+            return get
+        if isinstance(v, PyVar):
+            if v.source is not None:
+                _roots(v.source, roots)
+                src = v.source
+                return lambda env, outs: env.get(src)
+            c = v.value
+            return lambda env, outs: c
+        if isinstance(v, (TupleVar, ListVar)):
+            parts = [plan(x) for x in v.items]
+            if v.source is not None and isinstance(v, ListVar):
+                _roots(v.source, roots)
+                src = v.source
+                return lambda env, outs: env.get(src)
+            ctor = tuple if isinstance(v, TupleVar) else list
+            return lambda env, outs: ctor(p(env, outs) for p in parts)
+        if isinstance(v, DictVar):
+            if v.source is not None:
+                _roots(v.source, roots)
+                src = v.source
+                return lambda env, outs: env.get(src)
+            parts = {k: plan(x) for k, x in v.items.items()}
+            return lambda env, outs: {k: p(env, outs) for k, p in parts.items()}
+        if isinstance(v, ArrayMethodVar):
+            base, name = plan(v.array), v.name
+            return lambda env, outs: getattr(base(env, outs), name)
+        if isinstance(v, ShapeVar):
+            shape = tuple(tracer.py(v))
+            return lambda env, outs: shape
+        raise Unsupported("cannot rebuild a %s after the graph" % type(v).__name__, user_stack)
+
+    plans = [plan(v) for v in vars_]
+    inputs = list(tracer.inputs)
+    for src, kind, ex in inputs:
+        _roots(src, roots)
+    slots = []
+    for r in roots:
+        if isinstance(r, S.LocalSource):
+            slots.append(r.slot)
+        elif isinstance(r, S.ClosureSource):
+            slots.append(nlocalsplus - nfree + r.index)
+    slots = tuple(sorted(set(slots)))
+    f_globals, f_builtins = tracer.f_globals, tracer.f_builtins
+    graph = tracer.graph
+    op_count = tracer.op_count
+    if outputs:
+        graph.output(*[v.value for v in outputs])
+    state = {"compiled": None}
+
+    def run(*values):
+        by_slot = dict(zip(slots, values))
+        closure = _Closure(by_slot, nlocalsplus - nfree)
+        env = _Env(by_slot, f_globals, f_builtins, closure)
+        outs = ()
+        if outputs:
+            c = state["compiled"]
+            if c is None:
+                c = state["compiled"] = graph.compile()
+            arrays = []
+            for src, kind, _ in inputs:
+                a = env.get(src)
+                if kind == "torch":
+                    a = a.detach().numpy()
+                arrays.append(a)
+            outs = c(*arrays)
+        return [p(env, outs) for p in plans]
+
+    run.slots = slots
+    run.graph = graph if outputs else None
+    run.op_count = op_count
+    return run
+
+
+class _Closure:
+    """closure[index].cell_contents read from the free-variable slots."""
+
+    def __init__(self, by_slot, first_free):
+        self.by_slot, self.first_free = by_slot, first_free
+
+    def __getitem__(self, i):
+        return _Cell(self.by_slot[self.first_free + i])
+
+
+class _Cell:
+    def __init__(self, v):
+        self.cell_contents = v
+
+
+class _Env:
+    def __init__(self, by_slot, f_globals, f_builtins, closure):
+        self.args = (by_slot, f_globals, f_builtins, closure)
+        self.memo = {}
+
+    def get(self, src):
+        if src not in self.memo:
+            self.memo[src] = S.evaluate(src, *self.args)
+        return self.memo[src]

@@ -1,0 +1,141 @@
+"""Trace stage, sources: where a Python-level value of the traced frame came from.
+In: the frame's locals/globals/closure; out: small hashable records that guards
+load from and that generated code re-reads at run time."""
+import builtins as _builtins
+
+
+class Source:
+    """Base: a path from the frame to a value. Subclasses are plain records."""
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash((type(self).__name__,) + self._key())
+
+
+class LocalSource(Source):
+    __slots__ = ("name", "slot")
+
+    def __init__(self, name, slot):
+        self.name, self.slot = name, slot
+
+    def _key(self):
+        return (self.slot,)
+
+    def __repr__(self):
+        return "L[%r]" % self.name
+
+
+class GlobalSource(Source):
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def _key(self):
+        return (self.name,)
+
+    def __repr__(self):
+        return "G[%r]" % self.name
+
+
+class ClosureSource(Source):
+    __slots__ = ("name", "index")
+
+    def __init__(self, name, index):
+        self.name, self.index = name, index
+
+    def _key(self):
+        return (self.index,)
+
+    def __repr__(self):
+        return "closure[%d](%s)" % (self.index, self.name)
+
+
+class ItemSource(Source):
+    __slots__ = ("base", "key")
+
+    def __init__(self, base, key):
+        self.base, self.key = base, key
+
+    def _key(self):
+        return (self.base, self.key)
+
+    def __repr__(self):
+        return "%r[%r]" % (self.base, self.key)
+
+
+class DictAttrSource(Source):
+    """obj.__dict__[name] (instance dict only; modules included)."""
+    __slots__ = ("base", "name")
+
+    def __init__(self, base, name):
+        self.base, self.name = base, name
+
+    def _key(self):
+        return (self.base, self.name)
+
+    def __repr__(self):
+        return "%r.%s" % (self.base, self.name)
+
+
+class TypeOfSource(Source):
+    __slots__ = ("base",)
+
+    def __init__(self, base):
+        self.base = base
+
+    def _key(self):
+        return (self.base,)
+
+    def __repr__(self):
+        return "type(%r)" % (self.base,)
+
+
+class _Missing:
+    pass
+
+
+MISSING = _Missing()
+
+
+def _instance_dict_get(obj, name):
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return MISSING
+    return d.get(name, MISSING)
+
+
+def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
+    """The value a source names in a frame, or MISSING. Used at run time by
+    generated code and by the pure-Python guard evaluator."""
+    if isinstance(source, LocalSource):
+        v = f_locals_by_slot.get(source.slot, MISSING) if isinstance(f_locals_by_slot, dict) \
+            else f_locals_by_slot[source.slot]
+        return v
+    if isinstance(source, GlobalSource):
+        if source.name in f_globals:
+            return f_globals[source.name]
+        b = f_builtins if isinstance(f_builtins, dict) else vars(f_builtins or _builtins)
+        return b.get(source.name, MISSING)
+    if isinstance(source, ClosureSource):
+        try:
+            return closure[source.index].cell_contents
+        except (ValueError, IndexError, TypeError):
+            return MISSING
+    base = evaluate(source.base, f_locals_by_slot, f_globals, f_builtins, closure)
+    if base is MISSING:
+        return MISSING
+    if isinstance(source, ItemSource):
+        try:
+            return base[source.key]
+        except (KeyError, IndexError, TypeError):
+            return MISSING
+    if isinstance(source, DictAttrSource):
+        return _instance_dict_get(base, source.name)
+    if isinstance(source, TypeOfSource):
+        return type(base)
+    raise TypeError("unknown source %r" % (source,))

@@ -1,0 +1,248 @@
+"""Trace stage, torch mapping: torch functions, Tensor methods/operators and
+torch.nn.functional -> core ops (with casts so results keep torch's dtypes) or
+extern torch calls. In: a torch callable and traced arguments; out: a Var."""
+import operator
+
+import torch
+import torch.nn.functional as F
+
+from .variables import ArrayVar, PyVar, ShapeVar, TupleVar
+
+UNARY = {
+    torch.exp: "exp", torch.log: "log", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt", torch.tanh: "tanh",
+    torch.sigmoid: "sigmoid", torch.relu: "relu", torch.abs: "abs", torch.neg: "neg", torch.sin: "sin",
+    torch.cos: "cos", torch.erf: "erf", torch.floor: "floor", torch.ceil: "ceil", torch.trunc: "trunc",
+    torch.sign: "sign", torch.isnan: "isnan", torch.isinf: "isinf", torch.isfinite: "isfinite",
+    torch.logical_not: "logical_not", torch.reciprocal: "reciprocal", torch.square: "square",
+    torch.expm1: "expm1", torch.log1p: "log1p", torch.log2: "log2", torch.log10: "log10",
+    F.relu: "relu", F.silu: "silu", torch.nn.functional.sigmoid: "sigmoid",
+    torch.nn.functional.tanh: "tanh",
+}
+BINARY = {
+    torch.add: "add", torch.sub: "sub", torch.mul: "mul", torch.div: "div", torch.maximum: "maximum",
+    torch.minimum: "minimum", torch.pow: "pow", torch.eq: "eq", torch.ne: "ne", torch.lt: "lt",
+    torch.le: "le", torch.gt: "gt", torch.ge: "ge", torch.logical_and: "logical_and",
+    torch.logical_or: "logical_or", torch.logical_xor: "logical_xor", torch.atan2: "atan2",
+    torch.remainder: "remainder", torch.floor_divide: "floordiv",
+}
+REDUCE = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
+          torch.argmax: "argmax", torch.argmin: "argmin", torch.prod: "prod", torch.any: "any",
+          torch.all: "all", torch.logsumexp: "logsumexp", torch.var: "var", torch.std: "std"}
+BOOL_RESULT = {"isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or", "logical_xor"}
+COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
+METHOD_CASTS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
+                "int": torch.int32, "long": torch.int64, "bool": torch.bool}
+IMPURE = {torch.manual_seed, torch.rand, torch.randn, torch.randint, torch.bernoulli, torch.multinomial,
+          torch.normal, torch.save, torch.load, torch.rand_like, torch.randn_like, torch.randint_like}
+FOLD = {torch.is_tensor, torch.is_floating_point, torch.result_type, torch.promote_types,
+        torch.get_default_dtype, torch.is_grad_enabled, torch.finfo, torch.iinfo}
+
+
+def _u(v):
+    from .interp import _unlazy
+    return _unlazy(v)
+
+
+def _np(dt):
+    from .interp import TORCH_TO_NP
+    return TORCH_TO_NP[dt]
+
+
+def cast(tr, var, np_dtype):
+    if not isinstance(var, ArrayVar) or var.example.dtype == _torch_dtype(np_dtype):
+        return var
+    v = tr.graph.call("cast", var.value, dtype=np_dtype.name)
+    tr.record_op()
+    return ArrayVar(v, var.example.to(_torch_dtype(np_dtype)), "torch", fresh=True)
+
+
+def _torch_dtype(np_dtype):
+    from .interp import TORCH_TO_NP
+    for k, v in TORCH_TO_NP.items():
+        if v == np_dtype:
+            return k
+    raise KeyError(np_dtype)
+
+
+def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
+    """A pointwise op with torch's result dtype: operands cast first."""
+    from .interp import _NoCore
+    args = [_u(a) for a in args]
+    example = tr.eager(fn, args, kwargs)
+    if core_op is None or not isinstance(example, torch.Tensor) or kwargs:
+        return tr.extern(fn, args, kwargs, example, "torch")
+    want = _np(example.dtype)
+    if core_op in COMPARE:
+        exs = [a.example if isinstance(a, ArrayVar) else tr.py(a) for a in args]
+        common = _np(torch.result_type(*exs))
+        cargs = [cast(tr, a, common) for a in args]
+    elif core_op in BOOL_RESULT:
+        cargs = args
+    elif core_op == "where":
+        cargs = [args[0]] + [cast(tr, a, want) for a in args[1:]]
+    else:
+        cargs = [cast(tr, a, want) for a in args]
+    try:
+        return tr.core(core_op, cargs, attrs or {}, example, "torch")
+    except _NoCore:
+        return tr.extern(fn, args, kwargs, example, "torch")
+
+
+def _arg(args, kwargs, i, name, default=None):
+    if name in kwargs:
+        return kwargs[name]
+    return args[i] if len(args) > i else PyVar(default)
+
+
+def reduction(tr, fn, op, args, kwargs):
+    x = _u(args[0])
+    py = tr.py
+    example = tr.eager(fn, args, kwargs)
+    if not isinstance(example, torch.Tensor):
+        return tr.extern(fn, args, kwargs, example, "torch")
+    allowed = {"dim", "keepdim", "unbiased", "correction"}
+    if set(kwargs) - allowed or len(args) > 3:
+        return tr.extern(fn, args, kwargs, example, "torch")
+    dim = py(_arg(args, kwargs, 1, "dim"))
+    keep = py(_arg(args, kwargs, 2, "keepdim", False))
+    if isinstance(dim, list):
+        dim = tuple(dim)
+    attrs = {"axis": dim, "keepdim": bool(keep)}
+    if op in ("var", "std"):
+        corr = kwargs.get("correction")
+        unb = kwargs.get("unbiased")
+        c = 1
+        if corr is not None:
+            c = py(corr)
+        elif unb is not None:
+            c = 1 if py(unb) else 0
+        if c not in (0, 1):
+            return tr.extern(fn, args, kwargs, example, "torch")
+        attrs["correction"] = int(c)
+    if op in ("logsumexp",) and dim is None:
+        return tr.extern(fn, args, kwargs, example, "torch")
+    from .interp import _NoCore
+    src = x
+    if op in ("sum", "prod") and x.example.dtype in (torch.bool, torch.int8, torch.int16, torch.int32, torch.uint8):
+        src = cast(tr, x, _np(torch.int64))
+    try:
+        return tr.core(op, [src], attrs, example, "torch")
+    except _NoCore:
+        return tr.extern(fn, args, kwargs, example, "torch")
+
+
+def softmax(tr, fn, op, x, dim, args, kwargs):
+    example = tr.eager(fn, args, kwargs)
+    d = tr.py(dim)
+    if d is None or not isinstance(example, torch.Tensor):
+        return tr.extern(fn, args, kwargs, example, "torch")
+    from .interp import _NoCore
+    try:
+        return tr.core(op, [cast(tr, _u(x), _np(example.dtype))], {"axis": d}, example, "torch")
+    except _NoCore:
+        return tr.extern(fn, args, kwargs, example, "torch")
+
+
+def layer_norm(tr, args, kwargs):
+    example = tr.eager(F.layer_norm, args, kwargs)
+    x = _u(args[0])
+    shape = tr.py(_arg(args, kwargs, 1, "normalized_shape"))
+    w, b = _u(_arg(args, kwargs, 2, "weight")), _u(_arg(args, kwargs, 3, "bias"))
+    eps = tr.py(_arg(args, kwargs, 4, "eps", 1e-5))
+    k = len(shape) if isinstance(shape, (tuple, list)) else 1
+    axes = tuple(range(-k, 0))
+    g = tr.graph
+    xv = cast(tr, x, _np(example.dtype)).value
+    mean = g.call("mean", xv, axis=axes, keepdim=True)
+    d = g.call("sub", xv, mean)
+    var = g.call("mean", g.call("mul", d, d), axis=axes, keepdim=True)
+    y = g.call("mul", d, g.call("rsqrt", g.call("add", var, float(eps))))
+    if isinstance(w, ArrayVar):
+        y = g.call("mul", y, w.value)
+    if isinstance(b, ArrayVar):
+        y = g.call("add", y, b.value)
+    if y.dtype != _np(example.dtype).name:
+        y = g.call("cast", y, dtype=_np(example.dtype).name)
+    tr.record_op()
+    return ArrayVar(y, example, "torch", fresh=True)
+
+
+def call(tr, fn, args, kwargs):
+    from .interp import _any_array
+    if fn in IMPURE or (getattr(fn, "__name__", "").endswith("_") and not getattr(fn, "__name__", "").endswith("__")):
+        tr.unsupported("call to %s is not supported (random or in-place)" % getattr(fn, "__name__", fn))
+    if not _any_array(args, kwargs):
+        if fn in FOLD or isinstance(fn, type):
+            return tr.fold(fn, args, kwargs)
+        tr.unsupported("torch call %s without tensor arguments (tensor creation) is not supported"
+                       % getattr(fn, "__name__", fn))
+    if _kind_any(args, kwargs) == "numpy":
+        tr.unsupported("torch function %s on a NumPy array" % getattr(fn, "__name__", fn))
+    n = len(args)
+    if fn in UNARY and n == 1 and not kwargs:
+        return pointwise(tr, fn, UNARY[fn], args, {})
+    if fn is F.gelu and n == 1 and set(kwargs) <= {"approximate"}:
+        approx = tr.py(kwargs.get("approximate", PyVar("none")))
+        return pointwise(tr, lambda x: F.gelu(x, approximate=approx),
+                         "gelu" if approx == "none" else "gelu_tanh", args, {})
+    if fn in BINARY and n == 2 and not kwargs:
+        return pointwise(tr, fn, BINARY[fn], args, {})
+    if fn is torch.where and n == 3 and not kwargs:
+        return pointwise(tr, fn, "where", args, {})
+    if fn is torch.clamp and n == 3 and not kwargs and all(
+            not (isinstance(_u(a), PyVar) and _u(a).value is None) for a in args[1:]):
+        return pointwise(tr, fn, "clamp", args, {})
+    if fn in REDUCE:
+        return reduction(tr, fn, REDUCE[fn], args, kwargs)
+    if fn in (torch.softmax, F.softmax, torch.log_softmax, F.log_softmax) and set(kwargs) <= {"dim", "_stacklevel"}:
+        op = "softmax" if fn in (torch.softmax, F.softmax) else "log_softmax"
+        kw = {k: v for k, v in kwargs.items() if k != "_stacklevel"}
+        return softmax(tr, lambda x, *a, **k: fn(x, *a, **k), op, args[0], _arg(args, kw, 1, "dim"), args, kw)
+    if fn is F.layer_norm:
+        return layer_norm(tr, args, kwargs)
+    if fn is F.dropout:
+        training = tr.py(_arg(args, kwargs, 2, "training", True))
+        if training:
+            tr.unsupported("dropout in training mode is random (hint: model.eval())")
+        return _u(args[0])
+    return tr.array_call(fn, args, kwargs, kind="torch")
+
+
+def _kind_any(args, kwargs):
+    from .interp import _kind_of
+    return _kind_of(args, kwargs)
+
+
+def method(tr, arr, name, args, kwargs):
+    """Tensor.name(*args, **kwargs)."""
+    args = list(args)
+    if name.endswith("_") and not name.endswith("__"):
+        tr.unsupported("in-place Tensor.%s is not supported" % name)
+    if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__"):
+        tr.unsupported("data-dependent Tensor.%s()" % name)
+    if name == "size":
+        if args or kwargs:
+            d = tr.py(_arg(args, kwargs, 0, "dim"))
+            return PyVar(tr.dim(arr, d))
+        return ShapeVar(arr)
+    if name == "dim" and not args:
+        return PyVar(arr.ndim)
+    if name in ("contiguous", "detach") and not args:
+        return arr
+    if name in METHOD_CASTS and not args:
+        return cast(tr, arr, _np(METHOD_CASTS[name]))
+    if name == "to" and len(args) == 1 and not kwargs and isinstance(tr.py(args[0]), torch.dtype):
+        return cast(tr, arr, _np(tr.py(args[0])))
+    if name == "type_as" and len(args) == 1:
+        return cast(tr, arr, _np(_u(args[0]).example.dtype))
+    fn = getattr(torch, name, None)
+    if name in ("max", "min") and not args and not kwargs:
+        return reduction(tr, torch.amax if name == "max" else torch.amin, "amax" if name == "max" else "amin", [arr], {})
+    if fn is not None and (fn in UNARY or fn in BINARY or fn in REDUCE or fn in (torch.softmax, torch.log_softmax,
+                                                                                  torch.where, torch.clamp)):
+        return call(tr, fn, [arr] + args, kwargs)
+    if name == "relu":
+        return call(tr, torch.relu, [arr], {})
+    if not hasattr(torch.Tensor, name):
+        tr.unsupported("Tensor has no attribute %r" % name)
+    return tr.array_call(lambda t, *a, **k: getattr(t, name)(*a, **k), [arr] + args, kwargs, kind="torch")
