@@ -49,6 +49,10 @@ KNOBS = [
     Knob("always_compile", "FASTCOMPILE_ALWAYS_COMPILE", _bool, False,
          "ignore the disk cache (still writes it)"),
     Knob("verify", "FASTCOMPILE_VERIFY", _bool, False, "run fc_graph_verify after every pass (tests turn it on)"),
+    Knob("cache_size_limit", "FASTCOMPILE_CACHE_SIZE_LIMIT", int, 8,
+         "compiled variants kept per function (code object); past it the function runs uncompiled, with a warning"),
+    Knob("suppress_errors", "FASTCOMPILE_SUPPRESS_ERRORS", _bool, True,
+         "an internal tracer/compiler error runs the frame as plain Python with a warning (0: raise it)"),
 ]
 
 _values = {}

@@ -13,15 +13,21 @@ from .interp import Stop, Tracer, localsplus_names
 from .variables import Unsupported
 
 __all__ = ["trace_frame", "trace_function", "TraceResult", "GraphInfo", "BreakReason", "Unsupported",
-           "guards"]
+           "EntryInfo", "reset", "guards"]
 
 
 class GraphInfo:
     """graph: the fastcompile Graph; input_sources: where each input comes from;
-    op_count: ops traced into it; span: (filename, first line, last line)."""
+    op_count: ops traced into it; span: (filename, first line, last line);
+    compiled: its Compiled (kernels, sources) once it has run, else None."""
 
-    def __init__(self, graph, input_sources, op_count, span):
+    def __init__(self, graph, input_sources, op_count, span, compiled=None):
         self.graph, self.input_sources, self.op_count, self.span = graph, input_sources, op_count, span
+        self._compiled = compiled
+
+    @property
+    def compiled(self):
+        return self._compiled() if callable(self._compiled) else self._compiled
 
     def __repr__(self):
         return "GraphInfo(ops=%d, inputs=%r, span=%s:%d-%d)" % ((self.op_count, self.input_sources) + self.span)
@@ -57,7 +63,7 @@ def _graph_info(tracer, run):
     lines = [ln for _, ln in tracer.lines]
     fname = tracer.lines[0][0] if tracer.lines else tracer.code.co_filename
     return [GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
-                      (fname, min(lines), max(lines)))]
+                      (fname, min(lines), max(lines)), getattr(run, "compiled", None))]
 
 
 def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False):
@@ -86,6 +92,41 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
     result.guards = guards.dedupe(tracer.guards)
     result.program = guards.compile_program(result.guards)
     return result
+
+
+class EntryInfo:
+    """Kept on the hook's CacheEntry for reports: the trace result and, per guard
+    program instruction, the guard it serves."""
+
+    def __init__(self, result):
+        self.result = result
+        self.guards = guards.dedupe(result.guards)
+        self.owners = []
+        program = guards.compile_program(self.guards, self.owners)
+        assert program == list(result.program), "guard program out of step with its guards"
+
+    def describe_failure(self, index, frame):
+        """'guard: expected ..., got ...' for instruction `index` of the program, read on
+        `frame` (a hook Frame: f_code, f_locals, f_globals, f_builtins, closure)."""
+        if index < 0 or index >= len(self.owners):
+            return "no guard failed (entry #%d)" % index
+        g = self.guards[self.owners[index]]
+        names = localsplus_names(frame.f_code)
+        by_slot = {i: frame.f_locals[n] for i, n in enumerate(names) if n in frame.f_locals}
+        from . import sources
+        try:
+            actual = sources.evaluate(g.source, by_slot, frame.f_globals, frame.f_builtins, frame.closure)
+        except Exception as exc:             # a report must not fail the frame
+            actual = "unreadable (%s)" % type(exc).__name__
+        else:
+            actual = guards.describe_actual(g, actual)
+        return "guard failed: %s; now %s" % (g.describe(), actual)
+
+
+def reset():
+    """Forget the resume functions built so far."""
+    from . import codegen
+    codegen.reset()
 
 
 def bind_locals(fn, args, kwargs):

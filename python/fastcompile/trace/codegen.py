@@ -18,6 +18,11 @@ LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST")
 _RESUME_CACHE = {}          # (code, offset, depth, live names) -> resume code
 
 
+def reset():
+    """Forget every resume function (fastcompile.reset())."""
+    _RESUME_CACHE.clear()
+
+
 def _give_up(result, why):
     result.code = None
     result.target = None

@@ -95,9 +95,11 @@ def dedupe(guards):
     return out
 
 
-def compile_program(guards):
+def compile_program(guards, owners=None):
     """Guards -> flat program (see the module docstring). Each source is loaded
-    once, before its first check; checks keep the order of the guards."""
+    once, before its first check; checks keep the order of the guards. With a
+    list ``owners``, appends per instruction the index (into dedupe(guards)) of
+    the guard it serves, for reports of which guard failed."""
     prog, regs = [], {}
 
     def load(src):
@@ -122,10 +124,42 @@ def compile_program(guards):
         prog.append((ins[0], reg) + ins[2:])
         return reg
 
-    for g in dedupe(guards):
+    for gi, g in enumerate(dedupe(guards)):
         reg = load(g.source)
         prog.append((g.kind, reg) + tuple(g.args))
+        if owners is not None:
+            owners.extend([gi] * (len(prog) - len(owners)))
     return prog
+
+
+def describe_actual(guard, value):
+    """What the guarded source holds now, in the terms of the guard's check."""
+    if value is S.MISSING:
+        return "missing"
+    kind = guard.kind
+    if kind == "type":
+        return "type %s" % type(value).__qualname__
+    if kind == "id":
+        return "<%s at 0x%x>" % (type(value).__name__, id(value))
+    if kind == "eq":
+        return repr(value)
+    if kind == "len":
+        try:
+            return "len %d" % len(value)
+        except TypeError:
+            return "a %s (no len)" % type(value).__name__
+    shape = getattr(value, "shape", None)
+    if kind == "dim" and shape is not None:
+        return "shape %s" % (tuple(shape),)
+    if kind in ("ndarray", "tensor") and shape is not None:
+        try:
+            contig = value.flags.c_contiguous if kind == "ndarray" else value.is_contiguous()
+        except AttributeError:
+            return "a %s" % type(value).__name__
+        return "%s %s ndim=%d size1_mask=0b%s contig=%s" % (
+            type(value).__name__, value.dtype, len(shape), format(size1_mask(shape), "b"),
+            "C" if contig else "non-C")
+    return "a %s" % type(value).__name__
 
 
 def _check(ins, v):

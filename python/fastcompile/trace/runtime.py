@@ -113,6 +113,7 @@ def build(tracer, vars_, user_stack=()):
         return [p(env, outs) for p in plans]
 
     run.slots = slots
+    run.compiled = lambda: state["compiled"]     # the Compiled, once the first call made it
     run.graph = graph if outputs else None
     run.op_count = op_count
     return run
