@@ -11,6 +11,16 @@
 
 #include "hook.h"
 
+#if PY_VERSION_HEX >= 0x030C0000
+#define FC_CODE_GET_EXTRA PyUnstable_Code_GetExtra
+#define FC_CODE_SET_EXTRA PyUnstable_Code_SetExtra
+#define FC_REQUEST_CODE_EXTRA_INDEX PyUnstable_Eval_RequestCodeExtraIndex
+#else
+#define FC_CODE_GET_EXTRA _PyCode_GetExtra
+#define FC_CODE_SET_EXTRA _PyCode_SetExtra
+#define FC_REQUEST_CODE_EXTRA_INDEX _PyEval_RequestCodeExtraIndex
+#endif
+
 static Py_ssize_t extra_index = -1;
 static FcHookExtra registry = {.prev = &registry, .next = &registry};
 
@@ -258,7 +268,7 @@ FcHookExtra *
 fc_hook_extra_get(PyCodeObject *code)
 {
     void *p = NULL;
-    if (_PyCode_GetExtra((PyObject *)code, extra_index, &p) < 0) {
+    if (FC_CODE_GET_EXTRA((PyObject *)code, extra_index, &p) < 0) {
         PyErr_Clear();
         return NULL;
     }
@@ -277,7 +287,7 @@ fc_hook_extra_ensure(PyCodeObject *code)
         PyErr_NoMemory();
         return NULL;
     }
-    if (_PyCode_SetExtra((PyObject *)code, extra_index, x) < 0) {
+    if (FC_CODE_SET_EXTRA((PyObject *)code, extra_index, x) < 0) {
         PyMem_Free(x);
         return NULL;
     }
@@ -436,7 +446,7 @@ int
 fc_hook_cache_init(PyObject *m)
 {
     if (extra_index < 0) {
-        extra_index = _PyEval_RequestCodeExtraIndex(extra_free);
+        extra_index = FC_REQUEST_CODE_EXTRA_INDEX(extra_free);
         if (extra_index < 0) {
             PyErr_SetString(PyExc_RuntimeError, "fastcompile: no co_extra slot left");
             return -1;

@@ -38,14 +38,6 @@ compat_allocate_chunk(int size_in_bytes, _PyStackChunk *previous)
     return res;
 }
 
-static void
-compat_free_chunk(_PyStackChunk *chunk)
-{
-    PyObjectArenaAllocator arena;
-    PyObject_GetArenaAllocator(&arena);
-    arena.free(arena.ctx, chunk, chunk->size);
-}
-
 /* pystate.c push_chunk: a new chunk big enough for `size` slots. */
 static PyObject **
 compat_push_chunk(PyThreadState *tstate, int size)
@@ -86,6 +78,14 @@ compat_push_frame(PyThreadState *tstate, int size)
 }
 
 #if PY_VERSION_HEX < 0x030D0000
+static void
+compat_free_chunk(_PyStackChunk *chunk)
+{
+    PyObjectArenaAllocator arena;
+    PyObject_GetArenaAllocator(&arena);
+    arena.free(arena.ctx, chunk, chunk->size);
+}
+
 /* _PyThreadState_PopFrame (exported from 3.13 on). */
 static void
 compat_pop_frame(PyThreadState *tstate, FcFrame *frame)
@@ -259,7 +259,9 @@ compat_clear_and_pop(PyThreadState *tstate, FcFrame *frame)
     compat_pop_frame(tstate, frame);
 }
 #else
-#define compat_clear_and_pop _PyEval_FrameClearAndPop   /* exported in 3.13 */
+/* Exported in 3.13 (declared in internal/pycore_ceval.h, which we do not pull in). */
+PyAPI_FUNC(void) _PyEval_FrameClearAndPop(PyThreadState *tstate, _PyInterpreterFrame *frame);
+#define compat_clear_and_pop _PyEval_FrameClearAndPop
 #endif
 
 void
