@@ -180,7 +180,12 @@ static PyObject *
 Frame_f_lineno(FrameObject *self, void *unused)
 {
     FcFrame *f = frame_live(self);
-    return f == NULL ? NULL : PyLong_FromLong(PyCode_Addr2Line(FC_FRAME_CODE(f), frame_lasti_bytes(f)));
+    if (f == NULL) {
+        return NULL;
+    }
+    /* the prefix (COPY_FREE_VARS, MAKE_CELL) has no line: report the def line */
+    int line = PyCode_Addr2Line(FC_FRAME_CODE(f), frame_lasti_bytes(f));
+    return PyLong_FromLong(line >= 0 ? line : FC_FRAME_CODE(f)->co_firstlineno);
 }
 
 static PyObject *
@@ -236,7 +241,7 @@ static PyGetSetDef Frame_getset[] = {
     {"closure", (getter)Frame_closure, NULL, "tuple of cells, or None", NULL},
     {"f_locals", (getter)Frame_f_locals, NULL, "new dict of the bound fast locals (free vars from the closure)",
      NULL},
-    {"f_lineno", (getter)Frame_f_lineno, NULL, "line of the first instruction", NULL},
+    {"f_lineno", (getter)Frame_f_lineno, NULL, "line of the first instruction (the def line)", NULL},
     {"f_lasti", (getter)Frame_f_lasti, NULL, "instruction offset in bytes (0: not started)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
