@@ -21,6 +21,9 @@ static Py_tss_t mode_key = Py_tss_NEEDS_INIT;   /* owned ref: False or a callabl
 static Py_ssize_t active_threads;               /* threads whose mode is not None */
 static _PyFrameEvalFunction previous_eval;      /* installed before us (a debugger's), or NULL */
 static PyObject *hook_skip, *hook_run_only;     /* the SKIP and RUN_ONLY sentinels */
+/* A mode that is off for the eval function but keeps the thread counted, so
+ * that running a cached target does not uninstall and reinstall the hook. */
+static PyObject *hook_paused;
 
 static PyObject *hook_eval(PyThreadState *tstate, FcFrame *frame, int throwflag);
 
@@ -30,7 +33,7 @@ static const int hook_genflags = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATO
  * mode and installation
  * ====================================================================== */
 
-/* This thread's mode: borrowed, NULL when off. */
+/* This thread's mode: borrowed, NULL when off (hook_paused is off too). */
 static inline PyObject *
 mode_get(void)
 {
@@ -272,8 +275,8 @@ eval_default(PyThreadState *tstate, FcFrame *frame, int throwflag)
     return prev(tstate, frame, throwflag);
 }
 
-/* target(*slots) for a callable entry, with this thread's mode off (the target
- * is compiled code, not user code). Slot values are borrowed from the frame,
+/* target(*slots) for a callable entry, with this thread's mode paused (the
+ * target is compiled code, not user code; frames it runs are not hooked). Slot values are borrowed from the frame,
  * which outlives the call. e, v: borrowed; returns: new reference. */
 static PyObject *
 call_target(FcHookEntry *e, const FcHookView *v)
@@ -296,7 +299,7 @@ call_target(FcHookEntry *e, const FcHookView *v)
         }
     }
     mode = Py_XNewRef(mode_get());
-    if (mode_set(NULL) < 0) {
+    if (mode_set(hook_paused) < 0) {
         goto error;
     }
     res = PyObject_Vectorcall(e->target, argv + 1, (size_t)n | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -407,7 +410,7 @@ static PyObject *
 hook_eval(PyThreadState *tstate, FcFrame *frame, int throwflag)
 {
     PyObject *mode = mode_get();
-    if (mode == NULL || throwflag || !FC_FRAME_BY_THREAD(frame) || FC_FRAME_LOCALS_DICT(frame) != NULL) {
+    if (mode == NULL || mode == hook_paused || throwflag || !FC_FRAME_BY_THREAD(frame) || FC_FRAME_LOCALS_DICT(frame) != NULL) {
         return eval_default(tstate, frame, throwflag);
     }
     PyCodeObject *code = FC_FRAME_CODE(frame);
@@ -426,7 +429,7 @@ hook_eval(PyThreadState *tstate, FcFrame *frame, int throwflag)
             return run_entry(tstate, frame, e, &v);
         }
         mode = mode_get();   /* a tensor guard may have run Python code */
-        if (mode == NULL) {
+        if (mode == NULL || mode == hook_paused) {
             return eval_default(tstate, frame, throwflag);
         }
     }
@@ -624,7 +627,7 @@ hook_set_eval_frame(PyObject *self, PyObject *cb)
         return NULL;
     }
     PyObject *prev = mode_get();
-    PyObject *res = Py_NewRef(prev != NULL ? prev : Py_None);
+    PyObject *res = Py_NewRef(prev != NULL && prev != hook_paused ? prev : Py_None);
     if (mode_set(cb) < 0) {
         Py_DECREF(res);
         return NULL;
@@ -692,8 +695,10 @@ fc_hook_init(PyObject *m)
         return -1;
     }
     if (hook_skip == NULL && ((hook_skip = sentinel_new("SKIP")) == NULL ||
-                              (hook_run_only = sentinel_new("RUN_ONLY")) == NULL)) {
+                              (hook_run_only = sentinel_new("RUN_ONLY")) == NULL ||
+                              (hook_paused = sentinel_new("PAUSED")) == NULL)) {
         Py_CLEAR(hook_skip);
+        Py_CLEAR(hook_run_only);
         return -1;
     }
     if (fc_hook_guards_init(m) < 0 || fc_hook_cache_init(m) < 0 ||
