@@ -507,6 +507,7 @@ def test_exception_in_code_target_keeps_type_message_traceback():
         while tb.tb_next is not None:
             tb = tb.tb_next
         assert tb.tb_frame.f_locals == {"a": 3}
+        assert tb.tb_frame.f_back.f_code is sys._getframe().f_code   # linked to the caller
         del tb, ei
 
 
