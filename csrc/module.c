@@ -7,6 +7,7 @@
 #include "fc_numpy.h"
 
 #include "api/api.h"
+#include "hook/hook.h"
 #include "runtime/alloc.h"
 #include "runtime/cpu.h"
 #include "runtime/plan.h"
@@ -83,7 +84,7 @@ mod_exec(PyObject *m)
     if (PyArray_ImportNumPyAPI() < 0) {
         return -1;
     }
-    if (fc_alloc_init() < 0 || fc_api_init(m) < 0) {
+    if (fc_alloc_init() < 0 || fc_api_init(m) < 0 || fc_hook_init(m) < 0) {
         return -1;
     }
     return 0;

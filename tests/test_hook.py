@@ -1,0 +1,864 @@
+"""The frame hook (csrc/hook): modes, Hooked, the callback protocol, cache
+entries of both kinds, guard programs, and frame/reference hygiene.
+
+Targets here are plain Python callables and code objects; no tracer is
+involved. Every test leaves the hook state clean (see the autouse fixture).
+"""
+import asyncio
+import gc
+import operator
+import sys
+import threading
+import traceback
+import types
+import weakref
+
+import numpy as np
+import pytest
+
+from fastcompile import _C
+
+
+@pytest.fixture(autouse=True)
+def _clean_hook():
+    _C.reset_all()
+    assert _C.set_eval_frame(None) is None
+    yield
+    assert _C.set_eval_frame(None) is None, "a test left this thread's hook mode on"
+    assert not _C._eval_frame_installed()
+    _C.reset_all()
+
+
+class Recorder:
+    """A callback that records (code name, cache_size) and answers with `answer`
+    (a value, or a function of (frame, cache_size))."""
+
+    def __init__(self, answer=None, only=None):
+        self.answer = answer
+        self.only = only
+        self.calls = []
+
+    def __call__(self, frame, cache_size):
+        if self.only is not None and frame.f_code is not self.only:
+            return None
+        self.calls.append((frame.f_code.co_name, cache_size))
+        return self.answer(frame, cache_size) if callable(self.answer) else self.answer
+
+
+def entry_for(program, target, slots=None, name=None):
+    return lambda frame, n: _C.CacheEntry(_C.Guards(program), target, slots=slots, name=name)
+
+
+def first_failure(fn, program, *args, **kwargs):
+    """Index of the first failing guard of `program` on fn's frame for these args."""
+    g = _C.Guards(program)
+    seen = []
+
+    def cb(frame, n):
+        if frame.f_code is fn.__code__:
+            seen.append(g.first_failure(frame))
+        return None
+
+    _C.Hooked(fn, cb)(*args, **kwargs)
+    assert len(seen) == 1
+    return seen[0]
+
+
+def add(x, y=2):
+    return x + y
+
+
+# ---------------------------------------------------------------------------
+# modes and installation
+# ---------------------------------------------------------------------------
+
+def test_set_eval_frame_returns_previous_and_installs_while_on():
+    cb = Recorder()
+    assert not _C._eval_frame_installed()
+    assert _C.set_eval_frame(cb) is None
+    try:
+        assert _C._eval_frame_installed()
+        assert _C.set_eval_frame(False) is cb
+        assert _C._eval_frame_installed()
+    finally:
+        assert _C.set_eval_frame(None) is False
+    assert not _C._eval_frame_installed()
+    with pytest.raises(TypeError):
+        _C.set_eval_frame(42)
+
+
+def test_off_mode_never_calls_back():
+    cb = Recorder()
+    assert _C.Hooked(add, None)(1) == 3
+    assert cb.calls == []
+
+
+def test_compile_mode_calls_back_and_run_only_does_not():
+    cb = Recorder(only=add.__code__)
+    assert _C.Hooked(add, cb)(1) == 3
+    assert cb.calls == [("add", 0)]
+    assert _C.Hooked(add, False)(1, 5) == 6
+    assert len(cb.calls) == 1
+
+
+def test_run_only_uses_existing_entries():
+    cb = Recorder(entry_for([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,)), only=add.__code__)
+    assert _C.Hooked(add, cb)(4) == -4
+    ro = _C.Hooked(add, False)
+    assert ro(5) == -5               # hit
+    assert ro(1.5) == 3.5            # miss: runs normally, no callback
+    assert len(cb.calls) == 1
+
+
+def test_hooked_restores_mode_on_return_and_exception():
+    def boom():
+        raise KeyError("k")
+
+    assert _C.Hooked(add, False)(1) == 3
+    assert _C.set_eval_frame(None) is None
+    with pytest.raises(KeyError):
+        _C.Hooked(boom, Recorder())()
+    assert _C.set_eval_frame(None) is None
+    assert not _C._eval_frame_installed()
+    # nested: the inner mode applies inside, the outer comes back after
+    modes = []
+
+    def inner():
+        modes.append(_C.set_eval_frame(None))
+        _C.set_eval_frame(modes[-1])
+
+    outer_cb = Recorder()
+    _C.Hooked(lambda: (_C.Hooked(inner, False)(), inner()), outer_cb)()
+    assert modes == [False, outer_cb]
+
+
+def test_hooked_attributes_and_method_binding():
+    cb = Recorder(only=None)
+
+    def method(self, x):
+        return (self.k, x)
+
+    h = _C.Hooked(method, cb)
+    assert h.fn is method and h.__wrapped__ is method and h.callback is cb
+    assert h.__name__ == "method"
+
+    class C:
+        k = 7
+        m = h
+
+    assert C().m(3) == (7, 3)
+    assert C.m is h
+    with pytest.raises(TypeError):
+        _C.Hooked(add, 42)
+    with pytest.raises(TypeError):
+        _C.Hooked(42, None)
+
+
+def test_callback_runs_with_hook_off():
+    inner_calls = []
+
+    def helper():
+        return 1
+
+    def cb(frame, n):
+        inner_calls.append(_C.set_eval_frame(None))   # None: off during the callback
+        helper()
+        return None
+
+    def f():
+        return helper()
+
+    cb_rec = Recorder(cb)
+    assert _C.Hooked(f, cb_rec)() == 1
+    # the callback ran for f and for helper (called by f), never for its own helper() call
+    assert [c[0] for c in cb_rec.calls] == ["f", "helper"]
+    assert inner_calls == [None, None]
+
+
+def test_uninstalled_when_no_thread_is_hooked():
+    seen = []
+    _C.Hooked(lambda: seen.append(_C._eval_frame_installed()), False)()
+    assert seen == [True]
+    assert not _C._eval_frame_installed()
+
+
+def test_chains_to_previously_installed_eval_function():
+    def f(x):
+        return x + 1
+
+    _C._test_counting_eval(True)
+    try:
+        h = _C.Hooked(f, False)
+        c1 = _C._test_counting_eval(None)
+        assert h(1) == 2                         # f runs normally: through the counting function
+        c2 = _C._test_counting_eval(None)
+        assert c2 == c1 + 1
+        assert not _C._eval_frame_installed()    # the counting function is back
+        f(1)
+        assert _C._test_counting_eval(None) == c2 + 1
+    finally:
+        _C._test_counting_eval(False)
+
+
+# ---------------------------------------------------------------------------
+# callback protocol
+# ---------------------------------------------------------------------------
+
+def test_callback_once_then_hits():
+    cb = Recorder(entry_for([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,), name="neg"),
+                  only=add.__code__)
+    h = _C.Hooked(add, cb)
+    for i in range(100):
+        assert h(i) == -i
+    assert cb.calls == [("add", 0)]
+    (e,) = _C.code_entries(add.__code__)
+    assert e.hits == 99 and e.name == "neg" and e.slots == (0,) and e.target is operator.neg
+    assert isinstance(e.guards, _C.Guards) and len(e.guards) == 2
+    assert _C.code_state(add.__code__) == "active"
+
+
+def test_frame_object_contents_and_expiry():
+    z = 10
+    kept = []
+
+    def f(a, b=3, *rest, k=4, **kw):
+        c = a + z
+        return c
+
+    def cb(frame, n):
+        kept.append(frame)
+        assert frame.f_code is f.__code__
+        assert frame.f_func is f
+        assert frame.f_globals is globals()
+        assert frame.f_builtins["len"] is len
+        assert frame.closure is f.__closure__
+        assert frame.f_locals == {"a": 1, "b": 3, "rest": (9,), "k": 4, "kw": {"q": 5}, "z": 10}
+        assert frame.f_lineno == f.__code__.co_firstlineno
+        assert frame.f_lasti == 0
+        return None
+
+    assert _C.Hooked(f, Recorder(cb, only=f.__code__))(1, 3, 9, q=5) == 11
+    with pytest.raises(RuntimeError):
+        kept[0].f_code
+    with pytest.raises(RuntimeError):
+        kept[0].f_locals
+    assert "expired" in repr(kept[0])
+
+
+def test_skip_and_run_only_marks():
+    calls = Recorder(_C.SKIP, only=add.__code__)
+    h = _C.Hooked(add, calls)
+    assert h(1) == 3 and h(2) == 4
+    assert calls.calls == [("add", 0)]
+    assert _C.code_state(add.__code__) == "skip"
+    _C.reset_code(add.__code__)
+    assert _C.code_state(add.__code__) == "none"
+
+    # RUN_ONLY keeps existing entries
+    answers = iter([_C.CacheEntry([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,)),
+                    _C.RUN_ONLY])
+    rec = Recorder(lambda fr, n: next(answers), only=add.__code__)
+    h = _C.Hooked(add, rec)
+    assert h(3) == -3
+    assert h(1.5) == 3.5                  # miss -> RUN_ONLY, runs normally
+    assert _C.code_state(add.__code__) == "run_only"
+    assert h(2.5) == 4.5 and h(4) == -4   # no more callbacks; the entry still hits
+    assert [c[1] for c in rec.calls] == [0, 1]
+
+
+def test_callback_exception_propagates_and_frame_is_released():
+    def cb(frame, n):
+        raise ZeroDivisionError("from callback")
+
+    def f(x):
+        return x
+
+    x = object()
+    h = _C.Hooked(f, cb)
+    before = (sys.getrefcount(x), sys.getrefcount(f.__code__), sys.getrefcount(f))
+    for _ in range(1000):
+        with pytest.raises(ZeroDivisionError, match="from callback"):
+            h(x)
+    assert (sys.getrefcount(x), sys.getrefcount(f.__code__), sys.getrefcount(f)) == before
+
+
+def test_callback_bad_return_is_type_error():
+    h = _C.Hooked(add, Recorder(42, only=add.__code__))
+    with pytest.raises(TypeError, match="CacheEntry"):
+        h(1)
+    assert _C.code_entries(add.__code__) == []
+
+
+def test_mru_order_and_cache_size():
+    def f(x):
+        return x
+
+    def answer(frame, n):
+        t = type(frame.f_locals["x"])
+        return _C.CacheEntry([("local", 0, 0), ("type", 0, t)], lambda v, t=t: (t.__name__, v), slots=(0,),
+                             name=t.__name__)
+
+    rec = Recorder(answer, only=f.__code__)
+    h = _C.Hooked(f, rec)
+    assert h(1) == ("int", 1)
+    assert h("s") == ("str", "s")
+    assert h(1.0) == ("float", 1.0)
+    assert [c[1] for c in rec.calls] == [0, 1, 2]
+    assert [e.name for e in _C.code_entries(f.__code__)] == ["float", "str", "int"]
+    assert h(2) == ("int", 2)
+    assert [e.name for e in _C.code_entries(f.__code__)] == ["int", "float", "str"]
+    assert h("t") == ("str", "t")
+    assert [e.name for e in _C.code_entries(f.__code__)] == ["str", "int", "float"]
+    assert len(rec.calls) == 3
+
+
+def test_generators_and_coroutines_run_untouched():
+    def gen(n):
+        yield from range(n)
+
+    async def coro(x):
+        await asyncio.sleep(0)
+        return x * 2
+
+    async def agen():
+        yield 1
+        yield 2
+
+    async def collect():
+        return [v async for v in agen()]
+
+    def f():
+        return list(gen(3)), asyncio.run(coro(4)), asyncio.run(collect())
+
+    rec = Recorder()
+    assert _C.Hooked(f, rec)() == ([0, 1, 2], 8, [1, 2])
+    names = {c[0] for c in rec.calls}
+    assert "f" in names
+    assert not names & {"gen", "coro", "agen", "collect"}
+
+
+def test_recursion_under_the_hook():
+    def fact(n):
+        return 1 if n <= 1 else n * fact(n - 1)
+
+    rec = Recorder(only=fact.__code__)
+    assert _C.Hooked(fact, rec)(10) == 3628800
+    assert len(rec.calls) == 10          # every level starts a frame and asks
+
+    # a code target that recurses through the hook: nested shadow frames,
+    # deep enough to need new data-stack chunks
+    def deep(n):
+        return 0 if n == 0 else 1 + deep(n - 1)
+
+    def deep2(n):
+        return 0 if n == 0 else 2 + deep(n - 1)
+
+    rec = Recorder(entry_for([], deep2.__code__), only=deep.__code__)
+    assert _C.Hooked(deep, rec)(400) == 800
+    assert len(rec.calls) == 1
+    assert _C.code_entries(deep.__code__)[0].hits == 400
+
+
+# ---------------------------------------------------------------------------
+# callable targets
+# ---------------------------------------------------------------------------
+
+def test_callable_target_reads_args_and_free_vars():
+    z = 100
+
+    def f(a, b, *, k):
+        return a + b + k + z
+
+    free_slot = f.__code__.co_nlocalsplus - 1 if hasattr(f.__code__, "co_nlocalsplus") else None
+    free_slot = len(f.__code__.co_varnames) + len(f.__code__.co_cellvars)   # frees come last
+    rec = Recorder(entry_for([], lambda *v: v, slots=(2, free_slot, 0)), only=f.__code__)
+    assert _C.Hooked(f, rec)(1, 2, k=3) == (3, 100, 1)
+    # a slot that is neither an argument nor a free variable is refused
+    def g(a):
+        b = a
+        return b
+
+    rec = Recorder(entry_for([], lambda *v: v, slots=(1,)), only=g.__code__)
+    with pytest.raises(ValueError, match="not an argument"):
+        _C.Hooked(g, rec)(1)
+
+
+def test_callable_target_runs_with_hook_off():
+    def helper(x):
+        return x
+
+    def f(x):
+        return x
+
+    rec = Recorder(lambda fr, n: _C.CacheEntry([], lambda v: (helper(v), _C.set_eval_frame(None)), slots=(0,))
+                   if fr.f_code is f.__code__ else None)
+    assert _C.Hooked(f, rec)(5) == (5, None)
+    assert [c[0] for c in rec.calls] == ["f"]   # helper (called by the target) was not hooked
+
+
+def raising_target(a):
+    raise ArithmeticError("target says %s" % a)   # the line the traceback must name
+
+
+def test_exception_in_callable_target_keeps_type_message_traceback():
+    rec = Recorder(entry_for([], raising_target, slots=(0,)), only=add.__code__)
+    h = _C.Hooked(add, rec)
+    for _ in range(2):
+        with pytest.raises(ArithmeticError, match="target says 7") as ei:
+            h(7)
+        last = traceback.extract_tb(ei.value.__traceback__)[-1]
+        assert last.name == "raising_target"
+        assert last.lineno == raising_target.__code__.co_firstlineno + 1
+
+
+# ---------------------------------------------------------------------------
+# code targets
+# ---------------------------------------------------------------------------
+
+def test_code_target_same_layout_args_defaults_cells_varargs():
+    def orig(a, b=2, *args, k=3, **kw):
+        def inner():
+            return a + b
+        return ("orig", inner(), args, k, kw)
+
+    def repl(a, b=2, *args, k=3, **kw):
+        def inner():
+            return a * b
+        return ("repl", inner(), args, k, kw)
+
+    rec = Recorder(entry_for([], repl.__code__), only=orig.__code__)
+    h = _C.Hooked(orig, rec)
+    assert h(5) == ("repl", 10, (), 3, {})
+    assert h(5, 4, 9, 8, k=1, q=2) == ("repl", 20, (9, 8), 1, {"q": 2})
+    assert len(rec.calls) == 1
+
+
+def test_code_target_from_replace_with_closure():
+    z = 7
+
+    def orig(a, b=1):
+        return a + b + z
+
+    consts = tuple(1000 if c is None else c for c in orig.__code__.co_consts)
+    # the same bytecode computing something else: a new constant via compile()
+    src = compile("def _t(a, b=1):\n    return (a + b + z) * 1000\n", "<target>", "exec")
+    tcode = [c for c in src.co_consts if isinstance(c, types.CodeType)][0]
+    ns = {}
+    # give the target the same free variable layout: compile it inside a closure over z
+    exec("def _mk(z):\n    def _t(a, b=1):\n        return (a + b + z) * 1000\n    return _t\n", ns)
+    tcode = ns["_mk"](0).__code__
+    assert consts is not None
+    rec = Recorder(entry_for([], tcode), only=orig.__code__)
+    h = _C.Hooked(orig, rec)
+    assert h(1) == 9000          # z read from orig's closure, b from orig's defaults
+    assert h(1, 2) == 10000
+    z = 8                        # the cell is shared: the target sees the new value
+    assert h(1) == 10000
+    # code.replace(): same code, different constant
+    _C.reset_all()
+    const_code = orig.__code__.replace(co_name="orig_replaced")
+    rec = Recorder(entry_for([], const_code), only=orig.__code__)
+    assert _C.Hooked(orig, rec)(1) == 1 + 1 + 8
+
+
+def test_code_target_layout_mismatch_raises_value_error():
+    def orig(a, b):
+        return a + b
+
+    def fewer(a):
+        return a
+
+    def kwonly(a, *, b):
+        return a
+
+    def varargs(a, b, *c):
+        return a
+
+    z = 1
+
+    def closure(a, b):
+        return a + z
+
+    for bad in (fewer, kwonly, varargs, closure):
+        _C.reset_all()
+        rec = Recorder(entry_for([], bad.__code__), only=orig.__code__)
+        with pytest.raises(ValueError, match="cannot replace"):
+            _C.Hooked(orig, rec)(1, 2)
+        assert _C.code_entries(orig.__code__) == []
+    assert orig(1, 2) == 3
+
+
+def test_exception_in_code_target_keeps_type_message_traceback():
+    def orig(a):
+        return a
+
+    def repl(a):
+        raise LookupError("code target %s" % a)
+
+    rec = Recorder(entry_for([], repl.__code__), only=orig.__code__)
+    h = _C.Hooked(orig, rec)
+    for _ in range(3):
+        with pytest.raises(LookupError, match="code target 3") as ei:
+            h(3)
+        last = traceback.extract_tb(ei.value.__traceback__)[-1]
+        assert last.name == "repl" and last.lineno == repl.__code__.co_firstlineno + 1
+        # the frame object outlived the shadow frame: its locals are intact
+        tb = ei.value.__traceback__
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        assert tb.tb_frame.f_locals == {"a": 3}
+        assert tb.tb_frame.f_back.f_code is sys._getframe().f_code   # linked to the caller
+        del tb, ei
+
+
+# ---------------------------------------------------------------------------
+# guards
+# ---------------------------------------------------------------------------
+
+G_VALUE = 5
+
+
+def test_guard_local_type_id_eq_len():
+    def f(a, b, c):
+        return a
+
+    sentinel = object()
+    assert first_failure(f, [("local", 0, 0), ("type", 0, int)], 1, 2, 3) == -1
+    assert first_failure(f, [("local", 0, 0), ("type", 0, int)], True, 2, 3) == 1   # exact type
+    assert first_failure(f, [("local", 0, 1), ("id", 0, sentinel)], 1, sentinel, 3) == -1
+    assert first_failure(f, [("local", 0, 1), ("id", 0, sentinel)], 1, object(), 3) == 1
+    for value, good, bad in [(3, 3, 3.0), (1.5, 1.5, 2.5), ("s", "s", b"s"), (b"x", b"x", "x"), (None, None, 0),
+                             (True, True, 1), ((1, "a", (None,)), (1, "a", (None,)), (1, "a", (0,))),
+                             ((1,), (1,), (True,))]:
+        prog = [("local", 0, 2), ("eq", 0, value)]
+        assert first_failure(f, prog, 0, 0, good) == -1, value
+        assert first_failure(f, prog, 0, 0, bad) == 1, (value, bad)
+    for container in ((1, 2), [1, 2], {"a": 1, "b": 2}):
+        prog = [("local", 3, 0), ("len", 3, 2)]
+        assert first_failure(f, prog, container, 0, 0) == -1
+        assert first_failure(f, prog, type(container)(list(container)[:1]) if not isinstance(container, dict)
+                             else {"a": 1}, 0, 0) == 1
+    assert first_failure(f, [("local", 0, 0), ("len", 0, 0)], "", 0, 0) == 1   # str is not measured
+    assert first_failure(f, [("local", 0, 7)], 1, 2, 3) == 0                    # no such slot
+
+
+def test_guard_global_builtin_and_change():
+    global G_VALUE
+
+    def f():
+        return G_VALUE
+
+    prog = [("global", 0, "G_VALUE"), ("eq", 0, 5), ("global", 1, "len"), ("id", 1, len)]
+    assert first_failure(f, prog) == -1
+    assert first_failure(f, [("global", 0, "NOPE_NOT_DEFINED")]) == 0
+
+    rec = Recorder(entry_for(prog, lambda: "compiled", slots=()), only=f.__code__)
+    h = _C.Hooked(f, rec)
+    assert h() == "compiled" and h() == "compiled"
+    G_VALUE = 6
+    try:
+        assert h() == "compiled"     # guard #1 failed: the callback was asked again
+        assert [c[1] for c in rec.calls] == [0, 1]
+        assert first_failure(f, prog) == 1
+    finally:
+        G_VALUE = 5
+
+
+def test_guard_closure_and_free_var_slot():
+    z = [1]
+
+    def f(a):
+        return a + len(z)
+
+    free_slot = len(f.__code__.co_varnames) + len(f.__code__.co_cellvars)
+    assert first_failure(f, [("closure", 0, 0), ("type", 0, list), ("len", 0, 1)], 0) == -1
+    assert first_failure(f, [("local", 0, free_slot), ("id", 0, z)], 0) == -1
+    z = [1, 2]
+    assert first_failure(f, [("closure", 0, 0), ("len", 0, 1)], 0) == 1
+    assert first_failure(f, [("closure", 0, 1)], 0) == 0
+
+
+def test_guard_item_dictattr_type_of():
+    class Obj:
+        cls_attr = 1
+
+        def __init__(self):
+            self.x = 3
+
+        @property
+        def prop(self):
+            raise AssertionError("a property must not run")
+
+        def __getattr__(self, name):
+            raise AssertionError("__getattr__ must not run")
+
+    def f(a):
+        return a
+
+    d = {"k": (10, [20, 30])}
+    prog = [("local", 0, 0), ("item", 1, 0, "k"), ("item", 2, 1, 1), ("item", 3, 2, -1), ("eq", 3, 30),
+            ("item", 4, 1, 0), ("eq", 4, 10)]
+    assert first_failure(f, prog, d) == -1
+    assert first_failure(f, prog, {"k": (10, [20, 31])}) == 4
+    assert first_failure(f, prog, {"j": 1}) == 1
+    assert first_failure(f, prog, {"k": (10,)}) == 2
+    assert first_failure(f, [("local", 0, 0), ("item", 1, 0, "k")], [1]) == 1   # str key on a list
+    o = Obj()
+    prog = [("local", 0, 0), ("dictattr", 1, 0, "x"), ("eq", 1, 3)]
+    assert first_failure(f, prog, o) == -1
+    o.x = 4
+    assert first_failure(f, prog, o) == 2
+    assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "prop")], o) == 1
+    assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "cls_attr")], o) == 1
+    assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "missing")], o) == 1
+    assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "x")], 5) == 1   # no __dict__
+    prog = [("local", 0, 0), ("type_of", 1, 0), ("id", 1, Obj)]
+    assert first_failure(f, prog, o) == -1
+    assert first_failure(f, prog, 1) == 2
+
+
+def test_guard_ndarray():
+    def f(a):
+        return a
+
+    def prog(dtype, ndim, mask, contig):
+        return [("local", 0, 0), ("ndarray", 0, dtype, ndim, mask, contig)]
+
+    x = np.zeros((3, 1, 4), np.float32)
+    assert first_failure(f, prog(np.float32, 3, 0b010, 1), x) == -1
+    assert first_failure(f, prog("float32", 3, 0b010, 0), x) == -1
+    assert first_failure(f, prog(np.float64, 3, 0b010, 0), x) == 1                      # dtype
+    assert first_failure(f, prog(np.float32, 3, 0b010, 0), x.astype(">f4")) == 1        # byte order
+    assert first_failure(f, prog(np.float32, 2, 0b010, 0), x[0]) == 1                   # ndim
+    assert first_failure(f, prog(np.float32, 3, 0b000, 0), x) == 1                      # size-1 pattern
+    assert first_failure(f, prog(np.float32, 3, 0b011, 0), np.zeros((1, 1, 4), np.float32)) == -1
+    t = np.zeros((4, 1, 3), np.float32).transpose(2, 1, 0)
+    assert first_failure(f, prog(np.float32, 3, 0b010, 1), t) == 1                      # must be C-contig
+    assert first_failure(f, prog(np.float32, 3, 0b010, 2), t) == -1                     # must not be
+    assert first_failure(f, prog(np.float32, 3, 0b010, 2), x) == 1
+    assert first_failure(f, prog(np.float32, 0, 0, 0), np.float32(1)) == 1              # scalar, not array
+
+    class Sub(np.ndarray):
+        pass
+
+    assert first_failure(f, prog(np.float32, 3, 0b010, 0), x.view(Sub)) == 1           # exact ndarray
+
+
+class FakeTensor:
+    """Quacks like a torch tensor for the tensor guard."""
+
+    def __init__(self, dtype, shape, device="cpu", requires_grad=False, contiguous=True):
+        self.dtype, self.shape, self.device = dtype, tuple(shape), device
+        self.requires_grad, self._contig = requires_grad, contiguous
+
+    def is_contiguous(self):
+        return self._contig
+
+
+def test_guard_tensor():
+    def f(a):
+        return a
+
+    prog = [("local", 0, 0), ("tensor", 0, "f32", 2, 0b01, 1, "cpu", False)]
+    assert first_failure(f, prog, FakeTensor("f32", (1, 5))) == -1
+    assert first_failure(f, prog, FakeTensor("f16", (1, 5))) == 1
+    assert first_failure(f, prog, FakeTensor("f32", (2, 5))) == 1
+    assert first_failure(f, prog, FakeTensor("f32", (1, 5, 1))) == 1
+    assert first_failure(f, prog, FakeTensor("f32", (1, 5), device="cuda:0")) == 1
+    assert first_failure(f, prog, FakeTensor("f32", (1, 5), requires_grad=True)) == 1
+    assert first_failure(f, prog, FakeTensor("f32", (1, 5), contiguous=False)) == 1
+    assert first_failure(f, prog, object()) == 1     # AttributeError is a failure, not an error
+
+
+def test_malformed_programs():
+    for prog, match in [([("nope", 0)], "#0: unknown op"),
+                        ([("local", 0, 0), ("type", 1, int)], "#1: bad register"),
+                        ([("local", 0)], "#0: local takes 3"),
+                        ([("local", 99, 0)], "#0: bad register"),
+                        ([("local", 0, 0), ("item", 1, 2, "k")], "#1: bad register"),
+                        ([("local", 0, 0), ("ndarray", 0, np.float32, 1, 0, 5)], "#1: contig"),
+                        (["local"], "#0: expected a tuple")]:
+        with pytest.raises(ValueError, match=match):
+            _C.Guards(prog)
+    with pytest.raises(TypeError, match="eq compares"):
+        _C.Guards([("local", 0, 0), ("eq", 0, [1])])
+    with pytest.raises(TypeError, match="eq compares"):
+        _C.Guards([("local", 0, 0), ("eq", 0, (1, object()))])
+    assert len(_C.Guards([])) == 0
+
+
+# ---------------------------------------------------------------------------
+# references, reset, threads
+# ---------------------------------------------------------------------------
+
+def count_frames():
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, types.FrameType))
+
+
+@pytest.mark.parametrize("kind", ["callable", "code", "normal", "miss"])
+def test_no_leaks_after_10000_calls(kind):
+    def f(a, b):
+        return b
+
+    def repl(a, b):
+        return a
+
+    answer = {"callable": entry_for([("local", 0, 0), ("type", 0, object)], lambda a, b: a, slots=(0, 1)),
+              "code": entry_for([("local", 0, 0), ("type", 0, object)], repl.__code__),
+              "normal": None,
+              "miss": lambda fr, n: None if n else _C.CacheEntry([("local", 0, 0), ("type", 0, int)],
+                                                                  lambda a: a, slots=(0,))}[kind]
+    h = _C.Hooked(f, Recorder(answer, only=f.__code__))
+    if kind == "miss":
+        assert h(1, 2) == 1          # stores the int entry; object args miss it from now on
+    x, y = object(), object()
+    expect = y if kind in ("normal", "miss") else x
+    assert h(x, y) is expect
+    before = [sys.getrefcount(o) for o in (f.__code__, f, x, y, repl.__code__)]
+    frames = count_frames()
+    for _ in range(10000):
+        h(x, y)
+    assert [sys.getrefcount(o) for o in (f.__code__, f, x, y, repl.__code__)] == before
+    assert count_frames() <= frames
+
+
+def test_no_leaks_with_exceptions_in_code_target():
+    def f(a):
+        return a
+
+    def repl(a):
+        raise ValueError(a)
+
+    h = _C.Hooked(f, Recorder(entry_for([], repl.__code__), only=f.__code__))
+    x = object()
+    with pytest.raises(ValueError):
+        h(x)
+    before = [sys.getrefcount(o) for o in (f.__code__, f, x, repl.__code__)]
+    frames = count_frames()
+    for _ in range(10000):
+        try:
+            h(x)
+        except ValueError:
+            pass
+    assert [sys.getrefcount(o) for o in (f.__code__, f, x, repl.__code__)] == before
+    assert count_frames() <= frames
+
+
+def test_reset_releases_references():
+    def f(a):
+        return a
+
+    def make_target():
+        def target(a):
+            return ("t", a)
+        return target
+
+    for reset in (lambda: _C.reset_code(f.__code__), _C.reset_all):
+        t = make_target()
+        w = weakref.ref(t)
+        h = _C.Hooked(f, Recorder(entry_for([], t, slots=(0,)), only=f.__code__))
+        assert h(1) == ("t", 1)
+        del t
+        gc.collect()
+        del h                                     # its callback's answer holds t too
+        gc.collect()
+        assert w() is not None                    # held by the entry
+        reset()
+        gc.collect()
+        assert w() is None
+        assert _C.code_entries(f.__code__) == [] and _C.code_state(f.__code__) == "none"
+
+    # a code object that dies takes its entries with it
+    ns = {}
+    exec("def g(a):\n    return a\n", ns)
+    g = ns.pop("g")
+    t = make_target()
+    w = weakref.ref(t)
+    assert _C.Hooked(g, Recorder(entry_for([], t, slots=(0,)), only=g.__code__))(2) == ("t", 2)
+    del t, g
+    gc.collect()
+    assert w() is None
+
+
+def test_two_threads():
+    def f(x):
+        return x + 1
+
+    lock = threading.Lock()
+    calls = []
+
+    def cb(frame, n):
+        if frame.f_code is not f.__code__:
+            return None
+        with lock:
+            calls.append(n)
+        return _C.CacheEntry([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,))
+
+    h = _C.Hooked(f, cb)
+    barrier = threading.Barrier(3)
+    errors = []
+
+    def hooked_worker():
+        try:
+            barrier.wait()
+            for i in range(3000):
+                r = h(i)
+                assert r == -i or (r == i + 1 and i == 0), (i, r)   # 0 -> neg(0) == 0 anyway
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    def plain_worker():
+        # this thread's mode is None: the hook may be installed by the others,
+        # but f must run as written here
+        try:
+            barrier.wait()
+            for i in range(3000):
+                assert f(i) == i + 1
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=hooked_worker), threading.Thread(target=hooked_worker),
+               threading.Thread(target=plain_worker)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+    assert 1 <= len(calls) <= 2
+    assert not _C._eval_frame_installed()
+
+
+def test_thread_locality_while_other_thread_is_hooked():
+    def f(x):
+        return x + 1
+
+    inside, release = threading.Event(), threading.Event()
+
+    def body():
+        inside.set()
+        release.wait(10)
+        return f(1)
+
+    def cb(frame, n):
+        if frame.f_code is f.__code__:
+            return _C.CacheEntry([], lambda: "compiled", slots=())
+        return None
+
+    out = []
+    t = threading.Thread(target=lambda: out.append(_C.Hooked(body, cb)()))
+    t.start()
+    assert inside.wait(10)
+    try:
+        assert _C._eval_frame_installed()
+        assert f(1) == 2                # this thread is off
+    finally:
+        release.set()
+        t.join()
+    assert out == ["compiled"]
+    assert not _C._eval_frame_installed()
