@@ -674,7 +674,7 @@ def test_malformed_programs():
     for prog, match in [([("nope", 0)], "#0: unknown op"),
                         ([("local", 0, 0), ("type", 1, int)], "#1: bad register"),
                         ([("local", 0)], "#0: local takes 3"),
-                        ([("local", 99, 0)], "#0: bad register"),
+                        ([("local", 999, 0)], "#0: bad register"),
                         ([("local", 0, 0), ("item", 1, 2, "k")], "#1: bad register"),
                         ([("local", 0, 0), ("ndarray", 0, np.float32, 1, 0, 5)], "#1: contig"),
                         (["local"], "#0: expected a tuple")]:
@@ -862,3 +862,33 @@ def test_thread_locality_while_other_thread_is_hooked():
         t.join()
     assert out == ["compiled"]
     assert not _C._eval_frame_installed()
+
+
+def test_dim_guard():
+    """("dim", reg, axis, size): a size the trace used as a Python value."""
+    g = _C.Guards([("local", 0, 0), ("dim", 0, 1, 3)])
+    prog_ok = [np.zeros((2, 3)), np.zeros((5, 3, 1))]
+    prog_bad = [np.zeros((2, 4)), np.zeros(3), [1, 2, 3]]
+
+    def f(x):
+        return x
+
+    for x, want in [(v, -1) for v in prog_ok] + [(v, 1) for v in prog_bad]:
+        seen = []
+
+        def cb(frame, cache_size):
+            seen.append(g.first_failure(frame))
+            return None
+
+        _C.Hooked(f, cb)(x)
+        assert seen == [want], (x, seen)
+    with pytest.raises(ValueError, match="#1: dim takes 4"):
+        _C.Guards([("local", 0, 0), ("dim", 0, 1)])
+    assert len(_C.Guards([("local", i, 0) for i in range(200)])) == 200
+
+
+def test_cache_entry_info():
+    info = object()
+    e = _C.CacheEntry(_C.Guards([]), len, slots=(0,), info=info)
+    assert e.info is info
+    assert _C.CacheEntry(_C.Guards([]), len, slots=(0,)).info is None

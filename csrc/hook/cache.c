@@ -44,11 +44,11 @@ kind_of(PyCodeObject *code, Py_ssize_t i)
 static PyObject *
 Entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"guards", "target", "slots", "name", NULL};
-    PyObject *guards = NULL, *target = NULL, *slots = Py_None, *name = Py_None;
+    static char *kwlist[] = {"guards", "target", "slots", "name", "info", NULL};
+    PyObject *guards = NULL, *target = NULL, *slots = Py_None, *name = Py_None, *info = Py_None;
     FcHookEntry *e = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OO:CacheEntry", kwlist, &guards, &target, &slots,
-                                     &name)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$OOO:CacheEntry", kwlist, &guards, &target, &slots,
+                                     &name, &info)) {
         goto error;
     }
     if (name != Py_None && !PyUnicode_Check(name)) {
@@ -81,6 +81,7 @@ Entry_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     e->target = Py_NewRef(target);
     e->slots = Py_NewRef(slots);
     e->name = Py_NewRef(name);
+    e->info = Py_NewRef(info);
     if (!is_code) {
         e->nslots = PyTuple_GET_SIZE(slots);
         e->slot_index = PyMem_Calloc(e->nslots > 0 ? (size_t)e->nslots : 1, sizeof(Py_ssize_t));
@@ -113,6 +114,7 @@ Entry_traverse(FcHookEntry *e, visitproc visit, void *arg)
     Py_VISIT(e->target);
     Py_VISIT(e->slots);
     Py_VISIT(e->name);
+    Py_VISIT(e->info);
     return 0;
 }
 
@@ -123,6 +125,7 @@ Entry_clear(FcHookEntry *e)
     Py_CLEAR(e->target);
     Py_CLEAR(e->slots);
     Py_CLEAR(e->name);
+    Py_CLEAR(e->info);
     return 0;
 }
 
@@ -206,6 +209,7 @@ static PyMemberDef Entry_members[] = {
     {"target", T_OBJECT, offsetof(FcHookEntry, target), READONLY, "callable or code object"},
     {"slots", T_OBJECT, offsetof(FcHookEntry, slots), READONLY, "tuple of localsplus indices, or None"},
     {"name", T_OBJECT, offsetof(FcHookEntry, name), READONLY, "label for explain(), or None"},
+    {"info", T_OBJECT, offsetof(FcHookEntry, info), READONLY, "whatever the frontend keeps for reports, or None"},
     {"hits", T_PYSSIZET, offsetof(FcHookEntry, hits), READONLY, "number of guard hits"},
     {NULL, 0, 0, 0, NULL},
 };

@@ -14,11 +14,11 @@
 #include "../fc_numpy.h"
 #include "hook.h"
 
-#define FC_GUARD_MAX_REGS 32
+#define FC_GUARD_MAX_REGS 256   /* one per guarded source; a model with many parameters needs many */
 
 typedef enum {
     G_LOCAL, G_GLOBAL, G_CLOSURE, G_ITEM, G_DICTATTR, G_TYPE_OF,
-    G_TYPE, G_ID, G_EQ, G_LEN, G_NDARRAY, G_TENSOR,
+    G_TYPE, G_ID, G_EQ, G_LEN, G_NDARRAY, G_TENSOR, G_DIM,
 } GuardOp;
 
 static const struct {
@@ -38,6 +38,7 @@ static const struct {
     [G_LEN] = {"len", 3, 0},
     [G_NDARRAY] = {"ndarray", 6, 0},
     [G_TENSOR] = {"tensor", 8, 0},
+    [G_DIM] = {"dim", 4, 0},
 };
 #define G_NOPS ((int)(sizeof(guard_ops) / sizeof(guard_ops[0])))
 
@@ -45,7 +46,8 @@ typedef struct {
     GuardOp op;
     int reg;            /* destination (loads) or checked register */
     int src;            /* source register (item, dictattr, type_of) */
-    Py_ssize_t n;       /* slot, closure index, int key, length, ndim */
+    Py_ssize_t n;       /* slot, closure index, int key, length, ndim, dim axis */
+    Py_ssize_t size;    /* dim: the size shape[n] must have */
     int has_n;          /* item: key is an int (tuple/list index) */
     uint64_t mask;      /* size-1 pattern */
     int contig;         /* 0 any, 1 C-contiguous, 2 not C-contiguous */
@@ -281,6 +283,12 @@ guard_parse(PyObject *t, Py_ssize_t idx, unsigned char *written, GuardInstr *in)
         break;
     case G_LEN:
         if (parse_nonneg(x1, idx, "length", &in->n) < 0) {
+            return -1;
+        }
+        break;
+    case G_DIM:
+        if (parse_nonneg(x1, idx, "axis", &in->n) < 0 ||
+                parse_nonneg(PyTuple_GET_ITEM(t, 3), idx, "size", &in->size) < 0) {
             return -1;
         }
         break;
@@ -585,6 +593,41 @@ cleanup:
     return ok;
 }
 
+/* shape[axis] == size, for an ndarray directly, else through .shape (torch.Size
+ * is a tuple subclass). 1 pass, 0 fail, -1 error. */
+static int
+check_dim(const GuardInstr *in, PyObject *o)
+{
+    if (PyArray_Check(o)) {
+        PyArrayObject *a = (PyArrayObject *)o;
+        return in->n < PyArray_NDIM(a) && PyArray_DIM(a, (int)in->n) == in->size;
+    }
+    PyObject *shape = NULL, *item = NULL;
+    int ok = 0;
+    if ((shape = PyObject_GetAttr(o, str_shape)) == NULL) {
+        goto error;
+    }
+    if (!PyTuple_Check(shape)) {
+        goto cleanup;
+    }
+    if (in->n >= PyTuple_GET_SIZE(shape)) {
+        goto cleanup;
+    }
+    item = Py_NewRef(PyTuple_GET_ITEM(shape, in->n));
+    Py_ssize_t sz = PyLong_Check(item) ? PyLong_AsSsize_t(item) : -1;
+    if (sz == -1 && PyErr_Occurred()) {
+        goto error;
+    }
+    ok = sz == in->size;
+    goto cleanup;
+error:
+    ok = -1;
+cleanup:
+    Py_XDECREF(shape);
+    Py_XDECREF(item);
+    return ok;
+}
+
 /* 1 pass, 0 fail, -1 error. */
 static int
 guard_check(const GuardInstr *in, PyObject *o)
@@ -611,6 +654,8 @@ guard_check(const GuardInstr *in, PyObject *o)
         return check_ndarray(in, o);
     case G_TENSOR:
         return check_tensor(in, o);
+    case G_DIM:
+        return check_dim(in, o);
     default:
         return 0;
     }

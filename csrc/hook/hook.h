@@ -63,6 +63,7 @@ typedef struct {
     PyObject *target;           /* owned: a callable or a code object */
     PyObject *slots;            /* owned tuple of ints, or None (code target) */
     PyObject *name;             /* owned str or None */
+    PyObject *info;             /* owned: the frontend's report data (trace.EntryInfo) or None */
     Py_ssize_t hits;
     Py_ssize_t *slot_index;     /* PyMem; one per slot */
     Py_ssize_t nslots;

@@ -33,4 +33,7 @@ def stats():
     return _C.stats()
 
 
-__all__ = ["graph", "config", "cache_clear", "stats"]
+from .api import compile, reset            # noqa: E402  (after _configure: tracing compiles graphs)
+from .explain import explain               # noqa: E402
+
+__all__ = ["compile", "explain", "reset", "graph", "config", "cache_clear", "stats"]

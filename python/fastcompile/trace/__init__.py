@@ -87,7 +87,7 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
 
     def target(*values):
         return run(*values)[0]
-    result.target, result.slots = target, run.slots
+    result.target, result.slots = run.fast_target or target, run.slots
     result.graphs = _graph_info(tracer, run)
     result.guards = guards.dedupe(tracer.guards)
     result.program = guards.compile_program(result.guards)

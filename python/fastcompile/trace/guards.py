@@ -82,7 +82,7 @@ def array_guard(source, arr):
 
 def tensor_guard(source, t):
     return Guard(source, "tensor", t.dtype, t.dim(), size1_mask(t.shape),
-                 1 if t.is_contiguous() else 2, str(t.device), bool(t.requires_grad))
+                 1 if t.is_contiguous() else 2, t.device, bool(t.requires_grad))
 
 
 def dedupe(guards):
@@ -191,7 +191,7 @@ def _check(ins, v):
             return False
         _, _, dtype, ndim, mask, contig, device, rg = ins
         return (v.dtype == dtype and v.dim() == ndim and size1_mask(v.shape) == mask
-                and _contig_ok(v.is_contiguous(), contig) and str(v.device) == device
+                and _contig_ok(v.is_contiguous(), contig) and v.device == device
                 and bool(v.requires_grad) == rg)
     raise ValueError("unknown guard instruction %r" % (kind,))
 

@@ -116,7 +116,37 @@ def build(tracer, vars_, user_stack=()):
     run.compiled = lambda: state["compiled"]     # the Compiled, once the first call made it
     run.graph = graph if outputs else None
     run.op_count = op_count
+    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph) if outputs else None
     return run
+
+
+def _fast_target(vars_, outputs, inputs, slots, state, graph):
+    """For the common frame (NumPy arrays straight from arguments in, one array or a
+    tuple of arrays straight out of the graph), a target with no per-call
+    bookkeeping: pick the arguments, call the Compiled, pick the outputs. None otherwise."""
+    from .interp import _unlazy
+    if len(vars_) != 1 or any(kind != "numpy" or not isinstance(src, S.LocalSource) for src, kind, _ in inputs):
+        return None
+    ret = _unlazy(vars_[0])
+    items = ret.items if isinstance(ret, TupleVar) else [ret]
+    ks = []
+    for v in items:
+        v = _unlazy(v)
+        if not isinstance(v, ArrayVar) or v.source is not None or v.kind != "numpy" \
+                or isinstance(v.example, np.generic):
+            return None
+        ks.append(next(i for i, o in enumerate(outputs) if o is v))
+    pos = [slots.index(src.slot) for src, _, _ in inputs]
+    compiled = state["compiled"] = graph.compile()
+    if not isinstance(ret, TupleVar) and len(pos) == 1:
+        (p,), (k,) = pos, ks
+        return lambda *values: compiled(values[p])[k]
+    if not isinstance(ret, TupleVar):
+        (k,) = ks
+        return lambda *values: compiled(*[values[p] for p in pos])[k]
+    if ks == list(range(len(outputs))):
+        return lambda *values: compiled(*[values[p] for p in pos])
+    return lambda *values: (lambda outs: tuple(outs[k] for k in ks))(compiled(*[values[p] for p in pos]))
 
 
 class _Closure:
