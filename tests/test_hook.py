@@ -892,3 +892,15 @@ def test_cache_entry_info():
     e = _C.CacheEntry(_C.Guards([]), len, slots=(0,), info=info)
     assert e.info is info
     assert _C.CacheEntry(_C.Guards([]), len, slots=(0,)).info is None
+
+
+def test_code_with_only_a_foreign_extra_slot_dies_cleanly():
+    """CPython calls every registered co_extra free function when a code object with
+    any extra slot dies, with NULL for the slots never set (torch's Dynamo sets its
+    own slot on code we never saw: this crashed in the GC before)."""
+    for i in range(50):
+        ns = {}
+        exec(compile("def f%d(x):\n    return x + %d\n" % (i, i), "<foreign-%d>" % i, "exec"), ns)
+        _C._test_foreign_extra(ns["f%d" % i].__code__)
+        del ns
+    gc.collect()

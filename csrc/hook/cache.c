@@ -255,12 +255,17 @@ entries_release(FcHookEntry **items, Py_ssize_t n)
     PyMem_Free(items);
 }
 
-/* co_extra free function: the code object dies (or its slot is replaced). */
+/* co_extra free function: the code object dies (or its slot is replaced).
+ * CPython calls it for every registered index of a code object that has any
+ * extra slots (e.g. only torch's), so p is NULL for code we never touched. */
 static void
 extra_free(void *p)
 {
     FcHookExtra *x = p;
     Py_ssize_t n;
+    if (x == NULL) {
+        return;
+    }
     x->prev->next = x->next;
     x->next->prev = x->prev;
     FcHookEntry **items = extra_detach(x, &n);
@@ -438,7 +443,37 @@ hook_reset_all(PyObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* Tests: give `code` an extra slot under a second, foreign index (as torch's
+ * Dynamo does), so that when the code dies CPython calls our free function
+ * with NULL for our slot. */
+static void
+foreign_extra_free(void *p)
+{
+    (void)p;
+}
+
+static PyObject *
+hook_test_foreign_extra(PyObject *self, PyObject *code)
+{
+    static Py_ssize_t foreign_index = -1;
+    static char dummy;
+    if (!PyCode_Check(code)) {
+        PyErr_SetString(PyExc_TypeError, "_test_foreign_extra expects a code object");
+        return NULL;
+    }
+    if (foreign_index < 0 && (foreign_index = FC_REQUEST_CODE_EXTRA_INDEX(foreign_extra_free)) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: no co_extra slot left");
+        return NULL;
+    }
+    if (FC_CODE_SET_EXTRA(code, foreign_index, &dummy) < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef cache_methods[] = {
+    {"_test_foreign_extra", hook_test_foreign_extra, METH_O,
+     "give a code object an extra slot under another index (tests)"},
     {"code_entries", hook_code_entries, METH_O, "code_entries(code) -> list of CacheEntry, most recent first"},
     {"code_state", hook_code_state, METH_O, "code_state(code) -> 'none' | 'skip' | 'run_only' | 'active'"},
     {"reset_code", hook_reset_code, METH_O, "reset_code(code): drop the entries and marks of one code object"},
