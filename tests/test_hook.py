@@ -904,3 +904,29 @@ def test_code_with_only_a_foreign_extra_slot_dies_cleanly():
         _C._test_foreign_extra(ns["f%d" % i].__code__)
         del ns
     gc.collect()
+
+
+def test_pick_adapter():
+    """Pick(fn, positions, item) == fn(*[args[i] for i in positions])[item], in C."""
+    def fn(*a):
+        return tuple(x * 10 for x in a)
+
+    assert _C.Pick(fn, (2, 0))(1, 2, 3) == (30, 10)
+    assert _C.Pick(fn, (2, 0), 1)(1, 2, 3) == 10
+    assert _C.Pick(fn, ())() == ()
+    with pytest.raises(TypeError, match="argument 2 of 2"):
+        _C.Pick(fn, (2,))(1, 2)
+    with pytest.raises(IndexError):
+        _C.Pick(fn, (0,), 3)(1)
+    with pytest.raises(ValueError):
+        _C.Pick(fn, (-1,))
+    with pytest.raises(TypeError):
+        _C.Pick(fn, [0])
+    with pytest.raises(TypeError):
+        _C.Pick(fn, (0,))(x=1)
+    x = object()
+    before = sys.getrefcount(x)
+    p = _C.Pick(lambda v: (v, v), (0,), 0)
+    for _ in range(1000):
+        assert p(x) is x
+    assert sys.getrefcount(x) == before

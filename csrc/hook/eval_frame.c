@@ -701,7 +701,7 @@ fc_hook_init(PyObject *m)
         Py_CLEAR(hook_run_only);
         return -1;
     }
-    if (fc_hook_guards_init(m) < 0 || fc_hook_cache_init(m) < 0 ||
+    if (fc_hook_guards_init(m) < 0 || fc_hook_cache_init(m) < 0 || fc_hook_adapter_init(m) < 0 ||
             PyModule_AddObjectRef(m, "Frame", (PyObject *)&Frame_Type) < 0 ||
             PyModule_AddObjectRef(m, "Hooked", (PyObject *)&Hooked_Type) < 0 ||
             PyModule_AddObjectRef(m, "SKIP", hook_skip) < 0 ||

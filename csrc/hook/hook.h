@@ -107,6 +107,8 @@ FC_INTERNAL int fc_hook_entry_check(FcHookEntry *e, PyCodeObject *code);
 /* Adds CacheEntry, code_entries, code_state, reset_code, reset_all to module.
  * module: borrowed. Returns 0, or -1 with an exception set. */
 FC_INTERNAL int fc_hook_cache_init(PyObject *module);
+/* adapter.c: the Pick type (a C fast target). */
+FC_INTERNAL int fc_hook_adapter_init(PyObject *module);
 
 /* ---- eval_frame.c ---- */
 

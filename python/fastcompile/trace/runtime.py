@@ -136,16 +136,14 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph):
                 or isinstance(v.example, np.generic):
             return None
         ks.append(next(i for i, o in enumerate(outputs) if o is v))
-    pos = [slots.index(src.slot) for src, _, _ in inputs]
+    from .. import _C
+    pos = tuple(slots.index(src.slot) for src, _, _ in inputs)
     compiled = state["compiled"] = graph.compile()
-    if not isinstance(ret, TupleVar) and len(pos) == 1:
-        (p,), (k,) = pos, ks
-        return lambda *values: compiled(values[p])[k]
     if not isinstance(ret, TupleVar):
         (k,) = ks
-        return lambda *values: compiled(*[values[p] for p in pos])[k]
+        return _C.Pick(compiled, pos, k)                 # C: no Python frame per call
     if ks == list(range(len(outputs))):
-        return lambda *values: compiled(*[values[p] for p in pos])
+        return _C.Pick(compiled, pos)
     return lambda *values: (lambda outs: tuple(outs[k] for k in ks))(compiled(*[values[p] for p in pos]))
 
 
