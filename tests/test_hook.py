@@ -930,3 +930,24 @@ def test_pick_adapter():
     for _ in range(1000):
         assert p(x) is x
     assert sys.getrefcount(x) == before
+
+
+def test_unsupported_python_runs_plain():
+    """On a CPython whose bytecode the tracer does not read, compiled functions run as
+    plain Python (one entry that runs the original code), and fullgraph raises."""
+    import fastcompile
+    from fastcompile import trace
+
+    def f(x):
+        return x * 2 + 1
+
+    x = np.arange(4.0)
+    if sys.version_info[:2] in trace.SUPPORTED_PYTHONS:
+        r = trace.trace_function(f, x)
+        assert r.target is not None and not r.breaks
+        return
+    r = trace.trace_function(f, x)
+    assert r.target is None and r.code is None and "bytecode" in r.breaks[0].reason
+    with pytest.raises(trace.Unsupported, match="bytecode"):
+        trace.trace_function(f, x, fullgraph=True)
+    np.testing.assert_array_equal(fastcompile.compile(f)(x), f(x))

@@ -1,6 +1,7 @@
 """The tracer (python/fastcompile/trace): graph and break counts, results equal
 to the uncompiled function (directly, through TraceResult.target or through the
 transformed code object), guards and the flat guard program."""
+import sys
 import types
 
 import numpy as np
@@ -13,6 +14,11 @@ from fastcompile.trace import slot_values, trace_function
 from fastcompile.trace.interp import localsplus_names
 
 import trace_corpus as C
+
+pytestmark = pytest.mark.skipif(
+    sys.version_info[:2] not in trace.SUPPORTED_PYTHONS,
+    reason="the tracer reads CPython 3.11/3.12 bytecode; on other versions frames run as plain Python "
+           "(test_unsupported_python_runs_plain covers that)")
 
 try:
     import torch

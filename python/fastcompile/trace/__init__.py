@@ -7,10 +7,13 @@ builtins, closure and bound locals; out: a TraceResult.
     r.program                                    # flat guard program (guards.py)
 """
 import inspect
+import sys
 
 from . import guards
 from .interp import Stop, Tracer, localsplus_names
 from .variables import Unsupported
+
+SUPPORTED_PYTHONS = ((3, 11), (3, 12))    # bytecode the interpreter loop knows
 
 __all__ = ["trace_frame", "trace_function", "TraceResult", "GraphInfo", "BreakReason", "Unsupported",
            "EntryInfo", "reset", "guards"]
@@ -71,6 +74,14 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
     included) and of the free variables; closure: the function's cells."""
     from . import runtime
     result = TraceResult()
+    if sys.version_info[:2] not in SUPPORTED_PYTHONS:
+        why = ("fastcompile's tracer reads CPython %s bytecode, not %d.%d: the frame runs as plain Python"
+               % (" and ".join("%d.%d" % v for v in SUPPORTED_PYTHONS), *sys.version_info[:2]))
+        stack = [(code.co_filename, code.co_firstlineno, code.co_name, "")]
+        if fullgraph:
+            raise Unsupported(why, stack)
+        result.breaks.append(BreakReason(why, stack))
+        return result
     tracer = Tracer(code, f_globals, f_builtins, closure, f_locals)
     try:
         ret = tracer.run()
