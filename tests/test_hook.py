@@ -951,3 +951,24 @@ def test_unsupported_python_runs_plain():
     with pytest.raises(trace.Unsupported, match="bytecode"):
         trace.trace_function(f, x, fullgraph=True)
     np.testing.assert_array_equal(fastcompile.compile(f)(x), f(x))
+
+
+def test_const_load_guards_another_dict():
+    """("const", reg, obj) loads a fixed object: guards on another module's globals."""
+    other = {"scale": 2}
+    g = _C.Guards([("const", 0, other), ("item", 1, 0, "scale"), ("eq", 1, 2)])
+    seen = []
+
+    def cb(frame, cache_size):
+        seen.append(g.first_failure(frame))
+        return None
+
+    def f():
+        return 1
+
+    _C.Hooked(f, cb)()
+    other["scale"] = 3
+    _C.Hooked(f, cb)()
+    del other["scale"]
+    _C.Hooked(f, cb)()
+    assert seen == [-1, 2, 1]

@@ -212,3 +212,26 @@ def test_torch_requires_grad_breaks():
     x = torch.randn(3, 4, requires_grad=True)
     r = trace_function(C.th_add, x, x)
     assert r.breaks and "requires grad" in r.breaks[0].reason
+
+
+def test_global_of_a_function_from_another_module_is_guarded(tmp_path, monkeypatch):
+    """A global read by a function inlined from another module is guarded through that
+    module's globals dict: changing it makes the guard program fail."""
+    (tmp_path / "fc_helpermod.py").write_text(
+        "import numpy as np\nSCALE = 2.0\ndef helper(x):\n    return x * SCALE + np.sin(x)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+    mod = importlib.import_module("fc_helpermod")
+
+    def f(x):
+        return mod.helper(x) + 1
+
+    x = np.ones(3, np.float32)
+    r = trace_function(f, x)
+    values = slot_values(f, (x,), {}, r.slots)
+    assert_close_np(r.target(*values), f(x), np.float32, "transcendental")
+    by_slot = dict(zip(r.slots, values))
+    assert G.check_program(r.program, by_slot, f.__globals__, __builtins__, f.__closure__) == -1
+    mod.SCALE = 3.0
+    failed = G.check_program(r.program, by_slot, f.__globals__, __builtins__, f.__closure__)
+    assert failed >= 0 and r.program[failed][0] == "eq" and r.program[failed][2] == 2.0

@@ -7,6 +7,7 @@ Program format (one tuple per instruction; registers are small ints):
 loads   ("local", reg, slot)            frame localsplus[slot] (cells unwrapped)
         ("global", reg, name)           f_globals[name], else builtins[name]
         ("closure", reg, index)         closure[index].cell_contents
+        ("const", reg, obj)             obj itself (held by the program), e.g. another module's globals
         ("item", reg, src, key)         src[key] for exact dict/tuple/list
         ("dictattr", reg, src, name)    src.__dict__[name] (instance dict only)
         ("type_of", reg, src)           type(src)
@@ -111,6 +112,8 @@ def compile_program(guards, owners=None):
             ins = ("global", None, src.name)
         elif isinstance(src, S.ClosureSource):
             ins = ("closure", None, src.index)
+        elif isinstance(src, S.ConstSource):
+            ins = ("const", None, src.obj)
         elif isinstance(src, S.ItemSource):
             ins = ("item", None, load(src.base), src.key)
         elif isinstance(src, S.DictAttrSource):
@@ -213,6 +216,8 @@ def check_program(program, f_locals_by_slot, f_globals, f_builtins, closure):
             v = S.evaluate(S.GlobalSource(ins[2]), f_locals_by_slot, f_globals, f_builtins, closure)
         elif kind == "closure":
             v = S.evaluate(S.ClosureSource("?", ins[2]), f_locals_by_slot, f_globals, f_builtins, closure)
+        elif kind == "const":
+            v = ins[2]
         elif kind == "item":
             base = regs[ins[2]]
             try:

@@ -527,16 +527,17 @@ class Tracer:
             value = f.f_builtins[name]
         else:
             self.unsupported("name %r is not defined" % name)
-        src = S.GlobalSource(name) if top_globals else None
-        if src is None:
-            return self._wrap_foreign(value)
-        return self.wrap(value, src)
-
-    def _wrap_foreign(self, value):
-        # a global of a function from another module: trusted, not guarded
+        if top_globals:
+            return self.wrap(value, S.GlobalSource(name))
+        # a function inlined from another module: guard the name in that module's globals
+        # (or its builtins), read through the dict itself, which the guard program holds
+        d = f.f_globals if name in f.f_globals else f.f_builtins
+        if not isinstance(d, dict):
+            d = vars(d)
+        label = "%s.G" % d.get("__name__", "?") if d is f.f_globals else "builtins"
         if type(value) is np.ndarray or (torch is not None and isinstance(value, torch.Tensor)):
             self.unsupported("array global of another module is not supported")
-        return self.wrap(value, None)
+        return self.wrap(value, S.ItemSource(S.ConstSource(d, label), name))
 
     def op_STORE_GLOBAL(self, f, ins):
         self.unsupported("store to global %r is not supported (side effect)" % ins.argval)

@@ -54,6 +54,21 @@ class ClosureSource(Source):
         return "closure[%d](%s)" % (self.index, self.name)
 
 
+class ConstSource(Source):
+    """A fixed object the trace holds on to (e.g. the globals dict of a function
+    inlined from another module); guards read items of it at call time."""
+    __slots__ = ("obj", "label")
+
+    def __init__(self, obj, label):
+        self.obj, self.label = obj, label
+
+    def _key(self):
+        return (id(self.obj),)
+
+    def __repr__(self):
+        return self.label
+
+
 class ItemSource(Source):
     __slots__ = ("base", "key")
 
@@ -126,6 +141,8 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
             return closure[source.index].cell_contents
         except (ValueError, IndexError, TypeError):
             return MISSING
+    if isinstance(source, ConstSource):
+        return source.obj
     base = evaluate(source.base, f_locals_by_slot, f_globals, f_builtins, closure)
     if base is MISSING:
         return MISSING
