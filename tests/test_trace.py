@@ -235,3 +235,22 @@ def test_global_of_a_function_from_another_module_is_guarded(tmp_path, monkeypat
     mod.SCALE = 3.0
     failed = G.check_program(r.program, by_slot, f.__globals__, __builtins__, f.__closure__)
     assert failed >= 0 and r.program[failed][0] == "eq" and r.program[failed][2] == 2.0
+
+
+def test_grad_mode_is_guarded_for_tensors_that_require_grad():
+    """A requires_grad tensor traced under no_grad is data only while grad stays off."""
+    torch = pytest.importorskip("torch")
+
+    def f(w):
+        return w * 2 + 1
+
+    w = torch.ones(3, requires_grad=True)
+    with pytest.raises(trace.Unsupported, match="requires grad"):
+        trace_function(f, w, fullgraph=True)
+    with torch.no_grad():
+        r = trace_function(f, w)
+        assert r.target is not None
+        by_slot = dict(zip(r.slots, slot_values(f, (w,), {}, r.slots)))
+        assert G.check_program(r.program, by_slot, f.__globals__, __builtins__, None) == -1
+    failed = G.check_program(r.program, by_slot, f.__globals__, __builtins__, None)
+    assert failed >= 0 and r.program[failed - 1][0] == "call0"

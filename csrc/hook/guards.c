@@ -17,7 +17,7 @@
 #define FC_GUARD_MAX_REGS 256   /* one per guarded source; a model with many parameters needs many */
 
 typedef enum {
-    G_LOCAL, G_GLOBAL, G_CLOSURE, G_CONST, G_ITEM, G_DICTATTR, G_TYPE_OF,
+    G_LOCAL, G_GLOBAL, G_CLOSURE, G_CONST, G_CALL0, G_ITEM, G_DICTATTR, G_TYPE_OF,
     G_TYPE, G_ID, G_EQ, G_LEN, G_NDARRAY, G_TENSOR, G_DIM,
 } GuardOp;
 
@@ -30,6 +30,7 @@ static const struct {
     [G_GLOBAL] = {"global", 3, 1},
     [G_CLOSURE] = {"closure", 3, 1},
     [G_CONST] = {"const", 3, 1},
+    [G_CALL0] = {"call0", 3, 1},
     [G_ITEM] = {"item", 4, 1},
     [G_DICTATTR] = {"dictattr", 4, 1},
     [G_TYPE_OF] = {"type_of", 3, 1},
@@ -274,6 +275,13 @@ guard_parse(PyObject *t, Py_ssize_t idx, unsigned char *written, GuardInstr *in)
     case G_CONST:
         in->a = Py_NewRef(x1);
         break;
+    case G_CALL0:
+        if (!PyCallable_Check(x1)) {
+            PyErr_Format(PyExc_TypeError, "guard #%zd: call0 needs a callable", idx);
+            return -1;
+        }
+        in->a = Py_NewRef(x1);
+        break;
     case G_EQ:
         if (!eq_value_ok(x1)) {
             PyErr_Format(PyExc_TypeError,
@@ -443,6 +451,8 @@ guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
     }
     case G_CONST:
         return Py_NewRef(in->a);
+    case G_CALL0:        /* a C function reading global state (torch.is_grad_enabled) */
+        return PyObject_CallNoArgs(in->a);
     case G_CLOSURE: {
         if (v->closure == NULL || in->n >= PyTuple_GET_SIZE(v->closure)) {
             return NULL;

@@ -93,7 +93,10 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
         result.guards = guards.dedupe(tracer.guards)
         result.program = guards.compile_program(result.guards)
         from . import codegen
-        codegen.resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer)
+        if e.whole_frame:
+            codegen.give_up(result, "it applies to the whole frame")
+        else:
+            codegen.resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer)
         return result
 
     def target(*values):

@@ -23,7 +23,8 @@ def reset():
     _RESUME_CACHE.clear()
 
 
-def _give_up(result, why):
+def give_up(result, why):
+    """No resume: the frame runs as plain Python (under the guards traced so far)."""
     result.code = None
     result.target = None
     result.breaks[-1].reason += "; %s: the frame runs normally" % why
@@ -40,31 +41,31 @@ def _make_fn(code, f_globals, closure):
 def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer):
     top = getattr(tracer, "top_frame", None)
     if top is None or not hasattr(top, "cur"):
-        return _give_up(result, "break before the first instruction")
+        return give_up(result, "break before the first instruction")
     idx = top.cur
     ins = top.instrs[idx]
     for j in top.instrs:
         if "BACKWARD" in j.opname and j.offset > ins.offset and j.argval <= ins.offset:
-            return _give_up(result, "graph break inside a loop")
+            return give_up(result, "graph break inside a loop")
     if ins.offset in top.protected:
-        return _give_up(result, "graph break inside a try/with block")
+        return give_up(result, "graph break inside a try/with block")
     if code.co_cellvars:
-        return _give_up(result, "resume of a frame with cell variables is not implemented")
+        return give_up(result, "resume of a frame with cell variables is not implemented")
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
-        return _give_up(result, "generator frame")
+        return give_up(result, "generator frame")
     # restart: trace again up to the breaking instruction
     t2 = Tracer(code, f_globals, f_builtins, closure, f_locals, stop_at=idx)
     try:
         t2.run()
-        return _give_up(result, "restart did not reach the break")
+        return give_up(result, "restart did not reach the break")
     except Stop as s:
         frame = s.frame
     except Unsupported as e:
-        return _give_up(result, "restart failed (%s)" % e.reason)
+        return give_up(result, "restart failed (%s)" % e.reason)
     stack = list(frame.stack)
     consumed = {"CALL": (ins.arg or 0) + 2, "CALL_FUNCTION_EX": 3 + ((ins.arg or 0) & 1)}.get(ins.opname, 1)
     if any(v is NULL for v in stack[:len(stack) - consumed]):
-        return _give_up(result, "a pending call below the break on the stack")
+        return give_up(result, "a pending call below the break on the stack")
     names = localsplus_names(code)
     nfree = len(code.co_freevars)
     bound = list(frame.locals)
@@ -74,11 +75,11 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         run = runtime.build(t2, [v for v in stack if v is not NULL] + [frame.locals[n] for n in changed],
                             frame.user_stack())
     except Unsupported as e:
-        return _give_up(result, e.reason)
+        return give_up(result, e.reason)
     try:
         result.code = _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top, idx)
     except Unsupported as e:
-        return _give_up(result, e.reason)
+        return give_up(result, e.reason)
     result.guards = t2.guards and __import__("fastcompile.trace.guards", fromlist=["x"]).dedupe(t2.guards)
     from . import guards as G
     result.program = G.compile_program(result.guards)

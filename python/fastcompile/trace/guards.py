@@ -8,6 +8,7 @@ loads   ("local", reg, slot)            frame localsplus[slot] (cells unwrapped)
         ("global", reg, name)           f_globals[name], else builtins[name]
         ("closure", reg, index)         closure[index].cell_contents
         ("const", reg, obj)             obj itself (held by the program), e.g. another module's globals
+        ("call0", reg, fn)              fn() (a C function reading global state: torch.is_grad_enabled)
         ("item", reg, src, key)         src[key] for exact dict/tuple/list
         ("dictattr", reg, src, name)    src.__dict__[name] (instance dict only)
         ("type_of", reg, src)           type(src)
@@ -114,6 +115,8 @@ def compile_program(guards, owners=None):
             ins = ("closure", None, src.index)
         elif isinstance(src, S.ConstSource):
             ins = ("const", None, src.obj)
+        elif isinstance(src, S.CallSource):
+            ins = ("call0", None, src.fn)
         elif isinstance(src, S.ItemSource):
             ins = ("item", None, load(src.base), src.key)
         elif isinstance(src, S.DictAttrSource):
@@ -218,6 +221,8 @@ def check_program(program, f_locals_by_slot, f_globals, f_builtins, closure):
             v = S.evaluate(S.ClosureSource("?", ins[2]), f_locals_by_slot, f_globals, f_builtins, closure)
         elif kind == "const":
             v = ins[2]
+        elif kind == "call0":
+            v = S.evaluate(S.CallSource(ins[2]), f_locals_by_slot, f_globals, f_builtins, closure)
         elif kind == "item":
             base = regs[ins[2]]
             try:

@@ -126,8 +126,8 @@ class Tracer:
 
     # ------------------------------------------------------------------ errors
 
-    def unsupported(self, reason):
-        raise Unsupported(reason, self.frame.user_stack())
+    def unsupported(self, reason, whole_frame=False):
+        raise Unsupported(reason, self.frame.user_stack(), whole_frame)
 
     # ------------------------------------------------------------------ wrapping frame values
 
@@ -200,7 +200,9 @@ class Tracer:
                 self.unsupported("tensor on device %s: only CPU tensors are traced" % arr.device)
             if arr.requires_grad and torch.is_grad_enabled():
                 self.unsupported("tensor requires grad: autograd is not traced "
-                                 "(hint: torch.no_grad() or requires_grad_(False))")
+                                 "(hint: torch.no_grad() or requires_grad_(False))", whole_frame=True)
+            if arr.requires_grad:          # traced as data under no_grad: only valid while grad stays off
+                self.guard(S.CallSource(torch.is_grad_enabled), "eq", False)
             if arr.dtype not in TORCH_TO_NP:
                 self.unsupported("tensor dtype %s has no NumPy dtype" % arr.dtype)
             if source is not None:

@@ -69,6 +69,20 @@ class ConstSource(Source):
         return self.label
 
 
+class CallSource(Source):
+    """fn() for a C function that reads global state, e.g. torch.is_grad_enabled."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def _key(self):
+        return (id(self.fn),)
+
+    def __repr__(self):
+        return "%s.%s()" % (getattr(self.fn, "__module__", None) or "?", getattr(self.fn, "__name__", "?"))
+
+
 class ItemSource(Source):
     __slots__ = ("base", "key")
 
@@ -143,6 +157,11 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
             return MISSING
     if isinstance(source, ConstSource):
         return source.obj
+    if isinstance(source, CallSource):
+        try:
+            return source.fn()
+        except Exception:
+            return MISSING
     base = evaluate(source.base, f_locals_by_slot, f_globals, f_builtins, closure)
     if base is MISSING:
         return MISSING

@@ -8,9 +8,10 @@ class Unsupported(Exception):
     """Raised at a graph break; with fullgraph=True it reaches the caller.
     reason: str; user_stack: list of (filename, lineno, funcname, source_line)."""
 
-    def __init__(self, reason, user_stack=()):
+    def __init__(self, reason, user_stack=(), whole_frame=False):
         self.reason = reason
         self.user_stack = list(user_stack)
+        self.whole_frame = whole_frame     # it would recur in any resume function: do not resume
         where = ""
         if self.user_stack:
             fn, ln, name, _ = self.user_stack[-1]
