@@ -972,3 +972,101 @@ def test_const_load_guards_another_dict():
     del other["scale"]
     _C.Hooked(f, cb)()
     assert seen == [-1, 2, 1]
+
+
+def test_another_eval_function_installed_above_the_hook_does_not_loop():
+    """A PEP 523 user that installs itself while the hook is on and chains to it
+    (torch's Dynamo shim does): the hook's mode going off and on again must not make
+    the two call each other forever (this overflowed the C stack)."""
+    def g():
+        return 1
+
+    cb = lambda frame, n: None  # noqa: E731
+    start = _C._test_counting_eval(None)
+    _C.set_eval_frame(cb)
+    try:
+        _C._test_counting_eval("above")     # saves hook_eval as its previous function
+        _C.set_eval_frame(None)              # cannot take the hook out of its chain
+        _C.set_eval_frame(cb)
+        assert g() == 1
+        assert _C.Hooked(lambda: g() + 1, cb)() == 2
+        assert _C._test_counting_eval(None) > start
+    finally:
+        _C.set_eval_frame(None)
+        _C._test_counting_eval(False)        # puts the hook back as the current function
+        _C.set_eval_frame(cb)
+        _C.set_eval_frame(None)              # and now the hook removes itself
+    assert not _C._eval_frame_installed()
+    assert g() == 1
+
+
+def test_callable_target_holds_free_variable_values():
+    """A callable target gets free-variable values read from cells; code that runs
+    during the call and rebinds the cell must not free an argument in use."""
+    class B:
+        def __init__(self):
+            self.pad = [0] * 100
+
+        def __gt__(self, other):
+            return "B.__gt__ %d" % len(self.pad)
+
+    def outer():
+        b = B()
+
+        def drop():
+            nonlocal b
+            b = None
+
+        def f(a):
+            return a < b
+        return f, drop
+
+    f, drop = outer()
+
+    class A:
+        def __lt__(self, other):
+            drop()                   # the cell's reference to `other` goes away
+            return NotImplemented    # CPython then calls other.__gt__
+
+    cb = lambda fr, n: _C.CacheEntry(_C.Guards([]), operator.lt, slots=(0, 1)) \
+        if fr.f_code is f.__code__ else None  # noqa: E731
+    assert _C.Hooked(f, cb)(A()) == "B.__gt__ 100"
+
+
+def test_guard_operands_are_seen_by_the_gc():
+    """An id guard on an object that refers back to the entry forms a cycle the GC
+    must be able to collect after reset_all()."""
+    class Model:
+        pass
+
+    def f(m):
+        return 1
+
+    m = Model()
+    alive = weakref.ref(m)
+    entry = _C.CacheEntry(_C.Guards([("local", 0, 0), ("id", 0, m)]), lambda m: 1, slots=(0,))
+    m.entry = entry
+    assert _C.Hooked(f, lambda fr, n: entry if fr.f_code is f.__code__ else None)(m) == 1
+    _C.reset_all()
+    del m, entry
+    gc.collect()
+    assert alive() is None
+
+
+def test_dictattr_never_reads_a_type_dict():
+    """dictattr reads instance dicts only; on a type it fails (3.12+ would otherwise
+    store a new dict into a static builtin type's NULL tp_dict)."""
+    g = _C.Guards([("local", 0, 0), ("dictattr", 1, 0, "from_bytes")])
+    seen = []
+
+    def f(x):
+        return x
+
+    def cb(frame, n):
+        seen.append(g.first_failure(frame))
+        return None
+
+    _C.Hooked(f, cb)(int)
+    ns = types.SimpleNamespace(from_bytes=1)
+    _C.Hooked(f, cb)(ns)
+    assert seen == [1, -1]

@@ -40,24 +40,42 @@ mode_get(void)
     return (PyObject *)PyThread_tss_get(&mode_key);
 }
 
+/* Another PEP 523 user (a debugger, torch's Dynamo shim) may install itself
+ * while we are installed, keeping hook_eval as the function it chains to. We
+ * cannot take ourselves out of its chain, so we note that we are still in it
+ * and stop touching the interpreter's function until we find ourselves on
+ * top again: reinstalling would make previous_eval point at the function that
+ * calls us, and the two would call each other forever. */
+static int hook_in_chain;
+
 static void
 hook_install(void)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
     _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
-    if (cur != hook_eval) {
-        previous_eval = cur == _PyEval_EvalFrameDefault ? NULL : cur;
-        _PyInterpreterState_SetEvalFrameFunc(interp, hook_eval);
+    if (cur == hook_eval) {
+        hook_in_chain = 0;
+        return;
     }
+    if (hook_in_chain) {
+        return;          /* the function above us still calls us */
+    }
+    previous_eval = cur == _PyEval_EvalFrameDefault ? NULL : cur;
+    _PyInterpreterState_SetEvalFrameFunc(interp, hook_eval);
 }
 
 static void
 hook_uninstall(void)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
-    if (_PyInterpreterState_GetEvalFrameFunc(interp) == hook_eval) {
+    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (cur == hook_eval) {
         _PyInterpreterState_SetEvalFrameFunc(interp,
                                              previous_eval != NULL ? previous_eval : _PyEval_EvalFrameDefault);
+        hook_in_chain = 0;
+    }
+    else if (cur != _PyEval_EvalFrameDefault && cur != previous_eval) {
+        hook_in_chain = 1;
     }
 }
 
@@ -264,32 +282,43 @@ static PyTypeObject Frame_Type = {
  * the eval function
  * ====================================================================== */
 
+/* The frame this thread is handing to previous_eval: if it comes back to
+ * hook_eval, the chain loops (see hook_in_chain), and it runs the default way. */
+static _Thread_local FcFrame *forwarding;
+
 /* Runs a frame the normal way: the eval function installed before ours. */
 static PyObject *
 eval_default(PyThreadState *tstate, FcFrame *frame, int throwflag)
 {
     _PyFrameEvalFunction prev = previous_eval;
-    if (prev == NULL || prev == hook_eval) {
+    if (prev == NULL || prev == hook_eval || forwarding == frame) {
         return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
     }
-    return prev(tstate, frame, throwflag);
+    FcFrame *outer = forwarding;
+    forwarding = frame;
+    PyObject *res = prev(tstate, frame, throwflag);
+    forwarding = outer;
+    return res;
 }
 
 /* target(*slots) for a callable entry, with this thread's mode paused (the
- * target is compiled code, not user code; frames it runs are not hooked). Slot values are borrowed from the frame,
- * which outlives the call. e, v: borrowed; returns: new reference. */
+ * target is compiled code, not user code; frames it runs are not hooked). The
+ * call holds a reference to each value: free variables are read from cells
+ * that code running during the call (or another thread, while a kernel runs
+ * without the GIL) may rebind. e, v: borrowed; returns: new reference. */
 static PyObject *
 call_target(FcHookEntry *e, const FcHookView *v)
 {
     PyObject *small[1 + 8];
     PyObject **argv = small, *res = NULL, *mode = NULL;
-    Py_ssize_t n = e->nslots;
+    Py_ssize_t n = e->nslots, held = 0;   /* argv[1 .. held] are owned */
     if (n > 8 && (argv = PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *))) == NULL) {
         PyErr_NoMemory();
         goto error;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        argv[1 + i] = fc_hook_view_slot(v, e->slot_index[i]);
+        argv[1 + i] = Py_XNewRef(fc_hook_view_slot(v, e->slot_index[i]));
+        held = i + 1;
         if (argv[1 + i] == NULL) {
             PyObject *name = e->slot_index[i] < v->code->co_nlocalsplus
                 ? PyTuple_GET_ITEM(v->code->co_localsplusnames, e->slot_index[i]) : Py_None;
@@ -311,6 +340,9 @@ error:
     res = NULL;
 cleanup:
     Py_XDECREF(mode);
+    for (Py_ssize_t i = 0; i < held; i++) {
+        Py_XDECREF(argv[1 + i]);
+    }
     if (argv != small) {
         PyMem_Free(argv);
     }
@@ -409,6 +441,9 @@ error:
 static PyObject *
 hook_eval(PyThreadState *tstate, FcFrame *frame, int throwflag)
 {
+    if (forwarding == frame) {          /* came back round a chain of eval functions */
+        return _PyEval_EvalFrameDefault(tstate, frame, throwflag);
+    }
     PyObject *mode = mode_get();
     if (mode == NULL || mode == hook_paused || throwflag || !FC_FRAME_BY_THREAD(frame) || FC_FRAME_LOCALS_DICT(frame) != NULL) {
         return eval_default(tstate, frame, throwflag);
@@ -658,8 +693,9 @@ hook_test_counting_eval(PyObject *self, PyObject *flag)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
     _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
-    if (flag == Py_True && cur != counting_eval) {
-        if (active_threads > 0) {
+    int above = PyUnicode_Check(flag) && PyUnicode_CompareWithASCIIString(flag, "above") == 0;
+    if ((flag == Py_True || above) && cur != counting_eval) {
+        if (active_threads > 0 && !above) {
             PyErr_SetString(PyExc_RuntimeError, "install the counting eval function outside hooked calls");
             return NULL;
         }
@@ -680,7 +716,8 @@ static PyMethodDef hook_methods[] = {
     {"_eval_frame_installed", hook_eval_frame_installed, METH_NOARGS,
      "whether the hook is the interpreter's eval function (tests)"},
     {"_test_counting_eval", hook_test_counting_eval, METH_O,
-     "install (True) / remove (False) / keep (None) a counting PEP 523 function; returns its count (tests)"},
+     "install (True) / remove (False) / keep (None) a counting PEP 523 function; returns its count (tests); "
+     "'above' installs it even on top of the hook, chaining to it, as torch's Dynamo shim does"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -392,11 +392,32 @@ error:
     return NULL;
 }
 
-static void
-Guards_dealloc(FcHookGuards *g)
+/* Guard operands are arbitrary objects (an id guard on a model that holds the
+ * compiled function, a const dict of globals): the GC must see them. */
+static int
+Guards_traverse(FcHookGuards *g, visitproc visit, void *arg)
+{
+    for (Py_ssize_t i = 0; i < g->n; i++) {
+        Py_VISIT(g->code[i].a);
+        Py_VISIT(g->code[i].b);
+    }
+    Py_VISIT(g->program);
+    return 0;
+}
+
+static int
+Guards_clear(FcHookGuards *g)
 {
     guards_free_code(g);
     Py_CLEAR(g->program);
+    return 0;
+}
+
+static void
+Guards_dealloc(FcHookGuards *g)
+{
+    PyObject_GC_UnTrack(g);
+    Guards_clear(g);
     Py_TYPE(g)->tp_free((PyObject *)g);
 }
 
@@ -478,6 +499,11 @@ guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
     }
     case G_DICTATTR: {
         if (src == NULL) {
+            return NULL;
+        }
+        if (PyType_Check(src)) {
+            /* a type's dict is a mappingproxy (3.12+: NULL tp_dict on static builtin
+             * types, which GenericGetDict would fill in): never an instance dict */
             return NULL;
         }
         PyObject *dict = PyObject_GenericGetDict(src, NULL);
@@ -756,11 +782,14 @@ PyTypeObject FcHookGuards_Type = {
     .tp_dealloc = (destructor)Guards_dealloc,
     .tp_repr = (reprfunc)Guards_repr,
     .tp_as_sequence = &Guards_as_sequence,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Guards_traverse,
+    .tp_clear = (inquiry)Guards_clear,
     .tp_doc = "Guards(program): a flat guard program over a frame's fast locals.\n"
               "Loads: ('local', r, slot), ('global', r, name), ('closure', r, i), ('item', r, src, key),\n"
-              "('dictattr', r, src, name), ('type_of', r, src). Checks: ('type', r, T), ('id', r, obj),\n"
-              "('eq', r, value), ('len', r, n), ('ndarray', r, dtype, ndim, size1_mask, contig),\n"
+              "('dictattr', r, src, name), ('type_of', r, src), ('const', r, obj), ('call0', r, fn).\n"
+              "Checks: ('type', r, T), ('id', r, obj), ('eq', r, value), ('len', r, n),\n"
+              "('ndarray', r, dtype, ndim, size1_mask, contig), ('dim', r, axis, size),\n"
               "('tensor', r, dtype, ndim, size1_mask, contig, device, requires_grad).",
     .tp_methods = Guards_methods,
     .tp_members = Guards_members,
