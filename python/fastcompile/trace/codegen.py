@@ -122,6 +122,8 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
         out += [Instr("COPY", 1), Instr("LOAD_CONST", j), Instr("BINARY_SUBSCR"), Instr("STORE_FAST", name)]
         j += 1
     out.append(Instr("POP_TOP"))
+    _locate(out, _graph_line(code, run, real[idx].lineno))
+    prelude = len(out)
     depth = len(stack)
     op = ins.opname
     nxt = top.instrs[idx + 1].offset if idx + 1 < len(top.instrs) else None
@@ -148,6 +150,7 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
         if PY311 and op == "CALL":
             effect = -(ins.arg + 1)
         out += _resume_call(code, f_globals, nxt, depth + effect, bound, top)
+    _locate(out[prelude:], real[idx].lineno)
     new = Bytecode(out)
     _copy_meta(new, bc)
     new.argnames = list(bc.argnames)
@@ -156,8 +159,24 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
     return new.to_code()
 
 
+def _locate(instrs, lineno):
+    """Line numbers for tracebacks through the transformed code (instructions copied from the
+    original keep their own location)."""
+    for x in instrs:
+        if isinstance(x, Instr) and not (isinstance(x.lineno, int) and x.lineno > 0):   # unset
+            x.lineno = lineno
+
+
+def _graph_line(code, run, default):
+    """The last line of the frame's own code that put an op into the graph (else default)."""
+    own = {ln for _, ln in dis.findlinestarts(code) if ln is not None}
+    lines = [ln for fname, ln in getattr(run, "lines", ()) if fname == code.co_filename and ln in own]
+    return max(lines) if lines else default
+
+
 def _copy(instr, arg=None):
     new = Instr(instr.name, instr.arg if arg is None else arg) if instr.require_arg() else Instr(instr.name)
+    new.location = instr.location
     return new
 
 

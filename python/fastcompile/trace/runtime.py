@@ -116,6 +116,7 @@ def build(tracer, vars_, user_stack=()):
     run.compiled = lambda: state["compiled"]     # the Compiled, once the first call made it
     run.graph = graph if outputs else None
     run.op_count = op_count
+    run.lines = list(tracer.lines)       # (filename, lineno) of each op of the graph
     run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph) if outputs else None
     return run
 
