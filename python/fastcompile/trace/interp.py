@@ -815,9 +815,13 @@ class Tracer:
         pa = [self.py(a) for a in args]
         pk = {k: self.py(v) for k, v in kwargs.items()}
         try:
-            return self.wrap_result(fn(*pa, **pk))
+            value = fn(*pa, **pk)
         except Exception as e:
             self.unsupported("%s raised %s: %s while tracing" % (_name(fn), type(e).__name__, e))
+        var = self.wrap_result(value)
+        if isinstance(var, PyVar) and hasattr(type(value), "__enter__"):
+            var.remake = (fn, pa, pk)       # a context manager is stateful: made afresh per call
+        return var
 
     def wrap_result(self, v):
         if _is_array(v):

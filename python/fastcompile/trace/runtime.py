@@ -51,6 +51,10 @@ def build(tracer, vars_, user_stack=()):
                 _roots(v.source, roots)
                 src = v.source
                 return lambda env, outs: env.get(src)
+            remake = getattr(v, "remake", None)
+            if remake is not None:                  # e.g. np.errstate(...): one per call
+                fn, a, k = remake
+                return lambda env, outs: fn(*a, **k)
             c = v.value
             return lambda env, outs: c
         if isinstance(v, (TupleVar, ListVar)):
