@@ -7,7 +7,7 @@ import dis
 import sys
 import types
 
-from bytecode import Bytecode, FreeVar, Instr, Label
+from bytecode import Bytecode, FreeVar, Instr, Label, TryBegin
 
 from . import runtime
 from .interp import NULL, Stop, Tracer, _Lazy, localsplus_names
@@ -79,6 +79,8 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         result.code = _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top, idx)
     except Unsupported as e:
         return _give_up(result, e.reason)
+    except RuntimeError as e:           # bytecode could not assemble it (e.g. stack depth in a with-block)
+        return _give_up(result, "the resume code could not be assembled (%s)" % e)
     result.guards = t2.guards and __import__("fastcompile.trace.guards", fromlist=["x"]).dedupe(t2.guards)
     from . import guards as G
     result.program = G.compile_program(result.guards)
@@ -226,7 +228,12 @@ def resume_code(code, offset, depth, live, top):
         if isinstance(x, Instr):
             prefix_done = True
         if x is target:
-            body.append(label)
+            # jump in before the pseudo-instructions that open a try/with region at the target
+            # (a TryBegin left behind the label is dead code to bytecode: depth 32768 there)
+            k = len(body)
+            while k and isinstance(body[k - 1], TryBegin):
+                k -= 1
+            body.insert(k, label)
         body.append(x)
     pre = []
     if code.co_freevars:
@@ -243,6 +250,6 @@ def resume_code(code, offset, depth, live, top):
     new.argnames = ["__fc_stack"] + list(live)
     new.argcount, new.posonlyargcount, new.kwonlyargcount = len(new.argnames), 0, 0
     new.flags = bc.flags & ~(0x04 | 0x08)
-    rcode = new.to_code(compute_exception_stack_depths=False)
+    rcode = new.to_code()
     _RESUME_CACHE[key] = rcode
     return rcode
