@@ -252,7 +252,10 @@ class Tracer:
             while True:
                 ins = frame.instrs[frame.pc]
                 frame.cur = frame.pc
-                if ins.starts_line is not None:
+                pos = getattr(ins, "positions", None)
+                if pos is not None and pos.lineno:          # also right after a jump into a line
+                    frame.lineno = pos.lineno
+                elif ins.starts_line is not None:
                     frame.lineno = ins.starts_line
                 if frame.top and self.stop_at is not None and frame.pc == self.stop_at:
                     raise Stop(frame)
