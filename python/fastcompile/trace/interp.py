@@ -415,6 +415,10 @@ class Tracer:
             self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
                              % (_name(fn), type(example).__name__))
         to_torch = kind == "torch"
+        if to_torch and any(getattr(e, "requires_grad", False) for e in (example if nout else [example])):
+            self.unsupported("%s returns a tensor that requires grad (a parameter or input requires grad): "
+                             "autograd is not traced (hint: torch.no_grad() or module.requires_grad_(False))"
+                             % _name(fn))
 
         def run(*arrs):
             if to_torch:
