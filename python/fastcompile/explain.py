@@ -106,7 +106,13 @@ def explain(fn, *, fullgraph=False):
     def run(*args, **kwargs):
         api.reset()
         recorder = _Recorder()
-        hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder))
+        force = ()
+        if api._is_module(target):
+            code = api._forward_code(target)
+            force = [code] if code is not None else ()
+            if code is not None:
+                _C.reset_code(code)
+        hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder, force=force))
         try:
             hooked(*args, **kwargs)
         finally:
