@@ -1143,6 +1143,9 @@ class Tracer:
         if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
                 m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks:
             self.unsupported("nn.Module hooks are not supported")
+        if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.training and mod.p > 0:
+            # as an extern call its eager example would draw from the RNG while tracing
+            self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
         fwd = type(mod).forward
         return self.call_var(PyVar(fwd), [mod_var] + list(args), kwargs)
 
