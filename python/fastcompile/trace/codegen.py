@@ -43,6 +43,10 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         return _give_up(result, "break before the first instruction")
     idx = top.cur
     ins = top.instrs[idx]
+    if ins.opname.startswith("LOAD_"):
+        # e.g. an input the tracer cannot take (a meta tensor, one that requires grad): a resume
+        # function would start with the same load and break again, resume after resume
+        return _give_up(result, "break at a load (%s)" % ins.opname)
     for j in top.instrs:
         if "BACKWARD" in j.opname and j.offset > ins.offset and j.argval <= ins.offset:
             return _give_up(result, "graph break inside a loop")
