@@ -39,7 +39,7 @@ def _skip_roots():
 
 @functools.lru_cache(maxsize=4096)
 def _skip_file(filename, roots):
-    if not filename or filename.startswith("<frozen"):
+    if not filename or filename.startswith("<"):      # <frozen ...>, <string> (exec'd by libraries)
         return True
     path = os.path.abspath(filename)
     return path.startswith(roots)
@@ -184,7 +184,8 @@ def compile(fn=None, *, fullgraph=False):
     if _is_module(fn):
         code = _forward_code(fn)
         return CompiledModule(fn, _C.Hooked(fn, ConvertFrame(fullgraph=fullgraph, force=[code] if code else ())))
-    hooked = _C.Hooked(fn, ConvertFrame(fullgraph=fullgraph))
+    code = getattr(fn, "__code__", None)
+    hooked = _C.Hooked(fn, ConvertFrame(fullgraph=fullgraph, force=[code] if code is not None else ()))
     functools.update_wrapper(hooked, fn, updated=()) if hasattr(hooked, "__dict__") else None
     return hooked
 

@@ -106,12 +106,8 @@ def explain(fn, *, fullgraph=False):
     def run(*args, **kwargs):
         api.reset()
         recorder = _Recorder()
-        force = ()
-        if api._is_module(target):
-            code = api._forward_code(target)
-            force = [code] if code is not None else ()
-            if code is not None:
-                _C.reset_code(code)
+        code = api._forward_code(target) if api._is_module(target) else getattr(target, "__code__", None)
+        force = [code] if code is not None else ()
         hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder, force=force))
         try:
             hooked(*args, **kwargs)
