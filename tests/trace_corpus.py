@@ -221,6 +221,43 @@ def br_kw_call(x):
     return y
 
 
+def np_cell_closure(x):
+    k = 2.0
+    scale = lambda v: v * k
+    return scale(x) + k
+
+
+def np_mixed_args(x, *rest, scale=2.0, **kw):
+    return x * scale + sum(rest) + kw.get("b", 0)
+
+
+def np_method_chain(x):
+    return x.reshape(-1).astype(np.float64).clip(-1, 1).sum(axis=0)
+
+
+def br_inside_with(x):
+    y = x * 2
+    with np.errstate(all="ignore"):
+        print("w")
+        z = np.log(y)
+    return z + 1
+
+
+def br_cellvar(x):
+    k = 3.0
+    y = x * k
+    print("cell")
+    return (lambda v: v + k)(y)
+
+
+def br_two(x):
+    y = x + 1
+    print("a")
+    y = y * 2
+    print("b")
+    return y - 1
+
+
 NUMPY_CASES = [
     Case(np_add, lambda: (a2(3, 4), a2(3, 4, seed=1))),
     Case(np_ops, lambda: (a2(3, 4), a2(3, 4, seed=1))),
@@ -283,6 +320,12 @@ NUMPY_CASES = [
     Case(br_item, lambda: (a2(5, 6),), breaks=1),
     Case(br_closure_resume, lambda: (a2(5, 6),), breaks=1),
     Case(br_kw_call, lambda: (a2(5, 6),), breaks=1),
+    Case(np_cell_closure, lambda: (a2(5, 6),)),
+    Case(np_mixed_args, lambda: (a2(5, 6), 1.0, a2(6, seed=9)), kwargs={"scale": 0.5, "b": 2.0}),
+    Case(np_method_chain, lambda: (a2(5, 6),)),
+    Case(br_inside_with, lambda: (a2(5, 6),), breaks=1),
+    Case(br_cellvar, lambda: (a2(5, 6),), graphs=0, breaks=1),
+    Case(br_two, lambda: (a2(5, 6),), breaks=1),
 ]
 
 # ---------------------------------------------------------------- torch

@@ -39,7 +39,7 @@ def _skip_roots():
 
 @functools.lru_cache(maxsize=4096)
 def _skip_file(filename, roots):
-    if not filename or filename.startswith("<frozen"):
+    if not filename or filename.startswith("<"):      # <frozen ...>, <string> (exec'd by libraries)
         return True
     path = os.path.abspath(filename)
     return path.startswith(roots)
@@ -65,13 +65,14 @@ class ConvertFrame:
     One per compile() call (it carries fullgraph) or per explain() run (it carries a recorder).
     """
 
-    def __init__(self, fullgraph=False, recorder=None):
+    def __init__(self, fullgraph=False, recorder=None, force=()):
         self.fullgraph = fullgraph
         self.recorder = recorder
+        self.force = frozenset(force)   # code traced even where skip_code says no (a module's forward)
 
     def __call__(self, frame, cache_size):
         code = frame.f_code
-        if skip_code(code):
+        if skip_code(code) and code not in self.force:
             return _C.SKIP
         limit = config.get("cache_size_limit")
         reason = None
@@ -131,14 +132,25 @@ class ConvertFrame:
 # public API
 # ----------------------------------------------------------------------------------------------
 
+def _forward_code(module):
+    fwd = getattr(getattr(module, "forward", None), "__func__", None)
+    return getattr(fwd, "__code__", None)
+
+
 class CompiledModule:
-    """What compile(module) returns: calls go through the hook; everything else reaches the module."""
+    """What compile(module) returns: calls go through the hook; everything else reaches the module.
+
+    module(*args) runs as usual (hooks included) and its forward frame is traced, also when
+    forward lives in torch (nn.Sequential), whose frames the hook otherwise skips."""
 
     def __init__(self, module, hooked):
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_hooked", hooked)
 
     def __call__(self, *args, **kwargs):
+        code = _forward_code(self._orig_mod)
+        if code is not None and _C.code_state(code) == "skip":
+            _C.reset_code(code)         # another compiled function skipped this torch code
         return self._hooked(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -169,9 +181,11 @@ def compile(fn=None, *, fullgraph=False):
         return fn
     if not callable(fn):
         raise TypeError("fastcompile.compile expects a function or an nn.Module, got %s" % type(fn).__name__)
-    hooked = _C.Hooked(fn, ConvertFrame(fullgraph=fullgraph))
     if _is_module(fn):
-        return CompiledModule(fn, hooked)
+        code = _forward_code(fn)
+        return CompiledModule(fn, _C.Hooked(fn, ConvertFrame(fullgraph=fullgraph, force=[code] if code else ())))
+    code = getattr(fn, "__code__", None)
+    hooked = _C.Hooked(fn, ConvertFrame(fullgraph=fullgraph, force=[code] if code is not None else ()))
     functools.update_wrapper(hooked, fn, updated=()) if hasattr(hooked, "__dict__") else None
     return hooked
 

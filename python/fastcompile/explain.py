@@ -106,7 +106,9 @@ def explain(fn, *, fullgraph=False):
     def run(*args, **kwargs):
         api.reset()
         recorder = _Recorder()
-        hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder))
+        code = api._forward_code(target) if api._is_module(target) else getattr(target, "__code__", None)
+        force = [code] if code is not None else ()
+        hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder, force=force))
         try:
             hooked(*args, **kwargs)
         finally:

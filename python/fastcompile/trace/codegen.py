@@ -7,7 +7,7 @@ import dis
 import sys
 import types
 
-from bytecode import Bytecode, FreeVar, Instr, Label
+from bytecode import Bytecode, FreeVar, Instr, Label, TryBegin
 
 from . import runtime
 from .interp import NULL, Stop, Tracer, _Lazy, localsplus_names
@@ -44,6 +44,10 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         return give_up(result, "break before the first instruction")
     idx = top.cur
     ins = top.instrs[idx]
+    if ins.opname.startswith("LOAD_"):
+        # e.g. an input the tracer cannot take (a meta tensor, one that requires grad): a resume
+        # function would start with the same load and break again, resume after resume
+        return give_up(result, "break at a load (%s)" % ins.opname)
     for j in top.instrs:
         if "BACKWARD" in j.opname and j.offset > ins.offset and j.argval <= ins.offset:
             return give_up(result, "graph break inside a loop")
@@ -80,6 +84,8 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         result.code = _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top, idx)
     except Unsupported as e:
         return give_up(result, e.reason)
+    except RuntimeError as e:           # bytecode could not assemble it (e.g. stack depth in a with-block)
+        return give_up(result, "the resume code could not be assembled (%s)" % e)
     result.guards = t2.guards and __import__("fastcompile.trace.guards", fromlist=["x"]).dedupe(t2.guards)
     from . import guards as G
     result.program = G.compile_program(result.guards)
@@ -123,6 +129,8 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
         out += [Instr("COPY", 1), Instr("LOAD_CONST", j), Instr("BINARY_SUBSCR"), Instr("STORE_FAST", name)]
         j += 1
     out.append(Instr("POP_TOP"))
+    _locate(out, _graph_line(code, run, real[idx].lineno))
+    prelude = len(out)
     depth = len(stack)
     op = ins.opname
     nxt = top.instrs[idx + 1].offset if idx + 1 < len(top.instrs) else None
@@ -149,6 +157,7 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
         if PY311 and op == "CALL":
             effect = -(ins.arg + 1)
         out += _resume_call(code, f_globals, nxt, depth + effect, bound, top)
+    _locate(out[prelude:], real[idx].lineno)
     new = Bytecode(out)
     _copy_meta(new, bc)
     new.argnames = list(bc.argnames)
@@ -157,8 +166,24 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
     return new.to_code()
 
 
+def _locate(instrs, lineno):
+    """Line numbers for tracebacks through the transformed code (instructions copied from the
+    original keep their own location)."""
+    for x in instrs:
+        if isinstance(x, Instr) and not (isinstance(x.lineno, int) and x.lineno > 0):   # unset
+            x.lineno = lineno
+
+
+def _graph_line(code, run, default):
+    """The last line of the frame's own code that put an op into the graph (else default)."""
+    own = {ln for _, ln in dis.findlinestarts(code) if ln is not None}
+    lines = [ln for fname, ln in getattr(run, "lines", ()) if fname == code.co_filename and ln in own]
+    return max(lines) if lines else default
+
+
 def _copy(instr, arg=None):
     new = Instr(instr.name, instr.arg if arg is None else arg) if instr.require_arg() else Instr(instr.name)
+    new.location = instr.location
     return new
 
 
@@ -208,7 +233,12 @@ def resume_code(code, offset, depth, live, top):
         if isinstance(x, Instr):
             prefix_done = True
         if x is target:
-            body.append(label)
+            # jump in before the pseudo-instructions that open a try/with region at the target
+            # (a TryBegin left behind the label is dead code to bytecode: depth 32768 there)
+            k = len(body)
+            while k and isinstance(body[k - 1], TryBegin):
+                k -= 1
+            body.insert(k, label)
         body.append(x)
     pre = []
     if code.co_freevars:
@@ -225,6 +255,6 @@ def resume_code(code, offset, depth, live, top):
     new.argnames = ["__fc_stack"] + list(live)
     new.argcount, new.posonlyargcount, new.kwonlyargcount = len(new.argnames), 0, 0
     new.flags = bc.flags & ~(0x04 | 0x08)
-    rcode = new.to_code(compute_exception_stack_depths=False)
+    rcode = new.to_code()
     _RESUME_CACHE[key] = rcode
     return rcode

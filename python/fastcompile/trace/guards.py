@@ -22,6 +22,10 @@ checks  ("type", reg, type_obj)         type(v) is type_obj
 
 size1_mask bit i is set iff shape[i] == 1; contig 0 any, 1 C-contiguous, 2 not.
 A load that finds nothing fails at that load."""
+import builtins as _builtins_mod
+import os
+import types
+
 from . import sources as S
 
 
@@ -39,9 +43,9 @@ class Guard:
     def describe(self):
         src = repr(self.source)
         if self.kind == "type":
-            return "type(%s) is %s" % (src, getattr(self.args[0], "__qualname__", self.args[0]))
+            return "type(%s) is %s" % (src, _type_name(self.args[0]))
         if self.kind == "id":
-            return "%s is <%s at 0x%x>" % (src, type(self.args[0]).__name__, id(self.args[0]))
+            return "%s is %s" % (src, describe_object(self.args[0]))
         if self.kind == "eq":
             return "%s == %r" % (src, self.args[0])
         if self.kind == "len":
@@ -58,6 +62,33 @@ class Guard:
         return "%s %s %r" % (src, self.kind, self.args)
 
     __repr__ = describe
+
+
+def _type_name(t):
+    name = getattr(t, "__qualname__", None)
+    if name is None:
+        return repr(t)
+    mod = getattr(t, "__module__", None)
+    return name if mod in (None, "builtins") else "%s.%s" % (mod, name)
+
+
+def describe_object(obj):
+    """A readable name for an object an identity guard holds: module numpy, class numpy.ndarray,
+    function f (file.py:12), builtin print, ufunc numpy.exp; else <Type object at 0x...>."""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    mod = getattr(obj, "__module__", None)
+    if isinstance(obj, types.ModuleType):
+        return "module %s" % obj.__name__
+    if isinstance(obj, type):
+        return "class %s" % (name if mod in (None, "builtins") else "%s.%s" % (mod, name))
+    if isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        return "function %s (%s:%d)" % (name, os.path.basename(code.co_filename), code.co_firstlineno)
+    if isinstance(obj, types.BuiltinFunctionType) and getattr(obj, "__self__", None) in (None, _builtins_mod) \
+            or type(obj).__name__ == "ufunc":
+        kind = "ufunc" if type(obj).__name__ == "ufunc" else "builtin"
+        return "%s %s" % (kind, name if mod in (None, "builtins") else "%s.%s" % (mod, name))
+    return "<%s object at 0x%x>" % (type(obj).__qualname__, id(obj))
 
 
 def _hashable(x):
@@ -144,9 +175,9 @@ def describe_actual(guard, value):
         return "missing"
     kind = guard.kind
     if kind == "type":
-        return "type %s" % type(value).__qualname__
+        return "type %s" % _type_name(type(value))
     if kind == "id":
-        return "<%s at 0x%x>" % (type(value).__name__, id(value))
+        return describe_object(value)
     if kind == "eq":
         return repr(value)
     if kind == "len":

@@ -254,7 +254,10 @@ class Tracer:
             while True:
                 ins = frame.instrs[frame.pc]
                 frame.cur = frame.pc
-                if ins.starts_line is not None:
+                pos = getattr(ins, "positions", None)
+                if pos is not None and pos.lineno:          # also right after a jump into a line
+                    frame.lineno = pos.lineno
+                elif ins.starts_line is not None:
                     frame.lineno = ins.starts_line
                 if frame.top and self.stop_at is not None and frame.pc == self.stop_at:
                     raise Stop(frame)
@@ -414,6 +417,10 @@ class Tracer:
             self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
                              % (_name(fn), type(example).__name__))
         to_torch = kind == "torch"
+        if to_torch and any(getattr(e, "requires_grad", False) for e in (example if nout else [example])):
+            self.unsupported("%s returns a tensor that requires grad (a parameter or input requires grad): "
+                             "autograd is not traced (hint: torch.no_grad() or module.requires_grad_(False))"
+                             % _name(fn))
 
         def run(*arrs):
             if to_torch:
@@ -818,9 +825,13 @@ class Tracer:
         pa = [self.py(a) for a in args]
         pk = {k: self.py(v) for k, v in kwargs.items()}
         try:
-            return self.wrap_result(fn(*pa, **pk))
+            value = fn(*pa, **pk)
         except Exception as e:
             self.unsupported("%s raised %s: %s while tracing" % (_name(fn), type(e).__name__, e))
+        var = self.wrap_result(value)
+        if isinstance(var, PyVar) and hasattr(type(value), "__enter__"):
+            var.remake = (fn, pa, pk)       # a context manager is stateful: made afresh per call
+        return var
 
     def wrap_result(self, v):
         if _is_array(v):
@@ -1135,6 +1146,9 @@ class Tracer:
         if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
                 m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks:
             self.unsupported("nn.Module hooks are not supported")
+        if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.training and mod.p > 0:
+            # as an extern call its eager example would draw from the RNG while tracing
+            self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
         fwd = type(mod).forward
         return self.call_var(PyVar(fwd), [mod_var] + list(args), kwargs)
 

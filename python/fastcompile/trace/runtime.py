@@ -51,6 +51,10 @@ def build(tracer, vars_, user_stack=()):
                 _roots(v.source, roots)
                 src = v.source
                 return lambda env, outs: env.get(src)
+            remake = getattr(v, "remake", None)
+            if remake is not None:                  # e.g. np.errstate(...): one per call
+                fn, a, k = remake
+                return lambda env, outs: fn(*a, **k)
             c = v.value
             return lambda env, outs: c
         if isinstance(v, (TupleVar, ListVar)):
@@ -116,6 +120,7 @@ def build(tracer, vars_, user_stack=()):
     run.compiled = lambda: state["compiled"]     # the Compiled, once the first call made it
     run.graph = graph if outputs else None
     run.op_count = op_count
+    run.lines = list(tracer.lines)       # (filename, lineno) of each op of the graph
     run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph) if outputs else None
     return run
 
