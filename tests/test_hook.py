@@ -397,18 +397,42 @@ def test_callable_target_runs_with_hook_off():
 
 
 def raising_target(a):
-    raise ArithmeticError("target says %s" % a)   # the line the traceback must name
+    raise ArithmeticError("target says %s" % a)
 
 
-def test_exception_in_callable_target_keeps_type_message_traceback():
+def interrupting_target(a):
+    raise KeyboardInterrupt("stop %s" % a)
+
+
+def raising_add(x, y=2):
+    if x == 7:
+        raise ArithmeticError("user code says %s" % x)   # the line the traceback must name
+    return x + y
+
+
+def test_callable_target_error_reruns_the_frame_as_plain_python():
+    """A callable target (a compiled graph, free of side effects) that raises makes the
+    frame run as plain Python: Python's own result, or Python's own exception with a
+    traceback naming the user's line."""
     rec = Recorder(entry_for([], raising_target, slots=(0,)), only=add.__code__)
     h = _C.Hooked(add, rec)
+    assert [h(7), h(1)] == [9, 3]                     # the target raised: the frame ran
+    assert len(rec.calls) == 1                        # the entry stays
+    rec = Recorder(entry_for([], raising_target, slots=(0,)), only=raising_add.__code__)
+    h = _C.Hooked(raising_add, rec)
     for _ in range(2):
-        with pytest.raises(ArithmeticError, match="target says 7") as ei:
+        with pytest.raises(ArithmeticError, match="user code says 7") as ei:
             h(7)
         last = traceback.extract_tb(ei.value.__traceback__)[-1]
-        assert last.name == "raising_target"
-        assert last.lineno == raising_target.__code__.co_firstlineno + 1
+        assert last.name == "raising_add"
+        assert last.lineno == raising_add.__code__.co_firstlineno + 2
+
+
+def test_callable_target_base_exception_propagates():
+    """KeyboardInterrupt and other non-Exception errors are not retried."""
+    rec = Recorder(entry_for([], interrupting_target, slots=(0,)), only=add.__code__)
+    with pytest.raises(KeyboardInterrupt, match="stop 7"):
+        _C.Hooked(add, rec)(7)
 
 
 # ---------------------------------------------------------------------------

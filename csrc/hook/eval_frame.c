@@ -361,6 +361,15 @@ run_entry(PyThreadState *tstate, FcFrame *frame, FcHookEntry *e, const FcHookVie
     }
     else {
         res = call_target(e, v);
+        if (res == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+            /* The compiled graph raised (shapes that do not broadcast, ...). It has no
+             * side effects, so the frame runs as plain Python instead: the exception,
+             * its message and its traceback (the user's line) are Python's own, and
+             * a case the core refuses but Python accepts still gets its result. */
+            PyErr_Clear();
+            Py_DECREF(e);
+            return eval_default(tstate, frame, 0);
+        }
     }
     Py_DECREF(e);
     fc_hook_frame_release(tstate, frame);
