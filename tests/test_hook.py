@@ -892,3 +892,30 @@ def test_cache_entry_info():
     e = _C.CacheEntry(_C.Guards([]), len, slots=(0,), info=info)
     assert e.info is info
     assert _C.CacheEntry(_C.Guards([]), len, slots=(0,)).info is None
+
+
+def test_code_extra_of_another_user_does_not_crash():
+    """CPython calls every co_extra free function when a code object dies, also for slots that
+    are NULL: a code object that only another co_extra user (Dynamo) touched must not crash us."""
+    import ctypes
+    import subprocess
+    import sys
+    src = r'''
+import ctypes, gc, sys
+import fastcompile  # registers our co_extra index first
+api = ctypes.pythonapi
+req = getattr(api, "PyUnstable_Eval_RequestCodeExtraIndex", None) or api._PyEval_RequestCodeExtraIndex
+setx = getattr(api, "PyUnstable_Code_SetExtra", None) or api._PyCode_SetExtra
+req.restype = ctypes.c_ssize_t
+req.argtypes = [ctypes.c_void_p]
+setx.argtypes = [ctypes.py_object, ctypes.c_ssize_t, ctypes.c_void_p]
+idx = req(None)
+code = compile("x = 1", "<t>", "exec")
+assert setx(code, idx, None) == 0
+del code
+gc.collect()
+print("ok")
+'''
+    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=120,
+                       env=dict(__import__("os").environ, PYTHONPATH=__import__("os").pathsep.join(sys.path)))
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])

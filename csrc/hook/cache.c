@@ -255,12 +255,17 @@ entries_release(FcHookEntry **items, Py_ssize_t n)
     PyMem_Free(items);
 }
 
-/* co_extra free function: the code object dies (or its slot is replaced). */
+/* co_extra free function: the code object dies (or its slot is replaced).
+ * CPython calls it for every registered index, also where our slot is NULL
+ * (a code object that only another user of co_extra, e.g. Dynamo, touched). */
 static void
 extra_free(void *p)
 {
     FcHookExtra *x = p;
     Py_ssize_t n;
+    if (x == NULL) {
+        return;
+    }
     x->prev->next = x->next;
     x->next->prev = x->prev;
     FcHookEntry **items = extra_detach(x, &n);
