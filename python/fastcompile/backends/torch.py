@@ -511,7 +511,7 @@ def _pointwise(core, compute="out", nargs=None):
 
 _UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
           "reciprocal", "sin", "cos", "tan", "tanh", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-          "acosh", "atanh", "erf", "sigmoid", "relu", "floor", "ceil", "trunc", "sign", "silu",
+          "acosh", "atanh", "erf", "sigmoid", "relu", "floor", "ceil", "trunc", "silu",
           "bitwise_not"]
 _BINARY = {"mul": "mul", "maximum": "maximum", "minimum": "minimum", "fmax": "fmax", "fmin": "fmin",
            "atan2": "atan2", "hypot": "hypot", "copysign": "copysign", "remainder": "remainder",
@@ -533,9 +533,26 @@ for _name in ("logical_not", "isnan", "isinf", "isfinite"):
 
 @_register(aten.round)
 def _round(L, node):
-    if len(node.args) > 1 or node.kwargs:
-        raise _NotLowered("round with decimals")
-    return _pointwise("round", nargs=1)(L, node)
+    d = node.kwargs.get("decimals", node.args[1] if len(node.args) > 1 else 0)
+    x = node.args[0]
+    dt = _meta(node).dtype
+    v = L.operand(x, dt)
+    if d == 0 or not dt.is_floating_point:
+        r = L.g.call("round", v)
+    elif d > 0:                  # torch: nearbyint(x * 10^d) / 10^d
+        r = L.g.call("div", L.g.call("round", L.g.call("mul", v, 10.0 ** d)), 10.0 ** d)
+    else:                        # torch: nearbyint(x / 10^-d) * 10^-d
+        r = L.g.call("mul", L.g.call("round", L.g.call("div", v, 10.0 ** -d)), 10.0 ** -d)
+    return L.out(node, r, L.cshape_of(x))
+
+
+@_register(aten.sign)
+def _sign(L, node):
+    x = node.args[0]
+    r = L.rec(x)
+    if r.dtype == torch.bool:
+        return _Rec(r.value, r.cshape, r.tshape, r.dtype)
+    return _pointwise("sign", nargs=1)(L, node)
 
 
 @_register(aten.pow)
@@ -577,6 +594,13 @@ def _div(L, node):
     if mode == "trunc" and dt.is_floating_point:
         q = L.g.call("div", L.operand(a, dt), L.operand(b, dt))
         return L.out(node, L.g.call("trunc", q), L.cshape_of(a, b))
+    if mode == "trunc" and dt != torch.bool:
+        # integers: floor quotient, plus one where the remainder is nonzero and the signs differ
+        x, y = L.operand(a, dt), L.operand(b, dt)
+        q = L.g.call("floordiv", x, y)
+        fix = L.g.call("logical_and", L.g.call("ne", L.g.call("remainder", x, y), 0),
+                       L.g.call("logical_xor", L.g.call("lt", x, 0), L.g.call("lt", y, 0)))
+        return L.out(node, L.g.call("where", fix, L.g.call("add", q, 1), q), L.cshape_of(a, b))
     raise _NotLowered("div rounding_mode=%r on %s" % (mode, dt))
 
 
@@ -592,10 +616,14 @@ def _gelu(L, node):
 def _softplus(L, node):
     beta = node.args[1] if len(node.args) > 1 else node.kwargs.get("beta", 1)
     thr = node.args[2] if len(node.args) > 2 else node.kwargs.get("threshold", 20)
-    if beta != 1 or thr != 20:
-        raise _NotLowered("softplus beta/threshold")
     x = node.args[0]
-    return L.out(node, L.g.call("softplus", L.operand(x, _meta(node).dtype)), L.cshape_of(x))
+    v = L.operand(x, _meta(node).dtype)
+    if beta == 1 and thr == 20:
+        return L.out(node, L.g.call("softplus", v), L.cshape_of(x))
+    # torch: x * beta > threshold ? x : log1p(exp(x * beta)) / beta
+    t = L.g.call("mul", v, beta)
+    soft = L.g.call("div", L.g.call("log1p", L.g.call("exp", t)), beta)
+    return L.out(node, L.g.call("where", L.g.call("gt", t, thr), v, soft), L.cshape_of(x))
 
 
 @_register(aten.where)
@@ -772,11 +800,9 @@ def _reduction(core, float_in=False):
         in_dt = None
         if meta.dtype.is_floating_point or float_in:
             in_dt = meta.dtype
-        if node.target in (aten.sum.default, aten.mean.default, aten.prod.default, aten.amax.default,
+        if node.target in (aten.sum.default, aten.mean.default, aten.prod.default,
                            aten.any.default, aten.all.default):
             dim, keepdim = None, False
-            if node.target is aten.amax.default:
-                raise _NotLowered("amax.default")
         if node.target in (aten.prod.dim_int, aten.any.dim, aten.all.dim, aten.argmax.default,
                            aten.argmin.default) and dim is not None and not isinstance(dim, int):
             raise _NotLowered("dim")
