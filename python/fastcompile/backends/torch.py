@@ -26,14 +26,21 @@ would have to enter the core.
 """
 import logging
 import operator
+import os
 import time
 
 import numpy as np
 import torch
 import torch.fx
 
-from .. import _C, config
-from ..graph import Graph
+# torch runs its own OpenMP runtime next to the one our kernels load; with both spinning after
+# their parallel regions (libgomp's default) each starves the other (measured on 2 cores: a
+# transformer training step 10 ms -> 200 ms). Our kernels' runtime starts at the first kernel
+# load, so this reaches it when set before; an explicit OMP_WAIT_POLICY wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from .. import _C, config          # noqa: E402
+from ..graph import Graph          # noqa: E402
 
 log = logging.getLogger("fastcompile.backends.torch")
 aten = torch.ops.aten
