@@ -1,0 +1,1107 @@
+"""torch.compile backend: FX graphs (aten ops, via aot_autograd) -> the fastcompile graph API.
+
+In: a ``torch.fx.GraphModule`` and example inputs (Dynamo's backend contract). Out: a callable on
+the graph's flat tensor inputs. ``backend`` routes through aot_autograd (core aten decompositions;
+forward and backward graphs both lowered here); ``fx_to_graph`` lowers one FX graph.
+
+Lowering. Every FX tensor value becomes a value of one ``fastcompile.graph.Graph``:
+  - pointwise ops, reductions, softmax/log_softmax, where, clamp and casts become core ops
+    (the core fuses them into a few kernels); layer_norm, rms_norm, batch_norm, var_mean, gelu's
+    backward, ... reach us decomposed into those;
+  - views and expands that only add or drop leading size-1 dims, or broadcast, cost nothing: a
+    core value keeps its own shape (``cshape``), which broadcasts to the torch shape (``tshape``);
+  - everything else (mm, addmm, bmm, conv, embedding, index ops, cat, random ops, other views,
+    unknown ops) runs as torch on torch tensors inside an extern call. Consecutive such nodes form
+    one extern "cluster" (one Python call for e.g. ``bmm -> view -> transpose``); an unknown op
+    never fails compilation.
+Data crosses the boundary without copies: CPU tensors go in as ``t.numpy()`` views, results come
+back as ``torch.from_numpy``. bfloat16 (NumPy has none) is carried as float32 inside the core:
+bf16 inputs are widened once on entry, externs narrow their bf16 arguments back (so an extern
+sees exactly the bf16 tensors eager would) and bf16 outputs are rounded on exit. Like Inductor,
+pointwise chains on bf16/fp16 round only where a value leaves the core, not after every op.
+
+Whole-graph fallbacks (the graph runs as plain torch, with a logged reason): symbolic shapes
+(dynamic=True or automatic dynamic), non-CPU tensors, and a complex/quantized/float8 tensor that
+would have to enter the core.
+"""
+import logging
+import operator
+import os
+import time
+
+import numpy as np
+import torch
+import torch.fx
+
+# torch runs its own OpenMP runtime next to the one our kernels load; with both spinning after
+# their parallel regions (libgomp's default) each starves the other (measured on 2 cores: a
+# transformer training step 10 ms -> 200 ms). Our kernels' runtime starts at the first kernel
+# load, so this reaches it when set before; an explicit OMP_WAIT_POLICY wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from .. import _C, config          # noqa: E402
+from ..graph import Graph          # noqa: E402
+
+log = logging.getLogger("fastcompile.backends.torch")
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+__all__ = ["backend", "fx_to_graph", "decompositions", "FxGraphRunner"]
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+# ----------------------------------------------------------------------------------------------
+# dtypes
+# ----------------------------------------------------------------------------------------------
+
+_CORE_DTYPE = {
+    torch.bool: "bool", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
+    torch.int64: "int64", torch.uint8: "uint8", torch.uint16: "uint16", torch.uint32: "uint32",
+    torch.uint64: "uint64", torch.float16: "float16", torch.float32: "float32",
+    torch.float64: "float64",
+    torch.bfloat16: "float32",      # carried as float32 inside the core (see the module doc)
+}
+
+
+def _core_dtype(dt):
+    return _CORE_DTYPE.get(dt)
+
+
+class _GraphFallback(Exception):
+    """The whole graph runs as plain torch (the message says why)."""
+
+
+class _NotLowered(Exception):
+    """This node is not a core op after all: run it as an extern."""
+
+
+# ----------------------------------------------------------------------------------------------
+# decompositions
+# ----------------------------------------------------------------------------------------------
+
+_KEEP = ("silu", "softplus", "logsumexp")       # core ops: do not decompose them
+
+
+def decompositions():
+    """The aot_autograd decomposition table: core aten, plus normalizations and a few activations
+    decomposed into ops the core fuses, minus what is itself a core op."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([
+        aten.native_layer_norm, aten.native_batch_norm, aten._native_batch_norm_legit,
+        aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
+        aten.native_group_norm, aten.hardtanh, aten.leaky_relu, aten.elu,
+        aten.hardsigmoid, aten.hardswish, aten.mish, aten.rms_norm,
+    ]))
+    for name in _KEEP:
+        packet = getattr(aten, name)
+        for ov in packet.overloads():
+            table.pop(getattr(packet, ov), None)
+    # Its decomposition saves a logsumexp that the (not decomposed) fused backward misreads:
+    # gradients through nn.MultiheadAttention come out wrong (torch 2.13, aot_autograd with
+    # core_aten_decompositions, also with the aot_eager compiler). The fused op is an extern.
+    table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    return table
+
+
+# ----------------------------------------------------------------------------------------------
+# values
+# ----------------------------------------------------------------------------------------------
+
+class _Rec:
+    """A tensor value in the core graph: its core ``value``, the core's shape ``cshape`` (which
+    broadcasts to ``tshape``, extra leading dims being 1), the torch shape and dtype."""
+    __slots__ = ("value", "cshape", "tshape", "dtype")
+
+    def __init__(self, value, cshape, tshape, dtype):
+        self.value, self.cshape, self.tshape, self.dtype = value, tuple(cshape), tuple(tshape), dtype
+
+    @property
+    def exact(self):
+        """the core value has exactly the torch shape, up to leading size-1 dims"""
+        return _strip1(self.cshape) == _strip1(self.tshape) and len(self.cshape) >= len(self.tshape)
+
+
+def _strip1(shape):
+    shape = tuple(shape)
+    i = 0
+    while i < len(shape) and shape[i] == 1:
+        i += 1
+    return shape[i:]
+
+
+def _meta(node):
+    m = getattr(node, "meta", None)
+    if not isinstance(m, dict):
+        return None
+    return m.get("val", m.get("example_value"))
+
+
+def _is_tensor_meta(v):
+    return isinstance(v, torch.Tensor)
+
+
+def _static_shape(t):
+    out = []
+    for s in t.shape:
+        if not isinstance(s, int):
+            raise _GraphFallback("symbolic shape %s" % (tuple(t.shape),))
+        out.append(s)
+    return tuple(out)
+
+
+class _Cluster:
+    """Consecutive non-core nodes run by one extern call, as plain torch."""
+    def __init__(self):
+        self.members = []          # FX nodes, in graph order
+        self.inputs = []           # FX nodes from outside (already lowered to _Rec)
+        self.closed = False
+
+
+def _to_torch(arr, tshape, dtype):
+    """A NumPy array from the core -> a torch tensor of the torch shape and dtype (views)."""
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    t = torch.from_numpy(arr)
+    if t.dim() != len(tshape):
+        t = t.reshape(t.shape[t.dim() - len(tshape):] if t.dim() > len(tshape) else
+                      (1,) * (len(tshape) - t.dim()) + tuple(t.shape))
+    if tuple(t.shape) != tshape:
+        t = t.expand(tshape)
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    return t
+
+
+def _layout(meta, from_core):
+    """The strides a tensor must be given to match eager's layout, or None when the core's
+    C-ordered result (``from_core``) or the extern's own tensor already has it."""
+    if not from_core or not isinstance(meta, torch.Tensor):
+        return None
+    shape, stride = tuple(meta.shape), tuple(meta.stride())
+    if any(st == 0 for n, st in zip(shape, stride) if n > 1):
+        return None                         # an expanded tensor: any layout reads the same
+    want = tuple(st for n, st in zip(shape, stride) if n > 1)
+    contig, acc = [], 1
+    for n in reversed(shape):
+        contig.append(acc)
+        acc *= n
+    have = tuple(st for n, st in zip(shape, reversed(contig)) if n > 1)
+    return None if want == have else (shape, stride)
+
+
+def _restride(t, layout, dtype=None):
+    out = torch.empty_strided(layout[0], layout[1], dtype=dtype or t.dtype)
+    out.copy_(t)
+    return out
+
+
+def _to_numpy(t):
+    if not isinstance(t, torch.Tensor):
+        return np.empty((0,), np.float32)      # a None or scalar slot nobody reads
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        t = t.float()
+    if t.is_conj() or t.is_neg():
+        t = t.resolve_conj().resolve_neg()
+    return t.numpy()
+
+
+# ----------------------------------------------------------------------------------------------
+# the lowering
+# ----------------------------------------------------------------------------------------------
+
+class _Lowering:
+    def __init__(self, gm, example_inputs):
+        self.gm = gm
+        self.g = Graph()
+        self.env = {}              # FX node -> _Rec | tuple | python value | _Cluster (pending)
+        self.inputs = []           # (kind, payload): ("arg", index) | ("const", ndarray)
+        self.carriers = {}         # tshape -> core bool input of that shape (stride 0)
+        self.core_ops = 0
+        self.extern_calls = 0
+        self.extern_nodes = 0
+        self.lowered = []          # FX nodes that became core ops
+        self.input_values = set()
+        self.extern_values = set()
+        self.example_inputs = example_inputs
+
+    # -- inputs ------------------------------------------------------------------------------
+    def _input(self, dtype, ndim, kind, payload):
+        v = self.g.input(dtype, ndim)
+        self.inputs.append((kind, payload))
+        self.input_values.add(v.node)
+        return v
+
+    def carrier(self, tshape):
+        c = self.carriers.get(tshape)
+        if c is None:
+            arr = np.broadcast_to(np.zeros((), np.bool_), tshape)
+            c = self.carriers[tshape] = self._input("bool", len(tshape), "const", arr)
+        return c
+
+    # -- records -----------------------------------------------------------------------------
+    def rec(self, arg):
+        """The _Rec of an FX tensor argument (running its extern cluster if pending)."""
+        v = self.env[arg]
+        if isinstance(v, _Cluster):
+            self.flush(v)
+            v = self.env[arg]
+        if not isinstance(v, _Rec):
+            raise _NotLowered("%s is not a tensor" % arg)
+        return v
+
+    def operand(self, arg, dtype=None):
+        """A core value (cast to ``dtype``, a torch dtype) or a Python scalar."""
+        if isinstance(arg, torch.fx.Node):
+            r = self.rec(arg)
+            return self.cast(r.value, dtype) if dtype is not None else r.value
+        if isinstance(arg, (bool, int, float)):
+            return arg
+        raise _NotLowered("operand %r" % (arg,))
+
+    def cast(self, value, dtype):
+        name = _core_dtype(dtype)
+        if name is None:
+            raise _NotLowered("dtype %s" % dtype)
+        if value.dtype != name:
+            value = self.g.call("cast", value, dtype=name)
+        return value
+
+    def cshape_of(self, *args):
+        shapes = [self.rec(a).cshape for a in args if isinstance(a, torch.fx.Node)]
+        return tuple(torch.broadcast_shapes(*shapes)) if shapes else ()
+
+    def out(self, node, value, cshape):
+        meta = _meta(node)
+        value = self.cast(value, meta.dtype)
+        r = _Rec(value, cshape, _static_shape(meta), meta.dtype)
+        if len(r.cshape) > len(r.tshape) and any(s != 1 for s in r.cshape[:len(r.cshape) - len(r.tshape)]):
+            raise AssertionError("fastcompile: %s: core shape %s does not fit %s" % (node, r.cshape, r.tshape))
+        return r
+
+    def exact(self, arg):
+        """The core value of ``arg`` materialized at its torch shape (for reductions)."""
+        r = self.rec(arg)
+        if r.exact:
+            return r.value, r.cshape
+        v = self.g.call("add", r.value, self.carrier(r.tshape))
+        return v, tuple(torch.broadcast_shapes(r.cshape, r.tshape))
+
+    # -- externs -----------------------------------------------------------------------------
+    def pending(self, node):
+        """Add ``node`` to an extern cluster (a new one or its producer's)."""
+        cluster = None
+        for a in node.all_input_nodes:
+            v = self.env.get(a)
+            if isinstance(v, _Cluster) and not v.closed:
+                if cluster is None:
+                    cluster = v
+                elif v is not cluster:
+                    self.flush(v)
+        if cluster is None:
+            cluster = _Cluster()
+        for a in node.all_input_nodes:
+            v = self.env.get(a)
+            if a not in cluster.members and a not in cluster.inputs and not (isinstance(v, _Cluster) and v is cluster):
+                if isinstance(v, _Cluster):
+                    self.flush(v)
+                cluster.inputs.append(a)
+        cluster.members.append(node)
+        self.env[node] = cluster
+        self.extern_nodes += 1
+
+    def flush(self, cluster):
+        if cluster.closed:
+            return
+        cluster.closed = True
+        members = cluster.members
+        mset = set(members)
+        outs = [m for m in members if any(u not in mset for u in m.users)]
+        values, specs = [], []
+        for a in cluster.inputs:
+            v = self.env[a]
+            if isinstance(v, _Rec):
+                values.append(v.value)
+                from_core = v.value.node not in self.extern_values and v.value.node not in self.input_values
+                specs.append((a, v.tshape, v.dtype, _layout(_meta(a), from_core)))
+        consts = {a: self.env[a] for a in cluster.inputs if not isinstance(self.env[a], _Rec)}
+        for m in outs:
+            meta = _meta(m)
+            if not _is_tensor_meta(meta):
+                raise _GraphFallback("%s returns %s to the core" % (m.format_node(), type(meta).__name__))
+            if _core_dtype(meta.dtype) is None:
+                raise _GraphFallback("%s: dtype %s cannot enter the core" % (m, meta.dtype))
+        fn = _make_cluster_fn(self.gm, members, specs, consts, outs)
+        self.extern_calls += 1
+        if len(outs) == 1:
+            res = [self.g.extern(fn, *values)]
+        else:
+            res = list(self.g.extern(fn, *values, nout=len(outs)))
+        for m, v in zip(outs, res):
+            self.extern_values.add(v.node)
+            meta = _meta(m)
+            shape = _static_shape(meta)
+            self.env[m] = _Rec(v, shape, shape, meta.dtype)
+        for m in members:
+            if m not in outs:
+                self.env[m] = None      # used only inside the cluster
+
+    # -- the walk ----------------------------------------------------------------------------
+    def run(self):
+        nodes = list(self.gm.graph.nodes)
+        n_arg = 0
+        for node in nodes:
+            if node.op == "placeholder":
+                idx = n_arg
+                n_arg += 1
+                meta = _meta(node)
+                if meta is None and idx < len(self.example_inputs):
+                    meta = self.example_inputs[idx]
+                if not isinstance(meta, torch.Tensor):
+                    raise _GraphFallback("input %s is a %s" % (node.name, type(meta).__name__))
+                self.check_tensor(meta, node)
+                shape = _static_shape(meta)
+                if not node.users:
+                    self.env[node] = None
+                    continue
+                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx)
+                self.env[node] = _Rec(v, shape, shape, meta.dtype)
+            elif node.op == "get_attr":
+                t = getattr(self.gm, node.target) if "." not in node.target else self.gm.get_submodule(
+                    node.target.rsplit(".", 1)[0]).__getattr__(node.target.rsplit(".", 1)[1])
+                if not isinstance(t, torch.Tensor):
+                    self.env[node] = t
+                    continue
+                self.check_tensor(t, node)
+                shape = tuple(t.shape)
+                v = self._input(_core_dtype(t.dtype), len(shape), "const", _to_numpy(t))
+                self.env[node] = _Rec(v, shape, shape, t.dtype)
+            elif node.op == "output":
+                return node
+            else:
+                self.lower(node)
+        raise _GraphFallback("graph without output")
+
+    def check_tensor(self, t, node):
+        if t.device.type != "cpu":
+            raise _GraphFallback("%s is on %s" % (node.name, t.device))
+        if t.layout != torch.strided:
+            raise _GraphFallback("%s has layout %s" % (node.name, t.layout))
+        if _core_dtype(t.dtype) is None:
+            raise _GraphFallback("%s has dtype %s" % (node.name, t.dtype))
+        _static_shape(t)
+
+    def lower(self, node):
+        meta = _meta(node)
+        if node.op == "call_function" and node.target is operator.getitem:
+            src = self.env.get(node.args[0])
+            if isinstance(src, tuple):
+                self.env[node] = src[node.args[1]]
+                return
+            if isinstance(src, _Cluster) and not src.closed:
+                self.pending(node)
+                return
+            if isinstance(src, (list, tuple)) or src is None:
+                self.env[node] = src[node.args[1]] if src is not None else None
+                return
+        handler = _LOWER.get(getattr(node.target, "overloadpacket", None)) if node.op == "call_function" else None
+        if handler is not None and (_is_tensor_meta(meta) or isinstance(meta, (tuple, list))):
+            mark = self.g  # handlers raise _NotLowered before adding anything that matters
+            try:
+                r = handler(self, node)
+            except _NotLowered as e:
+                log.debug("extern %s: %s", node.format_node(), e)
+                r = None
+            except _GraphFallback:
+                raise
+            except Exception as e:      # a lowering bug must not fail compilation: run it in torch
+                log.warning("fastcompile: lowering %s failed (%s: %s); it runs as torch",
+                            node.format_node(), type(e).__name__, e)
+                r = None
+            if r is not None:
+                self.env[node] = r
+                self.core_ops += 1
+                self.lowered.append(node)
+                return
+            del mark
+        self.pending(node)
+
+
+def _make_cluster_fn(gm, members, specs, consts, outs):
+    """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out."""
+    steps = []
+    for m in members:
+        if m.op == "call_function":
+            fn = m.target
+        elif m.op == "call_method":
+            fn = (lambda name: lambda self, *a, **k: getattr(self, name)(*a, **k))(m.target)
+        elif m.op == "call_module":
+            fn = gm.get_submodule(m.target)
+        else:
+            raise _GraphFallback("node %s" % m.format_node())
+        steps.append((m, fn, m.args, m.kwargs))
+    in_nodes = [s[0] for s in specs]
+    in_shapes = [(s[1], s[2], s[3]) for s in specs]
+    map_arg = torch.fx.node.map_arg
+    single = len(outs) == 1
+
+    def run(*arrays):
+        env = dict(consts)
+        for node, arr, (shape, dtype, layout) in zip(in_nodes, arrays, in_shapes):
+            t = _to_torch(arr, shape, dtype)
+            env[node] = _restride(t, layout) if layout is not None else t
+        for node, fn, args, kwargs in steps:
+            env[node] = fn(*map_arg(args, env.__getitem__), **map_arg(kwargs, env.__getitem__))
+        if single:
+            return _to_numpy(env[outs[0]])
+        return tuple(_to_numpy(env[o]) for o in outs)
+
+    run.__qualname__ = run.__name__ = "extern_" + "_".join(
+        str(getattr(m.target, "__name__", m.target)).replace(".", "_") for m in members[:4])
+    return run
+
+
+# ----------------------------------------------------------------------------------------------
+# op handlers: (lowering, node) -> _Rec, or raise _NotLowered
+# ----------------------------------------------------------------------------------------------
+
+_LOWER = {}
+
+
+def _register(*packets):
+    def deco(fn):
+        for p in packets:
+            _LOWER[p] = fn
+        return fn
+    return deco
+
+
+def _dummy(L, a):
+    """A stand-in for torch.result_type: an empty tensor (0-d stays 0-d) or the scalar."""
+    if isinstance(a, torch.fx.Node):
+        r = L.rec(a)
+        return torch.empty(() if len(r.tshape) == 0 else (0,), dtype=r.dtype)
+    return a
+
+
+def _result_type(L, args):
+    """torch's promoted dtype of the operands (0-d tensors and scalars weakly typed)."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+    _, dt = elementwise_dtypes(*[_dummy(L, a) for a in args],
+                               type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    return dt
+
+
+def _pointwise(core, compute="out", nargs=None):
+    """compute: "out": operands cast to the result dtype (arithmetic); "common": to their promoted
+    dtype (comparisons); "none": as they are."""
+    def handler(L, node):
+        args = list(node.args[:nargs] if nargs else node.args)
+        if node.kwargs:
+            raise _NotLowered("kwargs %s" % node.kwargs)
+        for a in args:
+            if not isinstance(a, (torch.fx.Node, bool, int, float)):
+                raise _NotLowered("argument %r" % (a,))
+        meta = _meta(node)
+        if compute == "out":
+            dt = meta.dtype
+        elif compute == "common":
+            dt = _result_type(L, args)
+        else:
+            dt = None
+        ops = [L.operand(a, dt) for a in args]
+        return L.out(node, L.g.call(core, *ops), L.cshape_of(*args))
+    return handler
+
+
+_UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
+          "reciprocal", "sin", "cos", "tan", "tanh", "asin", "acos", "atan", "sinh", "cosh", "asinh",
+          "acosh", "atanh", "erf", "sigmoid", "relu", "floor", "ceil", "trunc", "silu",
+          "bitwise_not"]
+_BINARY = {"mul": "mul", "maximum": "maximum", "minimum": "minimum", "fmax": "fmax", "fmin": "fmin",
+           "atan2": "atan2", "hypot": "hypot", "copysign": "copysign", "remainder": "remainder",
+           "floor_divide": "floordiv", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
+           "bitwise_xor": "bitwise_xor"}
+_COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
+
+for _name in _UNARY:
+    _register(getattr(aten, _name))(_pointwise(_name, nargs=1))
+for _name, _core in _BINARY.items():
+    _register(getattr(aten, _name))(_pointwise(_core, nargs=2))
+for _name in _COMPARE:
+    _register(getattr(aten, _name))(_pointwise(_name, "common", nargs=2))
+for _name in ("logical_and", "logical_or", "logical_xor"):
+    _register(getattr(aten, _name))(_pointwise(_name, "none", nargs=2))
+for _name in ("logical_not", "isnan", "isinf", "isfinite"):
+    _register(getattr(aten, _name))(_pointwise(_name, "none", nargs=1))
+
+
+@_register(aten.round)
+def _round(L, node):
+    d = node.kwargs.get("decimals", node.args[1] if len(node.args) > 1 else 0)
+    x = node.args[0]
+    dt = _meta(node).dtype
+    v = L.operand(x, dt)
+    if d == 0 or not dt.is_floating_point:
+        r = L.g.call("round", v)
+    elif d > 0:                  # torch: nearbyint(x * 10^d) / 10^d
+        r = L.g.call("div", L.g.call("round", L.g.call("mul", v, 10.0 ** d)), 10.0 ** d)
+    else:                        # torch: nearbyint(x / 10^-d) * 10^-d
+        r = L.g.call("mul", L.g.call("round", L.g.call("div", v, 10.0 ** -d)), 10.0 ** -d)
+    return L.out(node, r, L.cshape_of(x))
+
+
+@_register(aten.sign)
+def _sign(L, node):
+    x = node.args[0]
+    r = L.rec(x)
+    if r.dtype == torch.bool:
+        return _Rec(r.value, r.cshape, r.tshape, r.dtype)
+    return _pointwise("sign", nargs=1)(L, node)
+
+
+@_register(aten.pow)
+def _pow(L, node):
+    base, exp = node.args[:2]
+    meta = _meta(node)
+    if isinstance(base, torch.fx.Node) and isinstance(exp, (int, float)) and not isinstance(exp, bool):
+        if exp == 2:
+            x = L.operand(base, meta.dtype)
+            return L.out(node, L.g.call("mul", x, x), L.cshape_of(base))
+        if exp == 0.5 and meta.dtype.is_floating_point:
+            return L.out(node, L.g.call("sqrt", L.operand(base, meta.dtype)), L.cshape_of(base))
+    return _pointwise("pow", nargs=2)(L, node)
+
+
+@_register(aten.add, aten.sub)
+def _add_sub(L, node):
+    core = "add" if node.target.overloadpacket is aten.add else "sub"
+    a, b = node.args[:2]
+    alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+    if set(node.kwargs) - {"alpha"} or not isinstance(alpha, (bool, int, float)):
+        raise _NotLowered("add kwargs")
+    dt = _meta(node).dtype
+    x, y = L.operand(a, dt), L.operand(b, dt)
+    if alpha != 1:
+        y = L.g.call("mul", y, alpha) if not isinstance(y, (int, float)) else y * alpha
+    return L.out(node, L.g.call(core, x, y), L.cshape_of(a, b))
+
+
+@_register(aten.div)
+def _div(L, node):
+    a, b = node.args[:2]
+    mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
+    dt = _meta(node).dtype
+    if mode is None:
+        return L.out(node, L.g.call("div", L.operand(a, dt), L.operand(b, dt)), L.cshape_of(a, b))
+    if mode == "floor":
+        return L.out(node, L.g.call("floordiv", L.operand(a, dt), L.operand(b, dt)), L.cshape_of(a, b))
+    if mode == "trunc" and dt.is_floating_point:
+        q = L.g.call("div", L.operand(a, dt), L.operand(b, dt))
+        return L.out(node, L.g.call("trunc", q), L.cshape_of(a, b))
+    if mode == "trunc" and dt != torch.bool:
+        # integers: floor quotient, plus one where the remainder is nonzero and the signs differ
+        x, y = L.operand(a, dt), L.operand(b, dt)
+        q = L.g.call("floordiv", x, y)
+        fix = L.g.call("logical_and", L.g.call("ne", L.g.call("remainder", x, y), 0),
+                       L.g.call("logical_xor", L.g.call("lt", x, 0), L.g.call("lt", y, 0)))
+        return L.out(node, L.g.call("where", fix, L.g.call("add", q, 1), q), L.cshape_of(a, b))
+    raise _NotLowered("div rounding_mode=%r on %s" % (mode, dt))
+
+
+@_register(aten.gelu)
+def _gelu(L, node):
+    approx = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+    x = node.args[0]
+    v = L.operand(x, _meta(node).dtype)
+    return L.out(node, L.g.call("gelu", v, approximate=approx), L.cshape_of(x))
+
+
+@_register(aten.softplus)
+def _softplus(L, node):
+    beta = node.args[1] if len(node.args) > 1 else node.kwargs.get("beta", 1)
+    thr = node.args[2] if len(node.args) > 2 else node.kwargs.get("threshold", 20)
+    x = node.args[0]
+    v = L.operand(x, _meta(node).dtype)
+    if beta == 1 and thr == 20:
+        return L.out(node, L.g.call("softplus", v), L.cshape_of(x))
+    # torch: x * beta > threshold ? x : log1p(exp(x * beta)) / beta
+    t = L.g.call("mul", v, beta)
+    soft = L.g.call("div", L.g.call("log1p", L.g.call("exp", t)), beta)
+    return L.out(node, L.g.call("where", L.g.call("gt", t, thr), v, soft), L.cshape_of(x))
+
+
+@_register(aten.where)
+def _where(L, node):
+    if len(node.args) != 3 or node.kwargs:
+        raise _NotLowered("where(cond) without values")
+    c, a, b = node.args
+    dt = _meta(node).dtype
+    cond = L.operand(c, torch.bool)
+    return L.out(node, L.g.call("where", cond, L.operand(a, dt), L.operand(b, dt)), L.cshape_of(c, a, b))
+
+
+@_register(aten.clamp, aten.clamp_min, aten.clamp_max)
+def _clamp(L, node):
+    packet = node.target.overloadpacket
+    x = node.args[0]
+    if packet is aten.clamp:
+        lo = node.kwargs.get("min", node.args[1] if len(node.args) > 1 else None)
+        hi = node.kwargs.get("max", node.args[2] if len(node.args) > 2 else None)
+    elif packet is aten.clamp_min:
+        lo, hi = node.args[1], None
+    else:
+        lo, hi = None, node.args[1]
+    dt = _meta(node).dtype
+    v = L.operand(x, dt)
+    if lo is not None:
+        v = L.g.call("maximum", v, L.operand(lo, dt))
+    if hi is not None:
+        v = L.g.call("minimum", v, L.operand(hi, dt))
+    return L.out(node, v, L.cshape_of(*[a for a in (x, lo, hi) if a is not None]))
+
+
+# -- casts, copies, constants ----------------------------------------------------------------
+
+def _cpu_only(node, *names):
+    for n in names:
+        d = node.kwargs.get(n)
+        if n == "device" and d is not None and torch.device(d).type != "cpu":
+            raise _NotLowered("device %s" % d)
+        if n == "layout" and d not in (None, torch.strided):
+            raise _NotLowered("layout %s" % d)
+
+
+@_register(aten._to_copy, aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy,
+           prims.convert_element_type, aten.contiguous)
+def _identity_cast(L, node):
+    _cpu_only(node, "device", "layout")
+    if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        pass    # values are the same; the core writes C order
+    x = node.args[0]
+    r = L.rec(x)
+    meta = _meta(node)
+    return _Rec(L.cast(r.value, meta.dtype), r.cshape, _static_shape(meta), meta.dtype)
+
+
+@_register(aten.copy)
+def _copy(L, node):
+    if len(node.args) > 2 or node.kwargs:
+        raise _NotLowered("copy non_blocking")
+    src = L.rec(node.args[1])
+    meta = _meta(node)
+    return _Rec(L.cast(src.value, meta.dtype), src.cshape, _static_shape(meta), meta.dtype)
+
+
+def _constant(L, node, value):
+    meta = _meta(node)
+    if not isinstance(value, (bool, int, float)):
+        raise _NotLowered("fill value %r" % (value,))
+    name = _core_dtype(meta.dtype)
+    if name is None:
+        raise _NotLowered("dtype")
+    if np.dtype(name).kind in "iu" and isinstance(value, float):
+        raise _NotLowered("float fill of an integer tensor")
+    c = L.g.constant(np.dtype(name).type(value))
+    return _Rec(c, (), _static_shape(meta), meta.dtype)
+
+
+@_register(aten.full, aten.scalar_tensor)
+def _full(L, node):
+    _cpu_only(node, "device", "layout")
+    if node.target.overloadpacket is aten.scalar_tensor:
+        return _constant(L, node, node.args[0])
+    return _constant(L, node, node.args[1])
+
+
+@_register(aten.full_like, aten.fill)
+def _full_like(L, node):
+    _cpu_only(node, "device", "layout")
+    if node.target not in (aten.full_like.default, aten.fill.Scalar):
+        raise _NotLowered("fill with a tensor")
+    return _constant(L, node, node.args[1])
+
+
+# -- views ---------------------------------------------------------------------------------------
+
+@_register(aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze, aten.expand,
+           prims.broadcast_in_dim, aten.permute)
+def _view(L, node):
+    """A view costs nothing when the core value's elements do not move: an expand (broadcast),
+    or a change of leading size-1 dims; a permute that moves only size-1 dims. Else an extern."""
+    x = node.args[0]
+    if isinstance(L.env.get(x), _Cluster) and not L.env[x].closed:
+        raise _NotLowered("view of an extern result: joins its cluster")
+    r = L.rec(x)
+    meta = _meta(node)
+    new = _static_shape(meta)
+    packet = node.target.overloadpacket
+    if packet in (aten.expand, prims.broadcast_in_dim):
+        if packet is prims.broadcast_in_dim:
+            dims = list(node.args[2])
+            if dims != list(range(len(new) - len(r.tshape), len(new))):
+                raise _NotLowered("broadcast_in_dim with inner dims")
+        return _Rec(r.value, r.cshape, new, r.dtype)
+    if _strip1(new) == _strip1(r.tshape) and packet is not aten.permute:
+        if r.exact or _leading_only(r.tshape, new):
+            return _Rec(r.value, r.cshape, new, r.dtype)
+    if packet is aten.permute:
+        perm = list(node.args[1])
+        moved = [d for i, d in enumerate(perm) if d != i]
+        if all(r.tshape[d] == 1 for d in moved) and r.exact and _strip1(new) == _strip1(r.tshape):
+            return _Rec(r.value, r.cshape, new, r.dtype)
+    raise _NotLowered("view %s -> %s" % (r.tshape, new))
+
+
+def _leading_only(old, new):
+    """new differs from old only by leading size-1 dims"""
+    return _strip1(old) == _strip1(new) and old[len(old) - len(_strip1(old)):] == new[len(new) - len(_strip1(new)):]
+
+
+# -- reductions ----------------------------------------------------------------------------------
+
+def _dims(L, node, x, dim):
+    r = L.rec(x)
+    nd = len(r.tshape)
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        dims = list(range(nd))
+    elif isinstance(dim, int):
+        dims = [dim]
+    else:
+        dims = list(dim)
+    dims = sorted({(d + nd) % nd if nd else 0 for d in dims}) if nd else []
+    return dims
+
+
+def _reduce(L, node, core, x, dim, keepdim, in_dtype=None, **attrs):
+    meta = _meta(node)
+    dims = _dims(L, node, x, dim)
+    r = L.rec(x)
+    v, cshape = L.exact(x)
+    if in_dtype is not None:
+        v = L.cast(v, in_dtype)
+    off = len(cshape) - len(r.tshape)
+    axes = tuple(d + off for d in dims)
+    if len(r.tshape) == 0:
+        axes = None
+        out_c = ()
+    elif keepdim:
+        out_c = tuple(1 if i in axes else s for i, s in enumerate(cshape))
+    else:
+        out_c = tuple(s for i, s in enumerate(cshape) if i not in axes)
+    res = L.g.call(core, v, axis=axes, keepdim=bool(keepdim), **attrs) if axes is not None else \
+        L.g.call(core, v, **attrs)
+    return L.out(node, res, out_c)
+
+
+def _reduction(core, float_in=False):
+    def handler(L, node):
+        x = node.args[0]
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+        if set(node.kwargs) - {"dim", "keepdim", "dtype"}:
+            raise _NotLowered("kwargs")
+        meta = _meta(node)
+        in_dt = None
+        if meta.dtype.is_floating_point or float_in:
+            in_dt = meta.dtype
+        if node.target in (aten.sum.default, aten.mean.default, aten.prod.default,
+                           aten.any.default, aten.all.default):
+            dim, keepdim = None, False
+        if node.target in (aten.prod.dim_int, aten.any.dim, aten.all.dim, aten.argmax.default,
+                           aten.argmin.default) and dim is not None and not isinstance(dim, int):
+            raise _NotLowered("dim")
+        if core in ("argmax", "argmin"):
+            in_dt = None
+            r = L.rec(x)
+            if dim is None and len(r.tshape):
+                v, _ = L.exact(x)
+                return L.out(node, L.g.call(core, v), ())
+        return _reduce(L, node, core, x, dim, keepdim, in_dt)
+    return handler
+
+
+for _name, _core in [("sum", "sum"), ("mean", "mean"), ("prod", "prod"), ("amax", "amax"),
+                     ("amin", "amin"), ("argmax", "argmax"), ("argmin", "argmin"), ("any", "any"),
+                     ("all", "all"), ("logsumexp", "logsumexp")]:
+    _register(getattr(aten, _name))(_reduction(_core))
+
+
+@_register(aten.var, aten.std)
+def _var(L, node):
+    if node.target not in (aten.var.correction, aten.std.correction):
+        raise _NotLowered("overload")
+    x = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    corr = node.kwargs.get("correction", 1)
+    keepdim = node.kwargs.get("keepdim", False)
+    if corr is None:
+        corr = 1
+    if float(corr) != int(corr):
+        raise _NotLowered("fractional correction")
+    core = "var" if node.target.overloadpacket is aten.var else "std"
+    meta = _meta(node)
+    return _reduce(L, node, core, x, dim, keepdim, meta.dtype if meta.dtype.is_floating_point else None,
+                   correction=int(corr))
+
+
+@_register(aten.var_mean)
+def _var_mean(L, node):
+    if node.target is not aten.var_mean.correction:
+        raise _NotLowered("overload")
+    x = node.args[0]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    corr = node.kwargs.get("correction", 1)
+    corr = 1 if corr is None else corr
+    keepdim = node.kwargs.get("keepdim", False)
+    if float(corr) != int(corr) or not _meta(node)[0].dtype.is_floating_point:
+        raise _NotLowered("var_mean correction/dtype")
+    metas = _meta(node)
+
+    class _One:             # _reduce reads the result's meta from node
+        def __init__(self, m):
+            self.meta = {"val": m}
+    var = _reduce(L, _One(metas[0]), "var", x, dim, keepdim, metas[0].dtype, correction=int(corr))
+    mean = _reduce(L, _One(metas[1]), "mean", x, dim, keepdim, metas[1].dtype)
+    return (var, mean)
+
+
+@_register(aten._softmax, aten._log_softmax)
+def _softmax(L, node):
+    x, dim = node.args[:2]
+    meta = _meta(node)
+    r = L.rec(x)
+    v, cshape = L.exact(x)
+    v = L.cast(v, meta.dtype)
+    nd = len(r.tshape)
+    if nd == 0:
+        raise _NotLowered("0-d softmax")
+    axis = (dim + nd) % nd + len(cshape) - nd
+    core = "softmax" if node.target.overloadpacket is aten._softmax else "log_softmax"
+    return L.out(node, L.g.call(core, v, axis=axis), cshape)
+
+
+# ----------------------------------------------------------------------------------------------
+# the compiled callable
+# ----------------------------------------------------------------------------------------------
+
+class FxGraphRunner:
+    """One lowered FX graph: call it with the graph's flat inputs, get the list of its outputs.
+
+    ``compiled`` is the fastcompile ``Compiled`` (``compiled.kernels`` lists generated kernels);
+    ``core_ops`` / ``extern_nodes`` / ``extern_calls`` count how the FX nodes were split;
+    ``fallback`` is None, or the reason the graph runs as plain torch."""
+
+    def __init__(self, gm, example_inputs, mode="default"):
+        self.gm = gm
+        self.mode = mode
+        self.fallback = None
+        self.compiled = None
+        self.core_ops = self.extern_nodes = self.extern_calls = 0
+        self.lowered_targets = []
+        self.threads = None
+        t0 = time.perf_counter()
+        try:
+            self._lower(gm, example_inputs)
+        except _GraphFallback as e:
+            self.fallback = str(e)
+            log.info("fastcompile: graph runs as plain torch: %s", e)
+        except Exception as e:          # never fail compilation
+            self.fallback = "%s: %s" % (type(e).__name__, e)
+            log.warning("fastcompile: graph runs as plain torch: %s", self.fallback, exc_info=True)
+        self.lower_s = time.perf_counter() - t0
+
+    def _lower(self, gm, example_inputs):
+        L = _Lowering(gm, example_inputs)
+        out_node = L.run()
+        outs = out_node.args[0]
+        single = not isinstance(outs, (tuple, list))
+        outs = [outs] if single else list(outs)
+        plan = []            # per output: ("core", index, tshape, dtype, copy) | ("arg", i) | ("py", v)
+        core_values = []
+        placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+        for o in outs:
+            if isinstance(o, torch.fx.Node) and o in placeholders:
+                plan.append(("arg", placeholders[o]))
+                continue
+            if not isinstance(o, torch.fx.Node):
+                plan.append(("py", o))
+                continue
+            v = L.env.get(o)
+            if isinstance(v, _Cluster):
+                L.flush(v)
+                v = L.env[o]
+            if not isinstance(v, _Rec):
+                plan.append(("py", v))
+                continue
+            copy = v.value.node in L.input_values or not v.exact
+            from_core = v.value.node not in L.extern_values and v.value.node not in L.input_values
+            plan.append(("core", len(core_values), v.tshape, v.dtype, copy, _layout(_meta(o), from_core)))
+            core_values.append(v.value)
+        if core_values:
+            L.g.output(*core_values)
+            self.compiled = L.g.compile()
+        self.plan = plan
+        self.single = single
+        self.inputs = L.inputs
+        self.core_ops = L.core_ops
+        self.extern_nodes = L.extern_nodes
+        self.extern_calls = L.extern_calls
+        self.lowered_targets = [n.target for n in L.lowered]
+        self._arg_bf16 = {i for k, i in L.inputs if k == "arg" and isinstance(example_inputs[i], torch.Tensor)
+                          and example_inputs[i].dtype == torch.bfloat16} if example_inputs else set()
+        self._arrays = [p if k == "const" else None for k, p in L.inputs]
+        self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg"]
+        self._cache = {}
+
+    @property
+    def kernels(self):
+        return self.compiled.kernels if self.compiled is not None else []
+
+    def _convert(self, i, t):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError("fastcompile: input %d is a %s, the graph was compiled for a tensor" % (i, type(t)))
+        if self.mode == "reduce-overhead":
+            key = (id(t), t.data_ptr(), t._version)
+            hit = self._cache.get(i)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+        d = t.detach()
+        a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
+        if self.mode == "reduce-overhead":
+            self._cache[i] = (key, a, t)
+        return a
+
+    def __call__(self, *args):
+        if self.fallback is not None:
+            out = self.gm(*args)
+            return list(out) if isinstance(out, (tuple, list)) else [out]
+        res = ()
+        if self.compiled is not None:
+            arrays = self._arrays
+            for j, i in self._arg_slots:
+                arrays[j] = self._convert(i, args[i])
+            if self.threads is not None:
+                res = self._call_threads(arrays)
+            elif self.mode == "max-autotune":
+                res = self._autotune(arrays)
+            else:
+                res = self.compiled(*arrays)
+            for j, _ in self._arg_slots:
+                arrays[j] = None
+        out = []
+        for p in self.plan:
+            kind = p[0]
+            if kind == "core":
+                _, k, tshape, dtype, copy, layout = p
+                t = torch.from_numpy(res[k])
+                if t.dim() != len(tshape) or tuple(t.shape) != tshape:
+                    t = _to_torch(res[k], tshape, dtype)
+                if layout is not None:
+                    t = _restride(t, layout, dtype)
+                elif t.dtype != dtype:
+                    t = t.to(dtype)
+                elif copy:
+                    t = t.clone()
+                out.append(t)
+            elif kind == "arg":
+                out.append(args[p[1]])
+            else:
+                out.append(p[1])
+        return out
+
+    # -- max-autotune: per graph, the fastest of a few thread counts ------------------------------
+    def _call_threads(self, arrays):
+        cfg = _thread_config(self.threads)
+        _C._configure(cfg)
+        try:
+            return self.compiled(*arrays)
+        finally:
+            _C._configure(_thread_config(None))
+
+    def _autotune(self, arrays):
+        res = self.compiled(*arrays)           # compiles and warms the kernels
+        ncores = config.resolved()["num_threads"]
+        cands = sorted({1, 2, 4, 8, 16, 32, 64, ncores} & set(range(1, ncores + 1)))
+        best = None
+        for n in cands:
+            _C._configure(_thread_config(n))
+            try:
+                ts = []
+                for _ in range(3):
+                    t0 = time.perf_counter()
+                    res = self.compiled(*arrays)
+                    ts.append(time.perf_counter() - t0)
+            finally:
+                _C._configure(_thread_config(None))
+            t = sorted(ts)[1]
+            if best is None or t < best[0]:
+                best = (t, n)
+        self.threads = best[1] if best[1] != ncores else None
+        self.mode = "default" if self.threads is None else self.mode
+        log.info("fastcompile: max-autotune picked %d threads", best[1])
+        return res
+
+
+def _thread_config(n):
+    from .. import __version__
+    cfg = dict(config.resolved(), version=__version__)
+    if n is not None:
+        cfg["num_threads"] = n
+    return cfg
+
+
+def fx_to_graph(gm, example_inputs, mode="default"):
+    """Lower one FX graph (aten ops, or Dynamo's torch-level ops, which mostly become externs) to
+    a fastcompile graph. Returns an ``FxGraphRunner``: ``runner(*tensors) -> list``."""
+    return FxGraphRunner(gm, example_inputs, mode=mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# the torch.compile backend
+# ----------------------------------------------------------------------------------------------
+
+def _parse_options(mode, options):
+    mode = mode or "default"
+    if mode not in MODES:
+        raise ValueError("fastcompile backend: unknown mode %r (modes: %s)" % (mode, ", ".join(MODES)))
+    knobs = {}
+    names = {k.name for k in config.KNOBS}
+    for key, val in (options or {}).items():
+        key = key.replace("-", "_")
+        if key == "mode":
+            mode = val
+        elif key in names:
+            knobs[key] = val
+        else:
+            raise ValueError("fastcompile backend: unknown option %r (options: mode, %s)"
+                             % (key, ", ".join(sorted(names))))
+    if mode == "max-autotune-no-cudagraphs":
+        mode = "max-autotune"
+    return mode, knobs
+
+
+def backend(gm, example_inputs, mode=None, options=None, record=None):
+    """``torch.compile(model, backend="fastcompile", mode=..., options={...})``.
+
+    mode: "default"; "reduce-overhead" (inputs seen before are not re-wrapped, extern results
+    reuse their buffers is left to the core's pool); "max-autotune" (each graph times a few thread
+    counts on its first call and keeps the fastest). options: any ``fastcompile.config`` knob
+    (``num_threads``, ``serial_below``, ``pool_mb``, ``cflags``, ...), set process-wide.
+    record: a list that receives every ``FxGraphRunner`` built (forward and backward graphs)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+    mode, knobs = _parse_options(mode, options)
+    if knobs:
+        config.set(**knobs)
+
+    def compile_graph(fx_gm, inputs):
+        runner = fx_to_graph(fx_gm, inputs, mode=mode)
+        if record is not None:
+            record.append(runner)
+        return make_boxed_func(runner)
+
+    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                        decompositions=decompositions)(gm, example_inputs)

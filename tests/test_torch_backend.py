@@ -1,0 +1,449 @@
+"""The torch.compile backend (python/fastcompile/backends/torch.py): eager torch is the reference.
+
+- registration: the torch_dynamo_backends entry point, list_backends(), backend="fastcompile"
+  without importing fastcompile (subprocess; needs the package pip-installed, else skipped);
+- OpInfo differential suite: every pointwise, reduction and normalization op of torch's op_db
+  that the backend lowers to core ops, on its CPU sample inputs, compared with eager under
+  torch.testing.assert_close's default tolerances. Samples are limited (SAMPLES_PER_DTYPE) to
+  keep the suite under a few minutes on 2 cores; EXPECTED_FAILURES lists the known differences
+  with a reason each, as strict xfails (an unexpected pass fails);
+- nn models (MLP, CNN + BatchNorm, transformer block, a hand-written RNN loop): forward and one
+  SGD training step match eager; autocast bf16/fp16 graphs match eager within torch's tolerances;
+- fusion: the kernels generated vs the aten pointwise ops in the FX graphs;
+- modes and options.
+
+Every test skips with a reason where torch is not importable (CI runs a Python without it).
+"""
+import copy
+import functools
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the torch backend is not tested")
+
+import torch.nn as nn                                         # noqa: E402
+import torch.nn.functional as F                               # noqa: E402
+
+from fastcompile.backends import torch as fbt                 # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def compile_fc(fn, record=None, **kw):
+    return torch.compile(fn, backend=functools.partial(fbt.backend, record=record, **kw), dynamic=False)
+
+
+@pytest.fixture(autouse=True)
+def _reset_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------------------------
+# registration
+# ----------------------------------------------------------------------------------------------
+
+def test_entry_point_declared():
+    text = open(os.path.join(ROOT, "pyproject.toml")).read()
+    assert '[project.entry-points.torch_dynamo_backends]' in text
+    assert 'fastcompile = "fastcompile.backends.torch:backend"' in text
+
+
+def _installed_entry_point():
+    try:
+        eps = importlib.metadata.entry_points(group="torch_dynamo_backends")
+    except Exception:
+        return None
+    return next((e for e in eps if e.name == "fastcompile"), None)
+
+
+def test_backend_by_name_without_import_subprocess():
+    ep = _installed_entry_point()
+    if ep is None or ep.value != "fastcompile.backends.torch:backend":
+        pytest.skip("fastcompile is not pip-installed with its entry point (python3 -m pip install .)")
+    src = (
+        "import sys, torch, torch._dynamo\n"
+        "assert 'fastcompile' not in sys.modules\n"
+        "assert 'fastcompile' in torch._dynamo.list_backends(), torch._dynamo.list_backends()\n"
+        "f = torch.compile(lambda x: torch.sigmoid(x) * x + 1, backend='fastcompile')\n"
+        "x = torch.randn(64, 33)\n"
+        "torch.testing.assert_close(f(x), torch.sigmoid(x) * x + 1)\n"
+        "assert 'fastcompile._C' in sys.modules\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300,
+                       cwd="/", env=env)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_backend_callable_and_kwargs():
+    with pytest.raises(ValueError, match="unknown option"):
+        fbt._parse_options(None, {"no_such_knob": 1})
+    with pytest.raises(ValueError, match="unknown mode"):
+        fbt._parse_options("fastest", None)
+    assert fbt._parse_options("max-autotune-no-cudagraphs", None) == ("max-autotune", {})
+    assert fbt._parse_options(None, {"num_threads": 2}) == ("default", {"num_threads": 2})
+
+
+# ----------------------------------------------------------------------------------------------
+# OpInfo differential suite
+# ----------------------------------------------------------------------------------------------
+
+# OpInfo names whose aten ops the backend lowers to core ops (pointwise, reductions, softmax,
+# normalizations that decompose into them)
+LOWERED = sorted("""
+abs neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan tanh asin acos atan
+sinh cosh asinh acosh atanh erf sigmoid nn.functional.relu floor ceil trunc sign round
+nn.functional.silu nn.functional.gelu nn.functional.softplus bitwise_not logical_not isnan isinf
+isfinite square add sub mul div true_divide floor_divide remainder pow float_power maximum minimum
+fmax fmin atan2 hypot copysign eq ne lt le gt ge logical_and logical_or logical_xor bitwise_and
+bitwise_or bitwise_xor where clamp clamp_min clamp_max rsub lerp addcmul addcdiv
+sum mean prod amax amin argmax argmin var std var_mean std_mean any all logsumexp
+softmax log_softmax nn.functional.layer_norm nn.functional.rms_norm nn.functional.hardtanh
+nn.functional.leaky_relu nn.functional.elu nn.functional.relu6 nn.functional.hardsigmoid
+nn.functional.hardswish nn.functional.mish sigmoid nn.functional.logsigmoid
+""".split())
+
+SAMPLES_PER_DTYPE = {torch.float32: 2, torch.float64: 1}   # ints and bool: 1 sample each
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+# (op name, dtype name) or (op name, None: all dtypes) -> why the backend differs from eager.
+# Empty at the moment: every selected op passes on the samples run. Known divergences outside
+# these samples (integer division by zero gives 0 where torch raises; a Python int scalar that the
+# tensor's integer dtype cannot hold raises OverflowError where torch wraps) are documented in
+# README's "torch backend" section. An entry here is a strict xfail: fixing it fails the test.
+EXPECTED_FAILURES = {
+}
+
+
+def _opinfos():
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    except Exception as e:       # pragma: no cover
+        return [pytest.param(None, None, marks=pytest.mark.skip(reason="no op_db: %s" % e))]
+    out = []
+    for op in op_db:
+        if op.name not in LOWERED:
+            continue
+        vid = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+        dts = op.supported_dtypes("cpu")
+        for dt in [torch.float32, torch.float64,
+                   next((d for d in INT_DTYPES if d in dts), None), torch.bool]:
+            if dt is None or dt not in dts:
+                continue
+            name = str(dt).replace("torch.", "")
+            reason = EXPECTED_FAILURES.get((vid, name)) or EXPECTED_FAILURES.get((vid, None))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            out.append(pytest.param(op, dt, id="%s-%s" % (vid, name), marks=marks))
+    return out
+
+
+def _flatten_tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _flatten_tensors(o)]
+    return []
+
+
+@pytest.mark.parametrize("op,dtype", _opinfos())
+def test_opinfo(op, dtype):
+    n = SAMPLES_PER_DTYPE.get(dtype, 1)
+    samples = []
+    for s in op.sample_inputs("cpu", dtype, requires_grad=False):
+        if all(isinstance(t, torch.Tensor) for t in [s.input]):
+            samples.append(s)
+        if len(samples) == n:
+            break
+    if not samples:
+        pytest.skip("no CPU samples")
+    lowered = 0
+    for s in samples:
+        args, kwargs = s.args, s.kwargs
+        record = []
+
+        def fn(x, *ts, _op=op, _args=args, _kwargs=kwargs):
+            return _op(x, *_args, **_kwargs)
+
+        try:
+            expected = op(s.input, *args, **kwargs)
+        except Exception:
+            continue            # eager itself rejects the sample
+        torch._dynamo.reset()
+        actual = compile_fc(fn, record=record)(s.input)
+        exp_t, act_t = _flatten_tensors(expected), _flatten_tensors(actual)
+        assert len(exp_t) == len(act_t)
+        for a, e in zip(act_t, exp_t):
+            assert a.dtype == e.dtype and a.shape == e.shape, (a.dtype, e.dtype, a.shape, e.shape)
+            torch.testing.assert_close(a, e, equal_nan=True)
+        lowered += sum(r.core_ops for r in record if r.fallback is None)
+    assert lowered > 0, "no sample of %s became a core op" % op.name
+
+
+# ----------------------------------------------------------------------------------------------
+# models
+# ----------------------------------------------------------------------------------------------
+
+class MLP(nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d, 64), nn.GELU(), nn.Linear(64, 64), nn.SiLU(),
+                                 nn.LayerNorm(64), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class CNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 16, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(x, 2)
+        x = F.relu(self.bn2(self.conv2(x)))
+        return self.fc(x.mean((2, 3)))
+
+
+class Block(nn.Module):
+    def __init__(self, d=64, h=4):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, h, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class RNN(nn.Module):
+    """An Elman cell written by hand, unrolled over the sequence by Dynamo."""
+    def __init__(self, d=16, hidden=32):
+        super().__init__()
+        self.wx = nn.Linear(d, hidden)
+        self.wh = nn.Linear(hidden, hidden, bias=False)
+        self.out = nn.Linear(hidden, 4)
+
+    def forward(self, x):
+        h = torch.zeros(x.shape[0], self.wh.in_features)
+        for t in range(x.shape[1]):
+            h = torch.tanh(self.wx(x[:, t]) + self.wh(h))
+        return self.out(h)
+
+
+MODELS = {
+    "mlp": (MLP, lambda: torch.randn(16, 32)),
+    "cnn_bn": (CNN, lambda: torch.randn(4, 3, 16, 16)),
+    "transformer_block": (Block, lambda: torch.randn(2, 16, 64)),
+    "rnn_loop": (RNN, lambda: torch.randn(8, 6, 16)),
+}
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_forward(name):
+    torch.manual_seed(0)
+    cls, make = MODELS[name]
+    m = cls().eval()
+    x = make()
+    record = []
+    cm = compile_fc(m, record=record)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), **TOL)
+        torch.testing.assert_close(cm(x), m(x), **TOL)          # second call: cached graph
+    assert record and all(r.fallback is None for r in record)
+    assert sum(r.core_ops for r in record) > 0
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_training_step(name):
+    torch.manual_seed(0)
+    cls, make = MODELS[name]
+    ref = cls().train()
+    mod = copy.deepcopy(ref)
+    x, target = make(), None
+    record = []
+    cm = compile_fc(mod, record=record)
+    results = []
+    for model, run in ((ref, ref), (mod, cm)):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        out = run(x)
+        if target is None:
+            target = torch.randn_like(out)
+        loss = F.mse_loss(out, target)
+        opt.zero_grad()
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        results.append((loss.detach(), grads, [p.detach().clone() for p in model.parameters()],
+                        [b.clone() for b in model.buffers()]))
+    (l0, g0, p0, b0), (l1, g1, p1, b1) = results
+    torch.testing.assert_close(l1, l0, **TOL)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, **TOL)
+    for a, b in zip(p1, p0):
+        torch.testing.assert_close(a, b, **TOL)
+    for a, b in zip(b1, b0):                    # BatchNorm running stats
+        torch.testing.assert_close(a, b, **TOL)
+    kinds = {("bw" if any(n.name.startswith("tangents") for n in r.gm.graph.nodes) else "fw") for r in record}
+    assert kinds == {"fw", "bw"}, "forward and backward graphs both go through the lowering"
+    assert all(r.fallback is None for r in record)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast(dtype):
+    torch.manual_seed(0)
+    m = MLP().eval()
+    x = torch.randn(16, 32)
+    record = []
+    cm = compile_fc(m, record=record)
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+        expected = m(x)
+        actual = cm(x)
+    assert actual.dtype == expected.dtype == dtype
+    # eager rounds to bf16/fp16 after every op, we only where a value leaves the core
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    assert all(r.fallback is None for r in record) and sum(r.core_ops for r in record) > 0
+
+
+def test_autocast_training_bf16():
+    torch.manual_seed(0)
+    ref = MLP()
+    mod = copy.deepcopy(ref)
+    x = torch.randn(16, 32)
+    cm = compile_fc(mod)
+    grads = []
+    for model, run in ((ref, ref), (mod, cm)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = run(x).float().square().mean()
+        loss.backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=5e-2)
+
+
+def test_bf16_inputs():
+    x = torch.randn(33, 17).to(torch.bfloat16)
+    f = compile_fc(lambda x: torch.softmax(x * 2, -1) + 1)
+    out = f(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, torch.softmax(x * 2, -1) + 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# fusion
+# ----------------------------------------------------------------------------------------------
+
+def _pointwise_aten(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function"
+            and torch.Tag.pointwise in getattr(n.target, "tags", ())]
+
+
+def test_fusion_pointwise_chain_is_one_kernel():
+    record = []
+    f = compile_fc(lambda x, y: torch.tanh(x * y + 1).sigmoid() * 2 - torch.exp(-x.abs()), record=record)
+    x, y = torch.randn(100, 50), torch.randn(100, 50)
+    torch.testing.assert_close(f(x, y), torch.tanh(x * y + 1).sigmoid() * 2 - torch.exp(-x.abs()))
+    (r,) = record
+    assert len(_pointwise_aten(r.gm)) >= 8
+    assert len(r.kernels) == 1
+
+
+def test_fusion_counts_in_models():
+    """Fewer kernels than aten pointwise ops in every graph of the MLP and the transformer block
+    (forward and backward); the layer norm + GELU forward of the MLP is a handful of kernels."""
+    for name in ("mlp", "transformer_block"):
+        torch.manual_seed(0)
+        cls, make = MODELS[name]
+        m = cls()
+        record = []
+        compile_fc(m, record=record)(make()).sum().backward()
+        for r in record:
+            pw = len(_pointwise_aten(r.gm))
+            assert len(r.kernels) < pw, (name, len(r.kernels), pw)
+
+
+def test_layernorm_is_one_kernel():
+    record = []
+    ln = nn.LayerNorm(64).eval()
+    f = compile_fc(ln, record=record)
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(f(x), ln(x), **TOL)
+    (r,) = record
+    assert len(r.kernels) == 1, [k.name for k in r.kernels]
+
+
+# ----------------------------------------------------------------------------------------------
+# modes, options, fallbacks
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
+def test_modes(mode):
+    torch.manual_seed(0)
+    m = MLP().eval()
+    x = torch.randn(256, 32)
+    cm = torch.compile(m, backend="fastcompile" if _installed_entry_point() else fbt.backend, mode=mode)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x), **TOL)
+        x.mul_(2)                                       # an input changed in place: seen again
+        torch.testing.assert_close(cm(x), m(x), **TOL)
+
+
+def test_options_set_knobs():
+    from fastcompile import config
+    old = config.get("serial_below")
+    try:
+        f = torch.compile(lambda x: x.exp() + 1, backend=fbt.backend, options={"serial_below": 12345})
+        x = torch.randn(10)
+        torch.testing.assert_close(f(x), x.exp() + 1)
+        assert config.get("serial_below") == 12345
+    finally:
+        config.set(serial_below=old)
+
+
+def test_unknown_and_unsupported_ops_do_not_fail():
+    record = []
+
+    def f(x, i):
+        y = torch.cumsum(x, 0).sin()                  # cumsum: an extern
+        z = torch.fft.rfft(y, dim=-1).abs()            # complex inside one extern cluster
+        return y[i] * 2, z.sum(-1), torch.linalg.svdvals(x)
+    x, i = torch.randn(8, 8), torch.tensor([1, 3])
+    out = compile_fc(f, record=record)(x, i)
+    ref = f(x, i)
+    for a, b in zip(out, ref):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_dynamic_shapes_fall_back():
+    f = torch.compile(lambda x: (x * 2).sum(-1), backend=fbt.backend, dynamic=True)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(f(x), (x * 2).sum(-1))
+
+
+def test_fx_to_graph_reusable():
+    """fx_to_graph lowers an aten graph on its own (the project's own frontend can route here)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(lambda x, w: torch.softmax(x @ w, -1) * 3, decomposition_table=fbt.decompositions())(
+        torch.randn(4, 8), torch.randn(8, 5))
+    run = fbt.fx_to_graph(gm, [torch.randn(4, 8), torch.randn(8, 5)])
+    x, w = torch.randn(4, 8), torch.randn(8, 5)
+    (out,) = run(x, w)
+    torch.testing.assert_close(out, torch.softmax(x @ w, -1) * 3)
+    assert run.core_ops >= 2 and run.extern_calls == 1 and len(run.kernels) == 1
