@@ -63,8 +63,10 @@ class TraceResult:
 def _graph_info(tracer, run):
     if run.graph is None or tracer.op_count == 0:
         return []
-    lines = [ln for _, ln in tracer.lines]
-    fname = tracer.lines[0][0] if tracer.lines else tracer.code.co_filename
+    fname = tracer.code.co_filename          # the span is in the traced function's own file
+    lines = [ln for f, ln in tracer.lines if f == fname] or [ln for _, ln in tracer.lines]
+    if not any(f == fname for f, _ in tracer.lines) and tracer.lines:
+        fname = tracer.lines[0][0]
     return [GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
                       (fname, min(lines), max(lines)), getattr(run, "compiled", None))]
 

@@ -5,6 +5,7 @@ state (return value or the stack and locals at the break)."""
 import builtins as _builtins
 import dis
 import linecache
+import functools
 import operator
 import sys
 import types
@@ -1150,6 +1151,10 @@ class Tracer:
             # as an extern call its eager example would draw from the RNG while tracing
             self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
         fwd = type(mod).forward
+        if type(mod) in _inline_torch_modules():
+            # torch's own forward, inlined so its ops fuse (nn.GELU -> the core's gelu)
+            return self.inline(fwd.__code__, fwd.__globals__, (), tuple(self.wrap(d, None) for d in
+                               (fwd.__defaults__ or ())), {}, [mod_var] + list(args), kwargs)
         return self.call_var(PyVar(fwd), [mod_var] + list(args), kwargs)
 
     def container_method(self, fn, args, kwargs):
@@ -1493,3 +1498,15 @@ if torch is not None:
     }
 else:
     TORCH_TO_NP = {}
+
+
+
+@functools.lru_cache(maxsize=None)
+def _inline_torch_modules():
+    """torch.nn modules whose forward is inlined (its ops become core ops); other torch
+    modules run whole as one extern call, which is safer for large forwards
+    (attention, convolutions) the tracer would break inside."""
+    nn = torch.nn
+    return frozenset(getattr(nn, n) for n in ("GELU", "SiLU", "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
+                                              "LayerNorm", "Dropout", "Identity", "Softplus", "Mish", "Hardtanh")
+                     if hasattr(nn, n))
