@@ -789,11 +789,20 @@ emit_reduction(Gen *G)
             }
         }
     }
-    LINE(G, "if (threadIdx.x == 0) {");
-    G->depth++;
-    emit_outer_stores(G);
-    G->depth--;
-    LINE(G, "}");
+    {
+        int has_outer_out = 0;
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            has_outer_out |= s->sn[v].materialize && s->sn[v].kind == FC_VK_OUTER;
+        }
+        if (has_outer_out) {
+            LINE(G, "if (threadIdx.x == 0) {");
+            G->depth++;
+            emit_outer_stores(G);
+            G->depth--;
+            LINE(G, "}");
+        }
+    }
     G->depth--;
     LINE(G, "}");
     LINE(G, "fc_cu_report(L.err, fc_err);");

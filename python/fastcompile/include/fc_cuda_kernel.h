@@ -74,12 +74,12 @@ FC__SHFL(uint32_t, unsigned) FC__SHFL(uint64_t, unsigned long long)
 FC__SHFL(float, float) FC__SHFL(double, double)
 #undef FC__SHFL
 
-struct fc_cu_sum { template <typename T> FC_DEV T operator()(T a, T b) const { return a + b; } };
-struct fc_cu_prod { template <typename T> FC_DEV T operator()(T a, T b) const { return a * b; } };
-struct fc_cu_max { template <typename T> FC_DEV T operator()(T a, T b) const { return b > a ? b : a; } };
-struct fc_cu_min { template <typename T> FC_DEV T operator()(T a, T b) const { return b < a ? b : a; } };
-struct fc_cu_or { template <typename T> FC_DEV T operator()(T a, T b) const { return a | b; } };
-struct fc_cu_and { template <typename T> FC_DEV T operator()(T a, T b) const { return a & b; } };
+struct fc_cu_sum { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct fc_cu_prod { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; } };
+struct fc_cu_max { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return b > a ? b : a; } };
+struct fc_cu_min { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return b < a ? b : a; } };
+struct fc_cu_or { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a | b; } };
+struct fc_cu_and { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a & b; } };
 
 template <typename T, typename F>
 FC_DEV T
