@@ -9,6 +9,7 @@
 #include "../core/shape.h"
 #include "../core/strbuf.h"
 #include "../fc_numpy.h"
+#include "../runtime/cuda.h"
 #include "../runtime/plan.h"
 #include "api.h"
 
@@ -1144,6 +1145,9 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot)
     FcMeta m;
     PyObject *a;
     if (!PyArray_Check(arg)) {
+        if (fc_cuda_check_host(arg) < 0) {   /* a CUDA array: say why it cannot run */
+            return -1;
+        }
         PyErr_Format(PyExc_TypeError, "fastcompile: argument %d must be a numpy.ndarray, got %.100s",
                      k, Py_TYPE(arg)->tp_name);
         return -1;
@@ -1332,12 +1336,30 @@ Compiled_cuda_render(CompiledObject *c, PyObject *args)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         int node = c->g.inputs[i];
-        if ((arrs[node] = as_array(PyTuple_GET_ITEM(args, i))) == NULL) {
+        PyObject *arg = PyTuple_GET_ITEM(args, i);
+        if (PyTuple_Check(arg)) {
+            /* (dtype, ndim[, size-1 mask[, contiguous]]): no array needed (bfloat16) */
+            Py_INCREF(arg);
+            arrs[node] = arg;
+        }
+        else if ((arrs[node] = as_array(arg)) == NULL) {
             goto cleanup;
         }
     }
     for (int k = 0; k < seg->ninputs; k++) {
         PyObject *a = arrs[seg->inputs[k]];
+        if (a != NULL && PyTuple_Check(a)) {
+            PyObject *dt;
+            unsigned int ones = 0;
+            int contig = 1;
+            if (!PyArg_ParseTuple(a, "Oi|Ip", &dt, &metas[k].ndim, &ones, &contig) ||
+                    (metas[k].dtype = parse_dtype(dt)) < 0) {
+                goto cleanup;
+            }
+            metas[k].ones = ones;
+            metas[k].contig = contig;
+            continue;
+        }
         if (a == NULL) {
             PyErr_SetString(PyExc_NotImplementedError, "fastcompile: _cuda_render: a segment input is not a graph input");
             goto cleanup;

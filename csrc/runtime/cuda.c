@@ -681,6 +681,45 @@ error:
  * Python surface
  * ------------------------------------------------------------------------- */
 
+/* kDLCUDA, kDLCUDAHost, kDLCUDAManaged */
+#define FC_DL_CUDA(t) ((t) == 2 || (t) == 3 || (t) == 13)
+
+int
+fc_cuda_check_host(PyObject *obj)
+{
+    PyObject *dev;
+    long type = 1, id = 0;
+    if (!PyObject_HasAttrString(obj, "__dlpack_device__")) {
+        return 0;
+    }
+    dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (dev == NULL || !PyTuple_Check(dev) || PyTuple_GET_SIZE(dev) != 2) {
+        Py_XDECREF(dev);
+        PyErr_Clear();
+        return 0;
+    }
+    type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+    id = PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
+    Py_DECREF(dev);
+    PyErr_Clear();
+    if (!FC_DL_CUDA(type)) {
+        return 0;
+    }
+    {
+        const char *why = fc_cuda_unavailable();
+        if (why != NULL) {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: got an array on CUDA device %ld, but CUDA "
+                         "cannot run here: %s", id, why);
+        }
+        else {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: got an array on CUDA device %ld; compiled "
+                         "graphs run on CPU arrays only so far (CUDA kernels render and compile, "
+                         "see fastcompile.cuda_info(), but plan execution on the GPU is not wired yet)", id);
+        }
+    }
+    return -1;
+}
+
 PyObject *
 fc_cuda_py_info(PyObject *self, PyObject *unused)
 {

@@ -34,6 +34,12 @@ FC_INTERNAL int fc_cuda_launch(void *fn, unsigned grid, unsigned block, void *st
 /* Why the CUDA path cannot run, or NULL when a device is there. Borrowed. GIL held. */
 FC_INTERNAL const char *fc_cuda_unavailable(void);
 
+/* 0 when obj is not a DLPack array on a CUDA device (CPU tensors, anything
+ * else: NumPy decides); -1 + RuntimeError for CUDA arrays: the plan runs
+ * on the CPU only for now, and the message says why CUDA cannot run here.
+ * obj: borrowed. GIL held. */
+FC_INTERNAL int fc_cuda_check_host(PyObject *obj);
+
 /* Python: _C.cuda_info() -> dict; _C._cuda_compile(source, arch=None) -> dict.
  * self, args: borrowed; returns: new reference. */
 FC_INTERNAL PyObject *fc_cuda_py_info(PyObject *self, PyObject *unused);
