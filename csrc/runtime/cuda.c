@@ -73,6 +73,7 @@ typedef struct {
     CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, CUstream, void **, void **);
+    CUcontext ctx[16];                    /* retained primary contexts (torch's), per device */
     int probed;
 } FcCudaRt;
 
@@ -642,10 +643,18 @@ fc_cuda_load(const FcCudaImage *img, const char *symbol, int dev, void **fn)
         PyErr_Format(PyExc_ValueError, "fastcompile: no CUDA device %d (%d present)", dev, cu.ndevices);
         return -1;
     }
+    if (dev >= 16) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: CUDA device %d: at most 16 devices", dev);
+        return -1;
+    }
     FC_CUDA_CHECK(FC_DRIVER, cu.cuDeviceGet(&d, dev), NULL, NULL);
-    /* the primary context is the one torch uses; retained once per load and
+    /* the primary context is the one torch uses; retained once per device and
      * never released, so it outlives every module we put in it */
-    FC_CUDA_CHECK(FC_DRIVER, cu.cuDevicePrimaryCtxRetain(&ctx, d), NULL, NULL);
+    if (cu.ctx[dev] == NULL) {
+        FC_CUDA_CHECK(FC_DRIVER, cu.cuDevicePrimaryCtxRetain(&ctx, d), NULL, NULL);
+        cu.ctx[dev] = ctx;
+    }
+    ctx = cu.ctx[dev];
     FC_CUDA_CHECK(FC_DRIVER, cu.cuCtxPushCurrent(ctx), NULL, NULL);
     pushed = 1;
     FC_CUDA_CHECK(FC_DRIVER, cu.cuModuleLoadData(&mod, img->image), NULL, NULL);
@@ -661,19 +670,33 @@ error:
 }
 
 int
-fc_cuda_launch(void *fn, unsigned grid, unsigned block, void *stream, void *params, size_t nbytes)
+fc_cuda_launch(void *fn, int dev, unsigned grid, unsigned block, void *stream, void *params,
+               size_t nbytes)
 {
     void *extra[] = {FC_CU_LAUNCH_PARAM_BUFFER_POINTER, params, FC_CU_LAUNCH_PARAM_BUFFER_SIZE,
                      &nbytes, FC_CU_LAUNCH_PARAM_END};
-    if (cu.cuLaunchKernel == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "fastcompile: the CUDA driver is not loaded");
+    CUcontext popped;
+    int pushed = 0;
+    if (cu.cuLaunchKernel == NULL || dev < 0 || dev >= 16 || cu.ctx[dev] == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: launch before fc_cuda_load on this device");
         return -1;
     }
-    /* the stream belongs to torch's primary context, which the launch uses */
+    if (nbytes > 4096) {
+        /* the classic kernel parameter limit; larger needs CUDA 12.1+ and sm_70+ */
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: kernel parameters of %zu bytes (at most 4096)", nbytes);
+        return -1;
+    }
+    /* the stream belongs to torch's primary context: make it current for the launch */
+    FC_CUDA_CHECK(FC_DRIVER, cu.cuCtxPushCurrent(cu.ctx[dev]), NULL, NULL);
+    pushed = 1;
     FC_CUDA_CHECK(FC_DRIVER, cu.cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0,
                                                (CUstream)stream, NULL, extra), NULL, NULL);
+    cu.cuCtxPopCurrent(&popped);
     return 0;
 error:
+    if (pushed) {
+        cu.cuCtxPopCurrent(&popped);
+    }
     return -1;
 }
 

@@ -26,9 +26,12 @@ FC_INTERNAL void fc_cuda_image_free(FcCudaImage *img);
 /* GPU only (untested without a device): load an image into torch's primary
  * context of device `dev` and look up `symbol`. Returns 0 and *fn, or -1 + exception. */
 FC_INTERNAL int fc_cuda_load(const FcCudaImage *img, const char *symbol, int dev, void **fn);
-/* Launch fn with the packed fc_cu_launch (params, nbytes) on stream (a
- * CUstream, e.g. torch.cuda.current_stream().cuda_stream). Returns 0 or -1 + exception. */
-FC_INTERNAL int fc_cuda_launch(void *fn, unsigned grid, unsigned block, void *stream,
+/* Launch fn (from fc_cuda_load on dev) with the packed fc_cu_launch (params,
+ * nbytes <= 4096: 8 * (5 + nops + 2 nd + 2 nops nd)) on stream (a CUstream,
+ * e.g. torch.cuda.current_stream().cuda_stream), grid x FC_CU_THREADS.
+ * Asynchronous: errors inside the kernel surface at torch's next sync.
+ * Returns 0 or -1 + exception. */
+FC_INTERNAL int fc_cuda_launch(void *fn, int dev, unsigned grid, unsigned block, void *stream,
                                void *params, size_t nbytes);
 
 /* Why the CUDA path cannot run, or NULL when a device is there. Borrowed. GIL held. */
