@@ -10,6 +10,7 @@
 #include "hook/hook.h"
 #include "runtime/alloc.h"
 #include "runtime/cpu.h"
+#include "runtime/cuda.h"
 #include "runtime/plan.h"
 
 
@@ -75,6 +76,10 @@ static PyMethodDef mod_methods[] = {
      "forget loaded kernels; with disk=True (default) also empty the disk cache"},
     {"_mxcsr", mod_mxcsr, METH_NOARGS, "the MXCSR register (tests)"},
     {"_cpu_load", fc_cpu_py_load, METH_VARARGS, "compile or load C source (tests)"},
+    {"cuda_info", fc_cuda_py_info, METH_NOARGS,
+     "CUDA status: NVRTC and driver found (paths, versions), device count or why there is none"},
+    {"_cuda_compile", (PyCFunction)(void (*)(void))fc_cuda_py_compile, METH_VARARGS | METH_KEYWORDS,
+     "_cuda_compile(source, arch=None) -> {image, kind, arch, key, cached}: NVRTC through the disk cache (tests)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -93,6 +98,7 @@ mod_exec(PyObject *m)
 static void
 mod_free(void *m)
 {
+    fc_cuda_free();
     fc_cpu_free();
     fc_alloc_free();
 }

@@ -9,6 +9,7 @@
 #include "../core/shape.h"
 #include "../core/strbuf.h"
 #include "../fc_numpy.h"
+#include "../runtime/cuda.h"
 #include "../runtime/plan.h"
 #include "api.h"
 
@@ -1144,6 +1145,9 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot)
     FcMeta m;
     PyObject *a;
     if (!PyArray_Check(arg)) {
+        if (fc_cuda_check_host(arg) < 0) {   /* a CUDA array: say why it cannot run */
+            return -1;
+        }
         PyErr_Format(PyExc_TypeError, "fastcompile: argument %d must be a numpy.ndarray, got %.100s",
                      k, Py_TYPE(arg)->tp_name);
         return -1;
@@ -1303,6 +1307,83 @@ Compiled_get_origin(CompiledObject *c, void *closure)
     return c->origin;
 }
 
+/* Compiled._cuda_render(*arrays) -> [{name, source, ...}]: the CUDA source
+ * of every kernel of the specialization the arrays (NumPy, any device-free
+ * stand-ins with the wanted dtype, rank, size-1 dims and contiguity) select.
+ * Renders only: no compile, no device. Graphs with extern calls are refused.
+ * args: borrowed; returns: new reference. */
+static PyObject *
+Compiled_cuda_render(CompiledObject *c, PyObject *args)
+{
+    FcSegment *seg;
+    FcMeta *metas = NULL;
+    PyObject **arrs = NULL, *r = NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (c->nlevels != 1) {
+        PyErr_SetString(PyExc_NotImplementedError, "fastcompile: _cuda_render takes graphs without extern calls");
+        return NULL;
+    }
+    if (n != c->g.ninputs) {
+        PyErr_Format(PyExc_TypeError, "fastcompile: the graph takes %d inputs, got %zd", c->g.ninputs, n);
+        return NULL;
+    }
+    seg = &c->segs[0].seg;
+    metas = PyMem_Calloc(seg->ninputs + 1, sizeof(FcMeta));
+    arrs = PyMem_Calloc(c->g.nnodes + 1, sizeof(PyObject *));
+    if (metas == NULL || arrs == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int node = c->g.inputs[i];
+        PyObject *arg = PyTuple_GET_ITEM(args, i);
+        if (PyTuple_Check(arg)) {
+            /* (dtype, ndim[, size-1 mask[, contiguous]]): no array needed (bfloat16) */
+            Py_INCREF(arg);
+            arrs[node] = arg;
+        }
+        else if ((arrs[node] = as_array(arg)) == NULL) {
+            goto cleanup;
+        }
+    }
+    for (int k = 0; k < seg->ninputs; k++) {
+        PyObject *a = arrs[seg->inputs[k]];
+        if (a != NULL && PyTuple_Check(a)) {
+            PyObject *dt;
+            unsigned int ones = 0;
+            int contig = 1;
+            if (!PyArg_ParseTuple(a, "Oi|Ip", &dt, &metas[k].ndim, &ones, &contig) ||
+                    (metas[k].dtype = parse_dtype(dt)) < 0) {
+                goto cleanup;
+            }
+            metas[k].ones = ones;
+            metas[k].contig = contig;
+            continue;
+        }
+        if (a == NULL) {
+            PyErr_SetString(PyExc_NotImplementedError, "fastcompile: _cuda_render: a segment input is not a graph input");
+            goto cleanup;
+        }
+        if (fc_plan_meta(a, &metas[k]) < 0) {
+            goto cleanup;
+        }
+    }
+    r = fc_plan_render_cuda(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin));
+cleanup:
+    for (int i = 0; arrs != NULL && i < c->g.nnodes; i++) {
+        Py_XDECREF(arrs[i]);
+    }
+    PyMem_Free(arrs);
+    PyMem_Free(metas);
+    return r;
+}
+
+static PyMethodDef Compiled_methods[] = {
+    {"_cuda_render", (PyCFunction)Compiled_cuda_render, METH_VARARGS,
+     "_cuda_render(*arrays) -> list of {name, source, ...}: CUDA source per kernel (tests)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef Compiled_getset[] = {
     {"kernels", (getter)Compiled_get_kernels, NULL,
      "kernels built so far: name, source, path (.c), so_path, key, fused", NULL},
@@ -1325,6 +1406,7 @@ static PyTypeObject Compiled_Type = {
     .tp_doc = "A compiled graph: call it with NumPy arrays; returns a tuple of arrays.",
     .tp_traverse = (traverseproc)Compiled_traverse,
     .tp_clear = (inquiry)Compiled_clear,
+    .tp_methods = Compiled_methods,
     .tp_getset = Compiled_getset,
 };
 

@@ -94,6 +94,13 @@ FC_INTERNAL void fc_spec_free(FcSpec *s);
 
 /* gen_c.c: one kernel -> C source (free it with fc_str_release). name: the symbol to define. */
 FC_INTERNAL char *fc_gen_c(const FcSpec *s, int k, const char *name, const char *header_comment);
+/* gen_cuda.c: one kernel -> CUDA C++ source for NVRTC (free it with fc_str_release).
+ * Defines name_i32 and name_i64 (32/64-bit index math), each taking an
+ * fc_cu_launch<nops, max(nd, 1)> by value (fc_cuda_kernel.h). */
+FC_INTERNAL char *fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment);
+/* 1 if kernel k has a reduction with no identity (amax, argmax, ...): the
+ * runtime raises before launching it over an empty axis */
+FC_INTERNAL int fc_gen_cuda_needs_nonempty(const FcSpec *s, int k);
 /* a human-readable dump of the fused segment (PyMem_Malloc, free with PyMem_Free) */
 FC_INTERNAL char *fc_spec_dump(const FcSpec *s);
 

@@ -275,6 +275,26 @@ cleanup:
     return rc;
 }
 
+/* For the CUDA runtime, which keeps cubins in the same folder (same shards,
+ * so cache_clear removes them too). GIL held. */
+const char *
+fc_cpu_cache_dir(void)
+{
+    return ensure_cache_dir() < 0 ? NULL : rt.cache_dir;
+}
+
+const char *
+fc_cpu_include_dir(void)
+{
+    return rt.include_dir;
+}
+
+const char *
+fc_cpu_version(void)
+{
+    return rt.version ? rt.version : "0";
+}
+
 /* ---------------------------------------------------------------------------
  * Key components: the compiler's identity, the CPU's, the shipped headers.
  * ------------------------------------------------------------------------- */

@@ -31,6 +31,12 @@ FC_INTERNAL PyObject *fc_cpu_stats(void);
  * `disk` is true, delete the on-disk cache contents. Returns 0 or -1. */
 FC_INTERNAL int fc_cpu_cache_clear(int disk);
 FC_INTERNAL void fc_cpu_free(void);
+/* The checked private cache folder (NULL + exception), the shipped include
+ * folder (NULL if unset) and fastcompile's version, for the CUDA runtime.
+ * Borrowed; valid until the next fc_cpu_configure. GIL held. */
+FC_INTERNAL const char *fc_cpu_cache_dir(void);
+FC_INTERNAL const char *fc_cpu_include_dir(void);
+FC_INTERNAL const char *fc_cpu_version(void);
 /* Test hook _C._cpu_load(source, symbol) -> {"so_path", "c_path", "key", "fn"}.
  * self, args: borrowed; returns: new reference. */
 FC_INTERNAL PyObject *fc_cpu_py_load(PyObject *self, PyObject *args);

@@ -301,6 +301,80 @@ error:
     return NULL;
 }
 
+/* The CUDA renderer over one specialization, no compile and no device:
+ * shape inference and fusion as fc_plan_build, then gen_cuda per kernel in
+ * execution order. Returns a new list of dicts {name, source, reduction,
+ * needs_nonempty, nops, nd}, or NULL + exception. */
+PyObject *
+fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin)
+{
+    FcSpec spec, *s = &spec;
+    PyObject *list = NULL;
+    char *dump = NULL;
+    char ghash[24];
+
+    memset(s, 0, sizeof(*s));
+    s->g = g;
+    s->metas = metas;
+    s->sn = PyMem_Calloc(g->nnodes + 1, sizeof(FcSNode));
+    if (s->sn == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        s->sn[i].in_seg = seg->in_seg[i];
+    }
+    if (copy_ints(&s->inputs, seg->inputs, seg->ninputs) < 0 ||
+            copy_ints(&s->outputs, seg->outputs, seg->noutputs) < 0) {
+        goto error;
+    }
+    s->ninputs = seg->ninputs;
+    s->noutputs = seg->noutputs;
+    if (fc_shape_infer(s, metas) < 0 || fc_fuse(s) < 0 || (dump = fc_spec_dump(s)) == NULL) {
+        goto error;
+    }
+    snprintf(ghash, sizeof(ghash), "%016llx", (unsigned long long)fc_fnv1a(dump));
+    if ((list = PyList_New(0)) == NULL) {
+        goto error;
+    }
+    for (int o = 0; o < s->nkernels; o++) {
+        int k = s->order[o];
+        char name[40], *draft, *header, *src;
+        PyObject *d;
+        if ((draft = fc_gen_cuda(s, k, "FCKNAME", "")) == NULL) {
+            goto error;
+        }
+        snprintf(name, sizeof(name), "fc_%016llx", (unsigned long long)fc_fnv1a(draft));
+        fc_str_release(draft);
+        if ((header = kernel_header(s, k, name, ghash, origin)) == NULL) {
+            goto error;
+        }
+        src = fc_gen_cuda(s, k, name, header);
+        fc_str_release(header);
+        if (src == NULL) {
+            goto error;
+        }
+        d = Py_BuildValue("{s:s,s:s,s:O,s:O,s:i,s:i}", "name", name, "source", src,
+                          "reduction", s->kernels[k].mask ? Py_True : Py_False,
+                          "needs_nonempty", fc_gen_cuda_needs_nonempty(s, k) ? Py_True : Py_False,
+                          "nops", s->kernels[k].nops, "nd", s->kernels[k].nd);
+        fc_str_release(src);
+        if (d == NULL || PyList_Append(list, d) < 0) {
+            Py_XDECREF(d);
+            goto error;
+        }
+        Py_DECREF(d);
+    }
+    goto cleanup;
+error:
+    Py_CLEAR(list);
+cleanup:
+    PyMem_Free(dump);
+    s->metas = NULL;
+    fc_spec_free(s);
+    return list;
+}
+
 void
 fc_plan_free(FcPlan *p)
 {

@@ -58,6 +58,12 @@ FC_INTERNAL FcPlan *fc_plan_build(const FcGraph *g, const FcSegment *seg, const 
                                   const char *origin);
 FC_INTERNAL void fc_plan_free(FcPlan *p);
 
+/* Test hook behind Compiled._cuda_render: every kernel of the specialization
+ * for `metas` rendered by gen_cuda (no compile, no device). Returns a new
+ * list of dicts, or NULL + exception. */
+FC_INTERNAL PyObject *fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
+                                          const char *origin);
+
 /* Run: vals[node] holds a new reference to each available array; the
  * segment's outputs are stored there (new references). Returns 0 or -1. */
 FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals);

@@ -33,7 +33,14 @@ def stats():
     return _C.stats()
 
 
+def cuda_info():
+    """CUDA status without touching the CPU path: whether NVRTC and the driver
+    (libcuda.so.1) were found, their paths and versions, NVRTC's archs, and
+    the device count, or in ``why_no_device`` why there is none."""
+    return _C.cuda_info()
+
+
 from .api import compile, reset            # noqa: E402  (after _configure: tracing compiles graphs)
 from .explain import explain               # noqa: E402
 
-__all__ = ["compile", "explain", "reset", "graph", "config", "cache_clear", "stats"]
+__all__ = ["compile", "explain", "reset", "graph", "config", "cache_clear", "stats", "cuda_info"]

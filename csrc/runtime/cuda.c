@@ -1,0 +1,808 @@
+/* Runtime, CUDA: CUDA source text -> cubin (NVRTC, disk cache) -> module -> launch on a stream.
+ * In: kernel source from gen_cuda. Out: cubins, loaded functions, cuda_info(). Builds without a CUDA toolkit. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/strbuf.h"
+#include "cpu.h"
+#include "cuda.h"
+#include "disk.h"
+#include "sha256.h"
+
+/* ---------------------------------------------------------------------------
+ * The few driver and NVRTC declarations we use (stable C ABI since CUDA 11),
+ * resolved with dlsym: the build needs no toolkit, the import no GPU.
+ * ------------------------------------------------------------------------- */
+typedef int CUresult;                     /* 0: CUDA_SUCCESS */
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef int nvrtcResult;                  /* 0: NVRTC_SUCCESS */
+typedef struct _nvrtcProgram *nvrtcProgram;
+
+#define FC_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define FC_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define FC_CU_LAUNCH_PARAM_END ((void *)0x00)
+#define FC_CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
+#define FC_CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
+
+typedef struct {
+    /* NVRTC */
+    void *nvrtc;
+    char *nvrtc_path;
+    char nvrtc_why[512];
+    int nvrtc_major, nvrtc_minor;
+    int archs[64]; int narchs;            /* NVRTC's supported sm_XY, as XY */
+    nvrtcResult (*nvrtcVersion)(int *, int *);
+    const char *(*nvrtcGetErrorString)(nvrtcResult);
+    nvrtcResult (*nvrtcCreateProgram)(nvrtcProgram *, const char *, const char *, int,
+                                      const char *const *, const char *const *);
+    nvrtcResult (*nvrtcCompileProgram)(nvrtcProgram, int, const char *const *);
+    nvrtcResult (*nvrtcGetProgramLogSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*nvrtcGetProgramLog)(nvrtcProgram, char *);
+    nvrtcResult (*nvrtcGetCUBINSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*nvrtcGetCUBIN)(nvrtcProgram, char *);
+    nvrtcResult (*nvrtcGetPTXSize)(nvrtcProgram, size_t *);
+    nvrtcResult (*nvrtcGetPTX)(nvrtcProgram, char *);
+    nvrtcResult (*nvrtcDestroyProgram)(nvrtcProgram *);
+    nvrtcResult (*nvrtcGetNumSupportedArchs)(int *);
+    nvrtcResult (*nvrtcGetSupportedArchs)(int *);
+    /* driver */
+    void *cuda;
+    char cuda_why[512];
+    int driver_version;
+    int ndevices;
+    int inited;                           /* cuInit attempted: 1 ok, -1 failed */
+    CUresult (*cuInit)(unsigned);
+    CUresult (*cuDriverGetVersion)(int *);
+    CUresult (*cuGetErrorString)(CUresult, const char **);
+    CUresult (*cuDeviceGetCount)(int *);
+    CUresult (*cuDeviceGet)(CUdevice *, int);
+    CUresult (*cuDeviceGetAttribute)(int *, int, CUdevice);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*cuCtxPushCurrent)(CUcontext);
+    CUresult (*cuCtxPopCurrent)(CUcontext *);
+    CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+    CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
+    CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **);
+    CUcontext ctx[16];                    /* retained primary contexts (torch's), per device */
+    int probed;
+} FcCudaRt;
+
+static FcCudaRt cu;
+
+/* ---------------------------------------------------------------------------
+ * The one status check: every NVRTC and driver call goes through FC_CUDA_CHECK,
+ * which raises RuntimeError with the call, the error string, and for NVRTC
+ * compiles the program log and the numbered source, then jumps to error:.
+ * ------------------------------------------------------------------------- */
+#define FC_NVRTC 0
+#define FC_DRIVER 1
+#define FC_CUDA_CHECK(api, call, prog, src)                                 \
+    do {                                                                    \
+        int rc_ = (call);                                                   \
+        if (rc_ != 0) {                                                     \
+            cuda_raise((api), rc_, #call, (prog), (src));                   \
+            goto error;                                                     \
+        }                                                                   \
+    } while (0)
+
+static char *
+program_log(nvrtcProgram prog)
+{
+    size_t n = 0;
+    char *log;
+    if (prog == NULL || cu.nvrtcGetProgramLogSize(prog, &n) != 0 || n == 0) {
+        return NULL;
+    }
+    log = PyMem_Malloc(n + 1);
+    if (log != NULL && cu.nvrtcGetProgramLog(prog, log) != 0) {
+        PyMem_Free(log);
+        return NULL;
+    }
+    if (log != NULL) {
+        log[n] = 0;
+    }
+    return log;
+}
+
+static void
+cuda_raise(int api, int rc, const char *call, nvrtcProgram prog, const char *src)
+{
+    FcStr b = {0};
+    const char *what = NULL;
+    char *log = NULL, *text;
+    if (api == FC_NVRTC) {
+        what = cu.nvrtcGetErrorString ? cu.nvrtcGetErrorString(rc) : NULL;
+        log = program_log(prog);
+    }
+    else if (cu.cuGetErrorString == NULL || cu.cuGetErrorString(rc, &what) != 0) {
+        what = NULL;
+    }
+    fc_str_printf(&b, "fastcompile: %s failed with %s (%d): %s", api == FC_NVRTC ? "NVRTC" : "CUDA",
+                  what ? what : "unknown error", rc, call);
+    if (log != NULL && log[0]) {
+        fc_str_printf(&b, "\n--- NVRTC log ---\n%s", log);
+    }
+    if (src != NULL) {
+        int line = 1;
+        const char *p = src;
+        fc_str_puts(&b, "\n--- source ---\n");
+        while (*p) {
+            const char *nl = strchr(p, '\n');
+            size_t len = nl ? (size_t)(nl - p) : strlen(p);
+            fc_str_printf(&b, "%4d  %.*s\n", line++, (int)len, p);
+            p += len + (nl ? 1 : 0);
+        }
+    }
+    PyMem_Free(log);
+    text = fc_str_take(&b);
+    if (text != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, text);
+        fc_str_release(text);
+    }
+}
+
+/* ---------------------------------------------------------------------------
+ * Finding the libraries
+ * ------------------------------------------------------------------------- */
+
+static const char *nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so", NULL};
+
+/* dlopen dir/<name> for the first name present; NULL if none */
+static void *
+open_in_dir(const char *dir, char **path_out)
+{
+    for (int i = 0; nvrtc_names[i]; i++) {
+        char path[4096];
+        void *h;
+        snprintf(path, sizeof(path), "%s/%s", dir, nvrtc_names[i]);
+        if (access(path, R_OK) != 0) {
+            continue;
+        }
+        if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) {
+            *path_out = strdup(path);
+            return h;
+        }
+        snprintf(cu.nvrtc_why, sizeof(cu.nvrtc_why), "dlopen(%s): %s", path, dlerror());
+    }
+    return NULL;
+}
+
+/* the nvidia-cuda-nvrtc wheel: <site-packages>/nvidia/cuda_nvrtc/lib, for
+ * every entry of sys.path. GIL held. */
+static void *
+open_from_wheel(char **path_out)
+{
+    PyObject *path = PySys_GetObject("path");   /* borrowed */
+    if (path == NULL || !PyList_Check(path)) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(path); i++) {
+        PyObject *e = PyList_GET_ITEM(path, i);
+        const char *s = PyUnicode_Check(e) ? PyUnicode_AsUTF8(e) : NULL;
+        char dir[4096];
+        void *h;
+        if (s == NULL) {
+            PyErr_Clear();
+            continue;
+        }
+        snprintf(dir, sizeof(dir), "%s/nvidia/cuda_nvrtc/lib", s[0] ? s : ".");
+        if ((h = open_in_dir(dir, path_out)) != NULL) {
+            return h;
+        }
+    }
+    return NULL;
+}
+
+#define SYM(lib, name)                                                        \
+    do {                                                                      \
+        *(void **)&cu.name = dlsym(lib, #name);                               \
+        if (cu.name == NULL) {                                                \
+            snprintf(why, whylen, "%s has no symbol %s", libname, #name);     \
+            return -1;                                                        \
+        }                                                                     \
+    } while (0)
+#define SYM_AS(lib, field, name)                                              \
+    do {                                                                      \
+        *(void **)&cu.field = dlsym(lib, name);                               \
+        if (cu.field == NULL) {                                               \
+            snprintf(why, whylen, "%s has no symbol %s", libname, name);      \
+            return -1;                                                        \
+        }                                                                     \
+    } while (0)
+
+static int
+bind_nvrtc(void *h, const char *libname, char *why, size_t whylen)
+{
+    SYM(h, nvrtcVersion);
+    SYM(h, nvrtcGetErrorString);
+    SYM(h, nvrtcCreateProgram);
+    SYM(h, nvrtcCompileProgram);
+    SYM(h, nvrtcGetProgramLogSize);
+    SYM(h, nvrtcGetProgramLog);
+    SYM(h, nvrtcGetCUBINSize);
+    SYM(h, nvrtcGetCUBIN);
+    SYM(h, nvrtcGetPTXSize);
+    SYM(h, nvrtcGetPTX);
+    SYM(h, nvrtcDestroyProgram);
+    SYM(h, nvrtcGetNumSupportedArchs);
+    SYM(h, nvrtcGetSupportedArchs);
+    return 0;
+}
+
+static int
+bind_driver(void *h, const char *libname, char *why, size_t whylen)
+{
+    SYM(h, cuInit);
+    SYM(h, cuDriverGetVersion);
+    SYM(h, cuGetErrorString);
+    SYM(h, cuDeviceGetCount);
+    SYM(h, cuDeviceGet);
+    SYM(h, cuDeviceGetAttribute);
+    SYM(h, cuDevicePrimaryCtxRetain);
+    SYM_AS(h, cuCtxPushCurrent, "cuCtxPushCurrent_v2");
+    SYM_AS(h, cuCtxPopCurrent, "cuCtxPopCurrent_v2");
+    SYM(h, cuModuleLoadData);
+    SYM(h, cuModuleGetFunction);
+    SYM(h, cuLaunchKernel);
+    return 0;
+}
+
+/* Search order: $FASTCOMPILE_NVRTC (a file or a folder), the
+ * nvidia-cuda-nvrtc wheel, $CUDA_HOME/lib64, /usr/local/cuda/lib64, the
+ * loader's path. Never raises; cu.nvrtc_why says what went wrong. GIL held. */
+static void
+probe_nvrtc(void)
+{
+    const char *env = getenv("FASTCOMPILE_NVRTC");
+    const char *home = getenv("CUDA_HOME");
+    char *path = NULL;
+    void *h = NULL;
+    snprintf(cu.nvrtc_why, sizeof(cu.nvrtc_why),
+             "libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12, or set FASTCOMPILE_NVRTC)");
+    if (env != NULL && env[0]) {
+        if ((h = open_in_dir(env, &path)) == NULL && access(env, R_OK) == 0) {
+            h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+            path = h ? strdup(env) : NULL;
+            if (h == NULL) {
+                snprintf(cu.nvrtc_why, sizeof(cu.nvrtc_why), "dlopen(%s): %s", env, dlerror());
+            }
+        }
+        if (h == NULL) {
+            return;   /* an explicit choice that fails is not silently replaced */
+        }
+    }
+    if (h == NULL) {
+        h = open_from_wheel(&path);
+    }
+    if (h == NULL && home != NULL && home[0]) {
+        char dir[4096];
+        snprintf(dir, sizeof(dir), "%s/lib64", home);
+        h = open_in_dir(dir, &path);
+    }
+    if (h == NULL) {
+        h = open_in_dir("/usr/local/cuda/lib64", &path);
+    }
+    for (int i = 0; h == NULL && nvrtc_names[i]; i++) {
+        if ((h = dlopen(nvrtc_names[i], RTLD_NOW | RTLD_LOCAL)) != NULL) {
+            path = strdup(nvrtc_names[i]);
+        }
+    }
+    if (h == NULL) {
+        return;
+    }
+    if (bind_nvrtc(h, path ? path : "libnvrtc", cu.nvrtc_why, sizeof(cu.nvrtc_why)) < 0 ||
+            cu.nvrtcVersion(&cu.nvrtc_major, &cu.nvrtc_minor) != 0) {
+        dlclose(h);
+        free(path);
+        return;
+    }
+    if (cu.nvrtcGetNumSupportedArchs(&cu.narchs) != 0 || cu.narchs <= 0 || cu.narchs > 64 ||
+            cu.nvrtcGetSupportedArchs(cu.archs) != 0) {
+        cu.narchs = 0;
+    }
+    cu.nvrtc = h;
+    cu.nvrtc_path = path;
+    cu.nvrtc_why[0] = 0;
+}
+
+/* libcuda.so.1 ($FASTCOMPILE_LIBCUDA overrides), cuInit, device count.
+ * Never raises; cu.cuda_why says why there is no device. GIL held. */
+static void
+probe_driver(void)
+{
+    const char *env = getenv("FASTCOMPILE_LIBCUDA");
+    const char *name = env && env[0] ? env : "libcuda.so.1";
+    void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    int rc;
+    if (h == NULL) {
+        const char *e = dlerror();
+        snprintf(cu.cuda_why, sizeof(cu.cuda_why), "no NVIDIA driver: dlopen(%s) failed: %s", name,
+                 e ? e : "not found");
+        return;
+    }
+    if (bind_driver(h, name, cu.cuda_why, sizeof(cu.cuda_why)) < 0) {
+        dlclose(h);
+        return;
+    }
+    cu.cuda = h;
+    cu.cuDriverGetVersion(&cu.driver_version);
+    if ((rc = cu.cuInit(0)) != 0) {
+        const char *what = NULL;
+        cu.cuGetErrorString(rc, &what);
+        snprintf(cu.cuda_why, sizeof(cu.cuda_why), "cuInit failed: %s (%d)", what ? what : "?", rc);
+        cu.inited = -1;
+        return;
+    }
+    cu.inited = 1;
+    if ((rc = cu.cuDeviceGetCount(&cu.ndevices)) != 0 || cu.ndevices == 0) {
+        snprintf(cu.cuda_why, sizeof(cu.cuda_why), "the driver reports no CUDA device");
+        cu.ndevices = 0;
+        return;
+    }
+    cu.cuda_why[0] = 0;
+}
+
+static void
+probe(void)
+{
+    if (!cu.probed) {
+        cu.probed = 1;
+        probe_nvrtc();
+        probe_driver();
+    }
+}
+
+const char *
+fc_cuda_unavailable(void)
+{
+    probe();
+    return cu.ndevices > 0 ? NULL : cu.cuda_why;
+}
+
+/* ---------------------------------------------------------------------------
+ * NVRTC -> cubin, through the disk cache
+ * ------------------------------------------------------------------------- */
+
+/* the shipped device headers, handed to NVRTC in memory (and hashed into the key) */
+static const char *header_names[] = {"fc_cuda_kernel.h", "fc_cuda_math.h"};
+#define NHEADERS 2
+
+static int
+read_headers(char *text[NHEADERS])
+{
+    const char *dir = fc_cpu_include_dir();
+    for (int i = 0; i < NHEADERS; i++) {
+        char path[4096];
+        size_t n;
+        text[i] = NULL;
+        snprintf(path, sizeof(path), "%s/%s", dir ? dir : ".", header_names[i]);
+        if (dir == NULL || fc_disk_read_all(path, 16 << 20, &text[i], &n) < 0) {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: cannot read the CUDA header %s: %s", path,
+                         dir ? strerror(errno) : "include_dir is not configured");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* "sm_90" -> 90; 0 if malformed */
+static int
+arch_number(const char *arch)
+{
+    int n = 0;
+    if (arch == NULL || strncmp(arch, "sm_", 3) != 0) {
+        return 0;
+    }
+    for (const char *p = arch + 3; *p; p++) {
+        if (*p < '0' || *p > '9') {
+            return *p == 'a' && p[1] == 0 ? n : 0;   /* sm_90a */
+        }
+        n = n * 10 + (*p - '0');
+    }
+    return n;
+}
+
+/* the device's arch, or 0 without one */
+static int
+device_arch(int dev)
+{
+    CUdevice d;
+    int major = 0, minor = 0;
+    probe();
+    if (cu.ndevices <= dev || cu.cuDeviceGet(&d, dev) != 0 ||
+            cu.cuDeviceGetAttribute(&major, FC_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d) != 0 ||
+            cu.cuDeviceGetAttribute(&minor, FC_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d) != 0) {
+        return 0;
+    }
+    return major * 10 + minor;
+}
+
+static void
+cache_path(char *out, size_t n, const char *dir, const char *key, int is_ptx)
+{
+    snprintf(out, n, "%s/%.2s/%s.%s", dir, key, key, is_ptx ? "ptx" : "cubin");
+}
+
+/* An entry is "fccuda1 <sha256 of the image>\n" + image. 1 found, 0 not, -1 error. */
+static int
+cache_load(const char *dir, FcCudaImage *img)
+{
+    char path[4096], hex[65], *text = NULL;
+    size_t n = 0;
+    int rc = 0;
+    cache_path(path, sizeof(path), dir, img->key, img->is_ptx);
+    if (fc_disk_read_all(path, 256 << 20, &text, &n) < 0) {
+        return 0;
+    }
+    if (n < 73 || memcmp(text, "fccuda1 ", 8) != 0 || text[72] != '\n') {
+        goto corrupt;
+    }
+    fc_sha256_hex_of(text + 73, n - 73, hex);
+    if (memcmp(hex, text + 8, 64) != 0) {
+        goto corrupt;
+    }
+    img->image = PyMem_Malloc(n - 73 + 1);
+    if (img->image == NULL) {
+        PyErr_NoMemory();
+        rc = -1;
+        goto done;
+    }
+    memcpy(img->image, text + 73, n - 73);
+    img->image[n - 73] = 0;
+    img->size = n - 73;
+    img->cached = 1;
+    rc = 1;
+    goto done;
+corrupt:
+    unlink(path);
+    rc = PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "fastcompile: corrupt CUDA cache entry %s "
+                          "removed; recompiling", path) < 0 ? -1 : 0;
+done:
+    free(text);
+    return rc;
+}
+
+/* best effort: a failed write only costs a recompile later */
+static void
+cache_store(const char *dir, const FcCudaImage *img)
+{
+    char path[4096], shard[4096], tmp[4200], head[74], sfx[FC_DISK_SUFFIX];
+    char *buf = PyMem_Malloc(img->size + 73);
+    if (buf == NULL) {
+        return;
+    }
+    fc_sha256_hex_of(img->image, img->size, head + 8);
+    memcpy(head, "fccuda1 ", 8);
+    head[72] = '\n';
+    memcpy(buf, head, 73);
+    memcpy(buf + 73, img->image, img->size);
+    snprintf(shard, sizeof(shard), "%s/%.2s", dir, img->key);
+    cache_path(path, sizeof(path), dir, img->key, img->is_ptx);
+    fc_disk_temp_suffix(sfx);
+    snprintf(tmp, sizeof(tmp), "%s/.tmp.%s", shard, sfx);
+    if (fc_disk_mkdir_p(shard, 0700) == 0 && fc_disk_write_new(tmp, buf, img->size + 73, 0600) == 0) {
+        if (fc_disk_move_noreplace(tmp, path) < 0) {
+            unlink(tmp);
+        }
+        else {
+            fc_disk_fsync_dir(shard);
+        }
+    }
+    PyMem_Free(buf);
+}
+
+void
+fc_cuda_image_free(FcCudaImage *img)
+{
+    PyMem_Free(img->image);
+    img->image = NULL;
+}
+
+int
+fc_cuda_compile(const char *source, const char *arch, FcCudaImage *out)
+{
+    char *headers[NHEADERS] = {NULL, NULL};
+    char opt_arch[64], ver[32];
+    const char *opts[4];
+    const char *dir;
+    nvrtcProgram prog = NULL;
+    int want, use = 0, rc = -1, nopts = 0;
+    FcSha256 h;
+    uint8_t digest[32];
+
+    memset(out, 0, sizeof(*out));
+    probe();
+    if (cu.nvrtc == NULL) {
+        PyErr_Format(PyExc_ImportError, "fastcompile: CUDA kernels need NVRTC: %s", cu.nvrtc_why);
+        return -1;
+    }
+    if (arch == NULL) {
+        int d = device_arch(0);
+        snprintf(opt_arch, sizeof(opt_arch), "sm_%d", d ? d : 80);
+        want = d ? d : 80;
+    }
+    else if ((want = arch_number(arch)) == 0) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: arch must look like 'sm_90', got '%s'", arch);
+        return -1;
+    }
+    /* cubin for an arch NVRTC knows; else PTX for the newest one below it,
+     * which the driver JIT-compiles for the newer device */
+    for (int i = 0; i < cu.narchs; i++) {
+        if (cu.archs[i] == want) {
+            use = want;
+        }
+    }
+    if (use == 0) {
+        for (int i = 0; i < cu.narchs; i++) {
+            if (cu.archs[i] < want && cu.archs[i] > use) {
+                use = cu.archs[i];
+            }
+        }
+        if (use == 0) {
+            PyErr_Format(PyExc_ValueError, "fastcompile: NVRTC %d.%d cannot compile for sm_%d",
+                         cu.nvrtc_major, cu.nvrtc_minor, want);
+            return -1;
+        }
+        out->is_ptx = 1;
+    }
+    snprintf(out->arch, sizeof(out->arch), "%s_%d", out->is_ptx ? "compute" : "sm", use);
+    snprintf(opt_arch, sizeof(opt_arch), "--gpu-architecture=%s", out->arch);
+    opts[nopts++] = opt_arch;
+    opts[nopts++] = "--std=c++17";
+    opts[nopts++] = "--fmad=true";      /* as nvcc's default; never --use_fast_math */
+    if (read_headers(headers) < 0) {
+        goto error;
+    }
+    /* key: source, headers, NVRTC version, options, fastcompile version */
+    fc_sha256_init(&h);
+    snprintf(ver, sizeof(ver), "nvrtc %d.%d", cu.nvrtc_major, cu.nvrtc_minor);
+    fc_sha256_update(&h, ver, strlen(ver) + 1);
+    fc_sha256_update(&h, fc_cpu_version(), strlen(fc_cpu_version()) + 1);
+    for (int i = 0; i < nopts; i++) {
+        fc_sha256_update(&h, opts[i], strlen(opts[i]) + 1);
+    }
+    for (int i = 0; i < NHEADERS; i++) {
+        fc_sha256_update(&h, header_names[i], strlen(header_names[i]) + 1);
+        fc_sha256_update(&h, headers[i], strlen(headers[i]) + 1);
+    }
+    fc_sha256_update(&h, source, strlen(source));
+    fc_sha256_final(&h, digest);
+    fc_sha256_hex(digest, out->key);
+    if ((dir = fc_cpu_cache_dir()) == NULL) {
+        goto error;
+    }
+    if ((rc = cache_load(dir, out)) != 0) {
+        rc = rc < 0 ? -1 : 0;
+        goto cleanup;
+    }
+    rc = -1;
+    FC_CUDA_CHECK(FC_NVRTC, cu.nvrtcCreateProgram(&prog, source, "fastcompile.cu", NHEADERS,
+                                                  (const char *const *)headers, header_names), NULL, NULL);
+    FC_CUDA_CHECK(FC_NVRTC, cu.nvrtcCompileProgram(prog, nopts, opts), prog, source);
+    if (out->is_ptx) {
+        FC_CUDA_CHECK(FC_NVRTC, cu.nvrtcGetPTXSize(prog, &out->size), prog, NULL);
+    }
+    else {
+        FC_CUDA_CHECK(FC_NVRTC, cu.nvrtcGetCUBINSize(prog, &out->size), prog, NULL);
+    }
+    if ((out->image = PyMem_Malloc(out->size + 1)) == NULL) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    if (out->is_ptx) {
+        FC_CUDA_CHECK(FC_NVRTC, cu.nvrtcGetPTX(prog, out->image), prog, NULL);
+    }
+    else {
+        FC_CUDA_CHECK(FC_NVRTC, cu.nvrtcGetCUBIN(prog, out->image), prog, NULL);
+    }
+    cache_store(dir, out);
+    rc = 0;
+    goto cleanup;
+error:
+    fc_cuda_image_free(out);
+    rc = -1;
+cleanup:
+    if (prog != NULL) {
+        cu.nvrtcDestroyProgram(&prog);
+    }
+    for (int i = 0; i < NHEADERS; i++) {
+        free(headers[i]);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+ * Driver: load and launch. GPU only; nothing here runs without a device.
+ * Modules are never unloaded: functions handed out live as long as the process.
+ * ------------------------------------------------------------------------- */
+
+int
+fc_cuda_load(const FcCudaImage *img, const char *symbol, int dev, void **fn)
+{
+    const char *why = fc_cuda_unavailable();
+    CUdevice d;
+    CUcontext ctx = NULL, popped;
+    CUmodule mod = NULL;
+    CUfunction f = NULL;
+    int pushed = 0;
+    if (why != NULL) {
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: no CUDA device: %s", why);
+        return -1;
+    }
+    if (dev < 0 || dev >= cu.ndevices) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: no CUDA device %d (%d present)", dev, cu.ndevices);
+        return -1;
+    }
+    if (dev >= 16) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: CUDA device %d: at most 16 devices", dev);
+        return -1;
+    }
+    FC_CUDA_CHECK(FC_DRIVER, cu.cuDeviceGet(&d, dev), NULL, NULL);
+    /* the primary context is the one torch uses; retained once per device and
+     * never released, so it outlives every module we put in it */
+    if (cu.ctx[dev] == NULL) {
+        FC_CUDA_CHECK(FC_DRIVER, cu.cuDevicePrimaryCtxRetain(&ctx, d), NULL, NULL);
+        cu.ctx[dev] = ctx;
+    }
+    ctx = cu.ctx[dev];
+    FC_CUDA_CHECK(FC_DRIVER, cu.cuCtxPushCurrent(ctx), NULL, NULL);
+    pushed = 1;
+    FC_CUDA_CHECK(FC_DRIVER, cu.cuModuleLoadData(&mod, img->image), NULL, NULL);
+    FC_CUDA_CHECK(FC_DRIVER, cu.cuModuleGetFunction(&f, mod, symbol), NULL, NULL);
+    cu.cuCtxPopCurrent(&popped);
+    *fn = f;
+    return 0;
+error:
+    if (pushed) {
+        cu.cuCtxPopCurrent(&popped);
+    }
+    return -1;
+}
+
+int
+fc_cuda_launch(void *fn, int dev, unsigned grid, unsigned block, void *stream, void *params,
+               size_t nbytes)
+{
+    void *extra[] = {FC_CU_LAUNCH_PARAM_BUFFER_POINTER, params, FC_CU_LAUNCH_PARAM_BUFFER_SIZE,
+                     &nbytes, FC_CU_LAUNCH_PARAM_END};
+    CUcontext popped;
+    int pushed = 0;
+    if (cu.cuLaunchKernel == NULL || dev < 0 || dev >= 16 || cu.ctx[dev] == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: launch before fc_cuda_load on this device");
+        return -1;
+    }
+    if (nbytes > 4096) {
+        /* the classic kernel parameter limit; larger needs CUDA 12.1+ and sm_70+ */
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: kernel parameters of %zu bytes (at most 4096)", nbytes);
+        return -1;
+    }
+    /* the stream belongs to torch's primary context: make it current for the launch */
+    FC_CUDA_CHECK(FC_DRIVER, cu.cuCtxPushCurrent(cu.ctx[dev]), NULL, NULL);
+    pushed = 1;
+    FC_CUDA_CHECK(FC_DRIVER, cu.cuLaunchKernel((CUfunction)fn, grid, 1, 1, block, 1, 1, 0,
+                                               (CUstream)stream, NULL, extra), NULL, NULL);
+    cu.cuCtxPopCurrent(&popped);
+    return 0;
+error:
+    if (pushed) {
+        cu.cuCtxPopCurrent(&popped);
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------------------
+ * Python surface
+ * ------------------------------------------------------------------------- */
+
+/* kDLCUDA, kDLCUDAHost, kDLCUDAManaged */
+#define FC_DL_CUDA(t) ((t) == 2 || (t) == 3 || (t) == 13)
+
+int
+fc_cuda_check_host(PyObject *obj)
+{
+    PyObject *dev;
+    long type = 1, id = 0;
+    if (!PyObject_HasAttrString(obj, "__dlpack_device__")) {
+        return 0;
+    }
+    dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (dev == NULL || !PyTuple_Check(dev) || PyTuple_GET_SIZE(dev) != 2) {
+        Py_XDECREF(dev);
+        PyErr_Clear();
+        return 0;
+    }
+    type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
+    id = PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
+    Py_DECREF(dev);
+    PyErr_Clear();
+    if (!FC_DL_CUDA(type)) {
+        return 0;
+    }
+    {
+        const char *why = fc_cuda_unavailable();
+        if (why != NULL) {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: got an array on CUDA device %ld, but CUDA "
+                         "cannot run here: %s", id, why);
+        }
+        else {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: got an array on CUDA device %ld; compiled "
+                         "graphs run on CPU arrays only so far (CUDA kernels render and compile, "
+                         "see fastcompile.cuda_info(), but plan execution on the GPU is not wired yet)", id);
+        }
+    }
+    return -1;
+}
+
+PyObject *
+fc_cuda_py_info(PyObject *self, PyObject *unused)
+{
+    PyObject *d = NULL, *archs = NULL;
+    char ver[32] = "";
+    probe();
+    if (cu.nvrtc != NULL) {
+        snprintf(ver, sizeof(ver), "%d.%d", cu.nvrtc_major, cu.nvrtc_minor);
+    }
+    if ((archs = PyList_New(0)) == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < cu.narchs; i++) {
+        PyObject *s = PyUnicode_FromFormat("sm_%d", cu.archs[i]);
+        if (s == NULL || PyList_Append(archs, s) < 0) {
+            Py_XDECREF(s);
+            goto error;
+        }
+        Py_DECREF(s);
+    }
+    d = Py_BuildValue("{s:O,s:s,s:s,s:z,s:O,s:O,s:i,s:i,s:z,s:i}",
+                      "nvrtc", cu.nvrtc ? Py_True : Py_False,
+                      "nvrtc_path", cu.nvrtc_path ? cu.nvrtc_path : "",
+                      "nvrtc_version", ver,
+                      "nvrtc_error", cu.nvrtc ? NULL : cu.nvrtc_why,
+                      "nvrtc_archs", archs,
+                      "driver", cu.cuda ? Py_True : Py_False,
+                      "driver_version", cu.driver_version,
+                      "device_count", cu.ndevices,
+                      "why_no_device", cu.ndevices > 0 ? NULL : cu.cuda_why,
+                      "device_arch", device_arch(0));
+error:
+    Py_DECREF(archs);
+    return d;
+}
+
+PyObject *
+fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"source", "arch", NULL};
+    const char *source, *arch = NULL;
+    FcCudaImage img;
+    PyObject *r;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|z:_cuda_compile", kwlist, &source, &arch)) {
+        return NULL;
+    }
+    if (fc_cuda_compile(source, arch, &img) < 0) {
+        return NULL;
+    }
+    r = Py_BuildValue("{s:y#,s:s,s:s,s:s,s:O}", "image", img.image, (Py_ssize_t)img.size,
+                      "kind", img.is_ptx ? "ptx" : "cubin", "arch", img.arch, "key", img.key,
+                      "cached", img.cached ? Py_True : Py_False);
+    fc_cuda_image_free(&img);
+    return r;
+}
+
+void
+fc_cuda_free(void)
+{
+    /* the libraries stay loaded: kernels handed out may still run */
+    free(cu.nvrtc_path);
+    cu.nvrtc_path = NULL;
+}
