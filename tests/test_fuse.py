@@ -896,3 +896,21 @@ def test_fused_text_lists_each_plan():
         assert k.name.startswith("fc_") and k.name in k.source
         assert k.fused in c.fused
         assert isinstance(k.path, str) and isinstance(k.so_path, str) and k.key
+
+
+def test_run_with_an_operand_broadcast_along_it_stays_vectorized():
+    """x + b with b of shape (n, 1): b is constant along each run, so the fast version
+    of the run reads b[0] (checked at run time: stride 0) instead of the scalar one."""
+    g = Graph()
+    x, b = g.input("float32", 2), g.input("float32", 2)
+    g.output(g.call("mul", g.call("add", x, b), 2.0))
+    c = g.compile()
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    bb = np.array([[1.0], [2.0], [3.0]], np.float32)
+    np.testing.assert_array_equal(c(a, bb)[0], (a + bb) * 2)
+    src = c.kernels[0].source
+    assert "== 0) {" in src and "[0];" in src, src
+    # the same compiled kernel on a layout where the check fails takes the general version
+    np.testing.assert_array_equal(c(a.T.copy().T, bb)[0], (a + bb) * 2)
+    wide = np.arange(24, dtype=np.float32).reshape(3, 8)[:, ::2]
+    np.testing.assert_array_equal(c(wide, bb)[0], (wide + bb) * 2)

@@ -27,7 +27,8 @@ typedef struct {
     FcStr *b;
     int depth;
     Space sp;            /* how buffer operands are addressed right now */
-    int unit;            /* runs: every operand has unit stride */
+    int unit;            /* runs: every operand has unit stride (or stride 0, see bcast) */
+    char bcast[FC_MAXOPS]; /* unit runs: operand broadcast along the run (stride 0): p[0] */
     int cols;            /* column blocks: OUTER values are arrays over b */
     int stash, stash_op; /* a costly FULL value the last reduction sweep writes into an
                           * output the final sweep then reads back (-1: none) */
@@ -189,6 +190,14 @@ operand_is_scalar(const Gen *G, int o)
     return 1;
 }
 
+/* operand o's last dim is size 1 in the key (or it is 0-d): broadcast along a run */
+static int
+operand_last_dim_is_one(const Gen *G, int o)
+{
+    const FcSlot *sl = &G->s->slots[G->K->ops[o].slot];
+    return sl->ndim == 0 || sl->dims[sl->ndim - 1] == 0;
+}
+
 /* memory expression of operand o at the current point */
 static void
 mem_expr(const Gen *G, int o, char *out)
@@ -203,7 +212,7 @@ mem_expr(const Gen *G, int o, char *out)
             snprintf(out, EXPR, "p%d[i * s%d + b]", o, o);
         }
         else if (G->unit) {
-            snprintf(out, EXPR, "p%d[i]", o);
+            snprintf(out, EXPR, G->bcast[o] ? "p%d[0]" : "p%d[i]", o);
         }
         else {
             snprintf(out, EXPR, "p%d[i * s%d]", o, o);
@@ -752,13 +761,18 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         LINE(G, "const int64_t s%d = %s[%d][%s - 1];", o, stride, o, nd);
     }
     /* two versions of the run: every operand unit-stride (vectorized with
-     * omp simd), or general strides (scalar; omp simd would make gathers) */
+     * omp simd), or general strides (scalar; omp simd would make gathers).
+     * An input whose last dim is 1 in the key (b of shape (n, 1) in x + b) is
+     * broadcast along a pointwise run: the fast version reads p[0] for it,
+     * checked at run time (stride 0), instead of falling to the scalar one. */
     {
         FcStr cond = {0};
         char *c;
+        memset(G->bcast, 0, sizeof(G->bcast));
         for (int o = 0; o < K->nops; o++) {
             if (use[o]) {
-                fc_str_printf(&cond, "%ss%d == 1", cond.len ? " && " : "", o);
+                G->bcast[o] = !inner && !K->ops[o].is_out && operand_last_dim_is_one(G, o);
+                fc_str_printf(&cond, "%ss%d == %d", cond.len ? " && " : "", o, G->bcast[o] ? 0 : 1);
             }
         }
         c = fc_str_take(&cond);
@@ -792,6 +806,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
             LINE(G, "}");
         }
     }
+    memset(G->bcast, 0, sizeof(G->bcast));
     LINE(G, "j0 += len;");
     LINE(G, "fc_advance(%s, %s, idx, len);", nd, shape);
     G->depth--;
