@@ -115,10 +115,42 @@ type_node(FcGraph *g, FcNode *n)
     return 0;
 }
 
+/* x ** 2 and x ** 3 with a Python-scalar exponent on a float array become
+ * multiplications: libm's pow costs ~20x more, x*x is exact and x*x*x within
+ * 1.5 ULP of pow's result (inf, NaN and signed zeros come out the same). An
+ * exponent that is a NumPy scalar could promote the result, so only weak ones.
+ * Returns the exponent (2 or 3), or 0 to keep pow. */
+static int
+pow_by_multiplication(const FcGraph *g, const int *in)
+{
+    const FcNode *b = &g->nodes[in[0]], *e = &g->nodes[in[1]];
+    int k = 0;
+    if (e->op != FC_OP_CONST || !e->weak || b->dtype < 0 || fc_dtypes[b->dtype].kind != 'f') {
+        return 0;
+    }
+    if (e->ckind == FC_CONST_INT && (e->ival == 2 || e->ival == 3)) {
+        k = (int)e->ival;
+    }
+    else if (e->ckind == FC_CONST_FLOAT && (e->fval == 2.0 || e->fval == 3.0)) {
+        k = (int)e->fval;
+    }
+    return k;
+}
+
 int
 fc_graph_add(FcGraph *g, int op, const int *in, int nin, const FcNode *attrs)
 {
     FcNode n;
+    int k;
+    if (op == FC_OP_POW && nin == 2 && (k = pow_by_multiplication(g, in)) != 0) {
+        int xx[2] = {in[0], in[0]};
+        int sq = fc_graph_add(g, FC_OP_MUL, xx, 2, NULL);
+        if (sq < 0 || k == 2) {
+            return sq;
+        }
+        int xs[2] = {sq, in[0]};
+        return fc_graph_add(g, FC_OP_MUL, xs, 2, NULL);
+    }
     if (attrs != NULL) {
         n = *attrs;
     }
