@@ -835,6 +835,35 @@ emit_operand_decls(Gen *G)
     }
 }
 
+/* A flat kernel that does enough arithmetic per element (a transcendental,
+ * a division, a pow) to keep the core busy: the hardware prefetcher then
+ * falls behind on a cold input (measured: GELU on a 40 MB input just evicted
+ * from L3, 2 cores, 5.4 -> 4.6 ms), and an explicit prefetch a few KB ahead
+ * keeps it streaming. Cheap kernels are memory-bound already and skip it. */
+static int
+flat_is_heavy(const Gen *G)
+{
+    const FcSpec *s = G->s;
+    for (int m = 0; m < G->K->nnodes; m++) {
+        const FcNode *n = &s->g->nodes[G->K->nodes[m]];
+        if (fc_dtypes[s->sn[G->K->nodes[m]].dtype].kind != 'f') {
+            continue;
+        }
+        switch (n->op) {
+        case FC_OP_EXP: case FC_OP_EXP2: case FC_OP_EXPM1: case FC_OP_LOG: case FC_OP_LOG2:
+        case FC_OP_LOG10: case FC_OP_LOG1P: case FC_OP_SIN: case FC_OP_COS: case FC_OP_TAN:
+        case FC_OP_TANH: case FC_OP_ASIN: case FC_OP_ACOS: case FC_OP_ATAN: case FC_OP_SINH:
+        case FC_OP_COSH: case FC_OP_ASINH: case FC_OP_ACOSH: case FC_OP_ATANH: case FC_OP_ERF:
+        case FC_OP_SIGMOID: case FC_OP_GELU: case FC_OP_GELU_TANH: case FC_OP_SILU:
+        case FC_OP_SOFTPLUS: case FC_OP_POW: case FC_OP_ATAN2: case FC_OP_HYPOT:
+            return 1;
+        default:
+            break;
+        }
+    }
+    return 0;
+}
+
 static int
 emit_pointwise(Gen *G, const char *name)
 {
@@ -847,8 +876,21 @@ emit_pointwise(Gen *G, const char *name)
     LINE(G, "int fc_err = 0;");
     emit_operand_decls(G);
     if (K->flat) {
+        int heavy = flat_is_heavy(G);
+        if (heavy) {
+            /* blocks of FC_PF_BLOCK elements; each block first prefetches
+             * its inputs FC_PF_BYTES ahead (see fc_kernel.h) */
+            LINE(G, "for (int64_t i0 = lo; i0 < hi; i0 += FC_PF_BLOCK) {");
+            G->depth++;
+            LINE(G, "const int64_t i1 = hi - i0 > FC_PF_BLOCK ? i0 + FC_PF_BLOCK : hi;");
+            for (int o = 0; o < K->nops; o++) {
+                if (!K->ops[o].is_out && !operand_is_scalar(G, o)) {
+                    LINE(G, "FC_PREFETCH_BLOCK(%s, i0, hi);", G->opname[o]);
+                }
+            }
+        }
         LINE(G, "#pragma omp simd");
-        LINE(G, "for (int64_t i = lo; i < hi; i++) {");
+        LINE(G, heavy ? "for (int64_t i = i0; i < i1; i++) {" : "for (int64_t i = lo; i < hi; i++) {");
         G->depth++;
         G->sp = SP_FLAT;
         memset(G->loaded, 0, FC_MAXOPS);
@@ -869,6 +911,10 @@ emit_pointwise(Gen *G, const char *name)
         }
         G->depth--;
         LINE(G, "}");
+        if (heavy) {
+            G->depth--;
+            LINE(G, "}");
+        }
     }
     else if (emit_sweep(G, 0, NULL, 0, 1) < 0) {
         return -1;

@@ -15,6 +15,23 @@
 #define FC_EXPORT __attribute__((visibility("default")))
 #define FC_MAX_THREADS 256     /* the runtime never asks for more */
 
+/* Software prefetch for flat kernels heavy in arithmetic (gen_c.c,
+ * flat_is_heavy): the loop walks blocks of FC_PF_BLOCK elements and, before
+ * each, touches every cache line of input p that lies FC_PF_BYTES further on
+ * (never past hi). Measured on 2 cores, GELU with its 40 MB input evicted
+ * from cache: 4.6 ms with prefetch vs 5.4 ms without; no change when the
+ * input is cached, nor for memory-bound kernels (which never use it). */
+#define FC_PF_BLOCK 256
+#define FC_PF_BYTES 4096
+#define FC_PREFETCH_BLOCK(p, i0, hi)                                                \
+    do {                                                                           \
+        const int64_t ahead_ = (int64_t)(FC_PF_BYTES / sizeof(*(p)));                \
+        const int64_t end_ = (i0) + ahead_ + FC_PF_BLOCK < (hi) ? (i0) + ahead_ + FC_PF_BLOCK : (hi); \
+        for (int64_t k_ = (i0) + ahead_; k_ < end_; k_ += (int64_t)(64 / sizeof(*(p)))) { \
+            __builtin_prefetch((const void *)((p) + k_), 0, 3);                    \
+        }                                                                          \
+    } while (0)
+
 /* first error wins; kernels return it to the runtime, which raises */
 static inline void
 fc_report(int *err, int e)
