@@ -1,4 +1,5 @@
-"""torch models on CPU, side by side: eager, torch.compile(inductor), torch.compile(fastcompile).
+"""torch models on CPU, side by side: eager, torch.compile(inductor), torch.compile(fastcompile),
+fastcompile.compile (our own frontend; training through autograd mode and aot_autograd).
 
     python3 benchmarks/models.py            # full run
     python3 benchmarks/models.py --quick    # smoke run (small sizes, few iterations)
@@ -14,7 +15,7 @@ Columns:
   warm s      first call again after torch._dynamo.reset(), on-disk caches warm
   peak MB     peak resident set growth: resource.getrusage(RUSAGE_SELF).ru_maxrss after the
               configuration ran, minus before (maxrss only grows, so configurations run in
-              order eager, fastcompile, inductor and a later one's figure is 0 unless it goes
+              order eager, fastcompile, fc.compile, inductor and a later one's figure is 0 unless it goes
               above every earlier peak; read it as "new peak")
 """
 import argparse
@@ -40,6 +41,7 @@ import torch.nn as nn                # noqa: E402
 import torch.nn.functional as F      # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import fastcompile                                             # noqa: E402
 from fastcompile.backends.torch import backend as fc_backend   # noqa: E402
 
 
@@ -86,13 +88,26 @@ def make_step(model, train):
 def bench(name, make_model, x, train, iters, warmup):
     rows = []
     base = make_model()
-    for cfg in ("eager", "fastcompile", "inductor"):
+    for cfg in ("eager", "fastcompile", "fc.compile", "inductor"):
         torch._dynamo.reset()
+        fastcompile.reset()
         model = copy.deepcopy(base).train(train)
         step = make_step(model, train)
         rss0 = maxrss_mb()
+        if cfg in ("fastcompile", "fc.compile"):
+            fastcompile.cache_clear(disk=True)      # cold: no kernel from an earlier configuration
         if cfg == "eager":
             run, cold, warm = model, 0.0, 0.0
+        elif cfg == "fc.compile":
+            run = fastcompile.compile(model)
+            t0 = time.perf_counter()
+            step(run, x)
+            cold = time.perf_counter() - t0
+            fastcompile.reset()
+            run = fastcompile.compile(model)
+            t0 = time.perf_counter()
+            step(run, x)
+            warm = time.perf_counter() - t0
         else:
             be = functools.partial(fc_backend) if cfg == "fastcompile" else "inductor"
             run = torch.compile(model, backend=be, dynamic=False)

@@ -587,7 +587,8 @@ def test_torch_dtype_contiguity_requires_grad_recompile():
     assert len(entries(_th)) == 4
     r = x.clone().requires_grad_(True)
     got = f(r)
-    assert got.requires_grad and got.grad_fn is not None                  # ran as plain torch
+    assert len(entries(_th)) == 5                                          # a new entry: autograd mode
+    assert got.requires_grad and type(got.grad_fn).__name__ == "CompiledFunctionBackward"
     torch.testing.assert_close(got, _th(r))
 
 
@@ -715,6 +716,83 @@ def test_module_eval_matches_eager_and_training_recompiles(which):
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x))
         assert len(_C.code_entries(code)) == 2
+
+
+def _train_two_steps(model, run, x, lr=0.1):
+    import torch
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(2):
+        loss = (run(x) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return loss.detach(), [p.detach().clone() for p in model.parameters()]
+
+
+def test_training_step_through_a_graph_break(capsys):
+    """Autograd mode across a graph break: the first graph's output keeps its grad_fn through the
+    print and into the resume function's graph; two SGD steps match eager."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    import copy
+    nn = torch.nn
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+        def forward(self, x):
+            h = torch.relu(self.l1(x))
+            print("between")
+            return self.l2(torch.tanh(h))
+
+    torch.manual_seed(0)
+    ref = M()
+    mod = copy.deepcopy(ref)
+    x = torch.randn(5, 8)
+    want = _train_two_steps(ref, ref, x)
+    cm = fastcompile.compile(mod)
+    got = _train_two_steps(mod, cm, x)
+    torch.testing.assert_close(got[0], want[0])
+    for a, b in zip(got[1], want[1]):
+        torch.testing.assert_close(a, b)
+    assert capsys.readouterr().out.count("between") == 4
+    (e,) = _C.code_entries(M.forward.__code__)
+    res = e.info.result
+    assert len(res.breaks) == 1 and res.code is not None              # resumed after the print
+    assert isinstance(res.graphs[0].graph, torch.fx.Graph)
+    assert type(cm(x).grad_fn).__name__ == "CompiledFunctionBackward"  # the resume graph too
+    with torch.no_grad():                                              # grad off: another entry
+        torch.testing.assert_close(cm(x), mod(x))
+    assert len(_C.code_entries(M.forward.__code__)) == 2
+
+
+def test_module_list_and_sequential_growing_recompile():
+    """Iterating a ModuleList, or calling an nn.Sequential, guards how many children it has."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    nn = torch.nn
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(4, 4)])
+            self.seq = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.seq(x)
+
+    m = M().eval()
+    cm = fastcompile.compile(m)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x))
+        m.layers.append(nn.Linear(4, 4))
+        torch.testing.assert_close(cm(x), m(x))
+        m.seq.append(nn.Tanh())
+        torch.testing.assert_close(cm(x), m(x))
+    assert len(_C.code_entries(M.forward.__code__)) == 3
 
 
 def _with_body_raises(x, d, k):

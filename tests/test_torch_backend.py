@@ -253,30 +253,67 @@ MODELS = {
 TOL = dict(rtol=1e-4, atol=1e-4)
 
 
+FRONTENDS = ["torch.compile", "fastcompile.compile"]
+
+
+def _frontend(frontend, module, record):
+    """The module compiled by torch.compile(backend=fastcompile) or by fastcompile.compile."""
+    if frontend == "torch.compile":
+        return compile_fc(module, record=record)
+    import fastcompile
+    fastcompile.reset()
+    return fastcompile.compile(module)
+
+
+def _fc_graphs(module):
+    """fastcompile.compile's traced graphs of module.forward (GraphInfo), newest entry first,
+    and the torch-backend runners of those traced in autograd mode."""
+    from fastcompile import _C
+    graphs, runners = [], []
+    for entry in _C.code_entries(type(module).forward.__code__):
+        assert not entry.info.result.breaks, entry.info.result.breaks
+        for g in entry.info.result.graphs:
+            graphs.append(g)
+            runners.extend(getattr(g.compiled, "runners", ()))
+    return graphs, runners
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_forward(name):
+def test_model_forward(name, frontend):
     torch.manual_seed(0)
     cls, make = MODELS[name]
     m = cls().eval()
     x = make()
     record = []
-    cm = compile_fc(m, record=record)
+    cm = _frontend(frontend, m, record)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), **TOL)
         torch.testing.assert_close(cm(x), m(x), **TOL)          # second call: cached graph
+    if frontend == "fastcompile.compile":
+        graphs, record = _fc_graphs(m)
+        assert len(graphs) == 1, graphs                       # the whole forward, no break
+        compiled = graphs[0].compiled
+        assert compiled is not None and compiled.kernels      # core kernels ran
+        if not record:
+            return                                            # the core graph route (no aot_autograd)
     assert record and all(r.fallback is None for r in record)
     assert sum(r.core_ops for r in record) > 0
 
 
+@pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_training_step(name):
+def test_model_training_step(name, frontend):
+    """One SGD step: loss, gradients, updated parameters and BatchNorm running statistics match
+    eager; forward and backward graphs both go through the core. fastcompile.compile traces the
+    forward with its own tracer (autograd mode: torch ops recorded for aot_autograd)."""
     torch.manual_seed(0)
     cls, make = MODELS[name]
     ref = cls().train()
     mod = copy.deepcopy(ref)
     x, target = make(), None
     record = []
-    cm = compile_fc(mod, record=record)
+    cm = _frontend(frontend, mod, record)
     results = []
     for model, run in ((ref, ref), (mod, cm)):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -298,6 +335,9 @@ def test_model_training_step(name):
         torch.testing.assert_close(a, b, **TOL)
     for a, b in zip(b1, b0):                    # BatchNorm running stats
         torch.testing.assert_close(a, b, **TOL)
+    if frontend == "fastcompile.compile":
+        graphs, record = _fc_graphs(mod)
+        assert len(graphs) == 1 and isinstance(graphs[0].graph, torch.fx.Graph)
     kinds = {("bw" if any(n.name.startswith("tangents") for n in r.gm.graph.nodes) else "fw") for r in record}
     assert kinds == {"fw", "bw"}, "forward and backward graphs both go through the lowering"
     assert all(r.fallback is None for r in record)

@@ -208,10 +208,25 @@ def test_torch_module_guards():
 
 
 @pytest.mark.skipif(torch is None, reason="torch is not installed")
-def test_torch_requires_grad_breaks():
+def test_torch_requires_grad_traces_for_autograd():
+    """A tensor that requires grad switches the trace to autograd mode: torch ops as an FX graph,
+    compiled through aot_autograd, so the result carries a grad_fn and gradients match eager."""
     x = torch.randn(3, 4, requires_grad=True)
     r = trace_function(C.th_add, x, x)
-    assert r.breaks and "requires grad" in r.breaks[0].reason
+    assert not r.breaks and len(r.graphs) == 1
+    assert isinstance(r.graphs[0].graph, torch.fx.Graph)
+    kinds = [i[0] for i in r.program]
+    assert "call0" in kinds                                        # grad mode is guarded
+    got = r.target(*slot_values(C.th_add, (x, x), {}, r.slots))
+    assert got.grad_fn is not None
+    got.sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    C.th_add(x, x).sum().backward()
+    torch.testing.assert_close(g, x.grad)
+    assert _first_fail(r, C.th_add, x, x)[0] == -1
+    with torch.no_grad():                                          # the guard fails without grad
+        assert _first_fail(r, C.th_add, x, x)[1][0] == "eq"
 
 
 def test_global_of_a_function_from_another_module_is_guarded(tmp_path, monkeypatch):
@@ -245,8 +260,8 @@ def test_grad_mode_is_guarded_for_tensors_that_require_grad():
         return w * 2 + 1
 
     w = torch.ones(3, requires_grad=True)
-    with pytest.raises(trace.Unsupported, match="requires grad"):
-        trace_function(f, w, fullgraph=True)
+    r = trace_function(f, w, fullgraph=True)            # grad on: autograd mode, an FX graph
+    assert isinstance(r.graphs[0].graph, torch.fx.Graph)
     with torch.no_grad():
         r = trace_function(f, w)
         assert r.target is not None

@@ -23,7 +23,11 @@ class _Recorder:
 
 
 def _ops_of(graph):
-    """Op names of a Graph, in order (inputs and constants left out), from its text dump."""
+    """Op names of a Graph, in order (inputs and constants left out), from its text dump. An
+    autograd-mode frame's graph is a torch.fx.Graph of torch ops: their names."""
+    if not hasattr(graph, "dump"):
+        return [n.target if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
+                for n in graph.nodes if n.op in ("call_function", "call_method")]
     ops = []
     for line in graph.dump().splitlines():
         m = re.match(r"\s*%\d+ = (\w+)\(", line)

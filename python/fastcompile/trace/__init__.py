@@ -10,7 +10,7 @@ import inspect
 import sys
 
 from . import guards
-from .interp import Stop, Tracer, localsplus_names
+from .interp import NeedAutograd, Stop, Tracer, localsplus_names
 from .variables import Unsupported
 
 SUPPORTED_PYTHONS = ((3, 11), (3, 12))    # bytecode the interpreter loop knows
@@ -86,7 +86,12 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
         return result
     tracer = Tracer(code, f_globals, f_builtins, closure, f_locals)
     try:
-        ret = tracer.run()
+        try:
+            ret = tracer.run()
+        except NeedAutograd:
+            # a tensor that requires grad: trace again, recording torch ops for aot_autograd
+            tracer = Tracer(code, f_globals, f_builtins, closure, f_locals, autograd=True)
+            ret = tracer.run()
         run = runtime.build(tracer, [ret])
     except Unsupported as e:
         if fullgraph:

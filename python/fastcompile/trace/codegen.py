@@ -58,7 +58,7 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
         return give_up(result, "generator frame")
     # restart: trace again up to the breaking instruction
-    t2 = Tracer(code, f_globals, f_builtins, closure, f_locals, stop_at=idx)
+    t2 = Tracer(code, f_globals, f_builtins, closure, f_locals, stop_at=idx, autograd=tracer.autograd)
     try:
         t2.run()
         return give_up(result, "restart did not reach the break")

@@ -36,6 +36,12 @@ FOLDABLE_BUILTINS = {
 FOLDABLE_MODULES = ("math", "operator", "functools", "itertools")
 
 
+class NeedAutograd(Exception):
+    """A tensor that requires grad reached the trace while grad mode is on (or a torch op the core
+    graph cannot hold, such as torch.zeros): the frame is traced again in autograd mode, where
+    torch-level ops are recorded as an FX graph for aot_autograd and the torch backend."""
+
+
 class Stop(Exception):
     """Raised when the top frame reaches the break instruction on a restart."""
 
@@ -110,7 +116,7 @@ class Tracer:
     """One trace of one frame. stop_at: index of the top-frame instruction to
     stop before (a restart after a break)."""
 
-    def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None):
+    def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None, autograd=False):
         self.code, self.f_globals, self.closure = code, f_globals, closure or ()
         self.f_builtins = f_builtins if isinstance(f_builtins, dict) else vars(f_builtins or _builtins)
         self.f_locals, self.stop_at = f_locals, stop_at
@@ -124,6 +130,15 @@ class Tracer:
         self.lines = []             # (filename, lineno) of each op
         self.steps = 0
         self.slots = {n: i for i, n in enumerate(localsplus_names(code))}
+        # autograd mode: every torch op is recorded as a node of an FX graph, which runs through
+        # aot_autograd and the core (forward and backward) instead of the core graph above
+        self.autograd = autograd
+        if autograd:
+            import torch.fx
+        self.fx = torch.fx.Graph() if autograd else None
+        self.fx_placeholders = []
+        if autograd:
+            self.guard(S.CallSource(torch.is_grad_enabled), "eq", torch.is_grad_enabled())
 
     # ------------------------------------------------------------------ errors
 
@@ -191,6 +206,9 @@ class Tracer:
         if key in self.arrays:
             return self.arrays[key]
         if kind == "numpy":
+            if self.fx is not None:
+                self.unsupported("a NumPy array in a frame that trains (tensors requiring grad): "
+                                 "autograd frames are traced as torch ops only", whole_frame=True)
             if arr.dtype.kind not in "biuf":
                 self.unsupported("array of dtype %s is not supported" % arr.dtype)
             if source is not None:
@@ -199,10 +217,9 @@ class Tracer:
         else:
             if arr.device.type != "cpu":
                 self.unsupported("tensor on device %s: only CPU tensors are traced" % arr.device)
-            if arr.requires_grad and torch.is_grad_enabled():
-                self.unsupported("tensor requires grad: autograd is not traced "
-                                 "(hint: torch.no_grad() or requires_grad_(False))", whole_frame=True)
-            if arr.requires_grad:          # traced as data under no_grad: only valid while grad stays off
+            if arr.requires_grad and torch.is_grad_enabled() and self.fx is None:
+                raise NeedAutograd()
+            if arr.requires_grad and self.fx is None:   # traced as data under no_grad: only while grad stays off
                 self.guard(S.CallSource(torch.is_grad_enabled), "eq", False)
             if arr.dtype not in TORCH_TO_NP:
                 self.unsupported("tensor dtype %s has no NumPy dtype" % arr.dtype)
@@ -211,8 +228,11 @@ class Tracer:
             dtype = TORCH_TO_NP[arr.dtype]
         if source is None:
             self.unsupported("array without a source in the frame")
-        value = self.graph.input(dtype.name, arr.ndim)
-        var = ArrayVar(value, arr, kind, source)
+        if self.fx is not None:
+            var = ArrayVar(None, arr, kind, source)
+            var.fx = self._fx_placeholder()
+        else:
+            var = ArrayVar(self.graph.input(dtype.name, arr.ndim), arr, kind, source)
         self.inputs.append((source, kind, arr))
         self.arrays[key] = var
         self.keep.append(arr)
@@ -369,9 +389,88 @@ class Tracer:
         ex_args = [_map_examples(self, a) for a in args]
         ex_kwargs = {k: _map_examples(self, v) for k, v in kwargs.items()}
         try:
+            if self.fx is not None:
+                with torch.no_grad():                        # metadata only: no autograd graph
+                    return fn(*ex_args, **ex_kwargs)
             return fn(*ex_args, **ex_kwargs)
         except Exception as e:                               # the user's code raises
             self.unsupported("%s raised %s: %s while tracing" % (_name(fn), type(e).__name__, e))
+
+    # ------------------------------------------------------------------ autograd mode (FX)
+
+    def _fx_placeholder(self):
+        name = "in%d" % len(self.fx_placeholders)
+        first_op = next((n for n in self.fx.nodes if n.op != "placeholder"), None)
+        if first_op is None:
+            node = self.fx.placeholder(name)
+        else:
+            with self.fx.inserting_before(first_op):
+                node = self.fx.placeholder(name)
+        self.fx_placeholders.append(node)
+        return node
+
+    def fx_module_call(self, mod_var, args, kwargs):
+        """Autograd mode, a torch.nn module (Linear, Conv2d, MultiheadAttention, ...): one FX node
+        that calls it through torch.func.functional_call with its parameters and buffers as graph
+        inputs, so aot_autograd sees its aten ops and gradients reach the parameters."""
+        mod = mod_var.value
+        if mod_var.source is None:
+            self.unsupported("a module made in the trace")
+        names, tensors = [], []
+        for name, t in list(mod.named_parameters()) + list(mod.named_buffers()):
+            *path, leaf = name.split(".")
+            src = mod_var.source
+            for part in path:
+                src = S.ItemSource(S.DictAttrSource(src, "_modules"), part)
+            sub = mod.get_submodule(".".join(path)) if path else mod
+            where = "_parameters" if leaf in sub._parameters else "_buffers"
+            names.append(name)
+            tensors.append(self.wrap(t, S.ItemSource(S.DictAttrSource(src, where), leaf)))
+        call = _FunctionalModule(mod, tuple(names), len(list(mod.named_parameters())))
+        return self.fx_call(call, [TupleVar(tensors)] + list(args), kwargs)
+
+    def fx_arg(self, v):
+        """A traced argument as an FX argument: nodes for arrays, Python values otherwise."""
+        v = _unlazy(v)
+        if isinstance(v, ArrayVar):
+            return v.fx
+        if isinstance(v, TupleVar):
+            return tuple(self.fx_arg(x) for x in v.items)
+        if isinstance(v, ListVar):
+            return [self.fx_arg(x) for x in v.items]
+        if isinstance(v, DictVar):
+            return {k: self.fx_arg(x) for k, x in v.items.items()}
+        return self.py(v)
+
+    def fx_call(self, fn, args, kwargs, method=None):
+        """Autograd mode: fn(*args, **kwargs) (or args[0].method(*args[1:], **kwargs)) as one FX
+        node; its eager example gives the result's metadata."""
+        example = self.eager(fn, args, kwargs)
+        fa = tuple(self.fx_arg(a) for a in args)
+        fk = {k: self.fx_arg(v) for k, v in kwargs.items()}
+        if isinstance(example, torch.Tensor):
+            pass
+        elif isinstance(example, (tuple, list)) and example and all(isinstance(e, torch.Tensor) or e is None
+                                                                    for e in example):
+            pass          # e.g. MultiheadAttention's (output, None)
+        else:
+            self.unsupported("%s returns %s computed from tensors (data-dependent Python value)"
+                             % (_name(fn) if method is None else "Tensor." + method, type(example).__name__))
+        node = self.fx.call_method(method, fa, fk) if method else self.fx.call_function(fn, fa, fk)
+        self.record_op()
+        if isinstance(example, torch.Tensor):
+            var = ArrayVar(None, example, "torch", fresh=True)
+            var.fx = node
+            return var
+        items = []
+        for i, e in enumerate(example):
+            if e is None:
+                items.append(PyVar(None))
+                continue
+            var = ArrayVar(None, e, "torch", fresh=True)
+            var.fx = self.fx.call_function(operator.getitem, (node, i))
+            items.append(var)
+        return TupleVar(items)
 
     def core(self, op, args, attrs, example, kind):
         """A core op; dtype checked against the eager example (cast when it differs)."""
@@ -414,11 +513,16 @@ class Tracer:
             nout = len(example)
         elif _is_array(example):
             nout = None
+        elif kind == "torch" and isinstance(example, tuple) and any(_is_array(e) for e in example) \
+                and all(_is_array(e) or e is None for e in example) and self.fx is None:
+            raise NeedAutograd()            # (output, None) from MultiheadAttention: as torch ops
         else:
             self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
                              % (_name(fn), type(example).__name__))
         to_torch = kind == "torch"
         if to_torch and any(getattr(e, "requires_grad", False) for e in (example if nout else [example])):
+            if torch.is_grad_enabled() and self.fx is None:
+                raise NeedAutograd()            # parameters inside a torch module: trace for autograd
             self.unsupported("%s returns a tensor that requires grad (a parameter or input requires grad): "
                              "autograd is not traced (hint: torch.no_grad() or module.requires_grad_(False))"
                              % _name(fn))
@@ -441,6 +545,8 @@ class Tracer:
 
     def array_call(self, fn, args, kwargs, core_op=None, attrs=None, core_args=None, kind=None):
         """Call fn on traced arguments: a core op when possible, else an extern call."""
+        if self.fx is not None:
+            return self.fx_call(fn, args, kwargs)
         kind = kind or _kind_of(args, kwargs)
         example = self.eager(fn, args, kwargs)
         if kind == "torch" and _is_array(example) and not isinstance(example, torch.Tensor):
@@ -669,10 +775,13 @@ class Tracer:
             return [PyVar(x) for x in self.py(v)]
         if isinstance(v, PyVar):
             val = v.value
-            if torch is not None and isinstance(val, (torch.nn.ModuleList, torch.nn.Sequential)):
+            if torch is not None and isinstance(val, (torch.nn.ModuleList, torch.nn.Sequential,
+                                                      torch.nn.ModuleDict)):
+                if v.source is not None:            # a module appended later must recompile
+                    self.guard(S.DictAttrSource(v.source, "_modules"), "len", len(val._modules))
+                if isinstance(val, torch.nn.ModuleDict):
+                    return [PyVar(k) for k in val._modules]
                 return [self.module_child(v, k) for k in val._modules]
-            if isinstance(val, torch.nn.ModuleDict) if torch is not None else False:
-                return [PyVar(k) for k in val._modules]
             if isinstance(val, (range, str, bytes)):
                 return [PyVar(x) for x in val]
         if isinstance(v, ArrayVar):
@@ -804,6 +913,13 @@ class Tracer:
                 self.local_list(a).items.extend(self.unpack(b))
                 return a
             return self.fold(fn, [a, b], {})
+        if inplace and isinstance(a, ArrayVar) and self.fx is not None:
+            if a.source is not None or not a.fresh:
+                self.unsupported("in-place %s= on a tensor that may be shared (an input or a view) "
+                                 "is not supported" % sym)
+            new = self.array_op(fn, core_op, [a, b], sym)      # a fresh tensor: rebind it
+            a.example, a.fx = new.example, new.fx
+            return a
         if inplace and isinstance(a, ArrayVar):
             if a.source is not None or not a.fresh or a.escaped:
                 self.unsupported("in-place %s= on an array that may be shared (an input or a view) "
@@ -1151,6 +1267,17 @@ class Tracer:
             # as an extern call its eager example would draw from the RNG while tracing
             self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
         fwd = type(mod).forward
+        if type(mod) is torch.nn.Sequential and len(args) == 1 and not kwargs:
+            # its children one after the other: each is inlined, traced or called on its own
+            if mod_var.source is not None:
+                self.guard(S.DictAttrSource(mod_var.source, "_modules"), "len", len(mod._modules))
+            x = args[0]
+            for name in mod._modules:
+                x = self.call_var(self.module_child(mod_var, name), [x], {})
+            return x
+        if self.fx is not None and type(mod) not in _inline_torch_modules() and \
+                (type(mod).__module__ or "").startswith("torch."):
+            return self.fx_module_call(mod_var, args, kwargs)
         if type(mod) in _inline_torch_modules():
             # torch's own forward, inlined so its ops fuse (nn.GELU -> the core's gelu)
             return self.inline(fwd.__code__, fwd.__globals__, (), tuple(self.wrap(d, None) for d in
@@ -1340,6 +1467,25 @@ class Tracer:
 
 
 # ---------------------------------------------------------------------- helpers
+
+class _FunctionalModule:
+    """A torch module called with its parameters and buffers passed in (autograd mode). While
+    tracing (grad off) buffers are cloned, so the eager example cannot update running
+    statistics; under aot_autograd the real buffers are inputs and their updates are kept."""
+
+    def __init__(self, mod, names, nparams):
+        self.mod, self.names, self.nparams = mod, names, nparams
+        self.__name__ = "module_" + type(mod).__name__
+
+    def __call__(self, tensors, *args, **kwargs):
+        from torch.func import functional_call
+        if not torch.is_grad_enabled():          # the tracer's eager example
+            tensors = tuple(t if i < self.nparams else t.clone() for i, t in enumerate(tensors))
+        return functional_call(self.mod, dict(zip(self.names, tensors)), args, kwargs)
+
+    def __repr__(self):
+        return "functional %s" % type(self.mod).__name__
+
 
 class _NoCore(Exception):
     """A core op cannot express this call; use an extern call."""

@@ -37,7 +37,7 @@ def build(tracer, vars_, user_stack=()):
                 out_index[id(v)] = len(outputs)
                 outputs.append(v)
             k = out_index[id(v)]
-            as_torch = v.kind == "torch"
+            as_torch = v.kind == "torch" and tracer.fx is None       # autograd mode returns tensors
             scalar = isinstance(v.example, np.generic)
 
             def get(env, outs, k=k):
@@ -92,6 +92,8 @@ def build(tracer, vars_, user_stack=()):
             slots.append(nlocalsplus - nfree + r.index)
     slots = tuple(sorted(set(slots)))
     f_globals, f_builtins = tracer.f_globals, tracer.f_builtins
+    if tracer.fx is not None:
+        return _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree)
     graph = tracer.graph
     op_count = tracer.op_count
     if outputs:
@@ -122,6 +124,55 @@ def build(tracer, vars_, user_stack=()):
     run.op_count = op_count
     run.lines = list(tracer.lines)       # (filename, lineno) of each op of the graph
     run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph) if outputs else None
+    return run
+
+
+class FxCompiled:
+    """Autograd mode's stand-in for a Compiled in reports: the kernels of the forward and
+    backward graphs aot_autograd handed to the core so far."""
+
+    def __init__(self, runners):
+        self.runners = runners
+
+    @property
+    def kernels(self):
+        out = []
+        for r in self.runners:
+            c = getattr(r, "compiled", None)
+            out.extend(c.kernels if c is not None else ())
+        return out
+
+
+def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
+    """Autograd mode: the recorded torch ops as an FX GraphModule, compiled on the first call
+    by the torch backend (aot_autograd: forward and backward graphs through the core)."""
+    fxg = tracer.fx
+    if outputs:
+        fxg.output(tuple(v.fx for v in outputs))
+    f_globals, f_builtins = tracer.f_globals, tracer.f_builtins
+    state = {"compiled": None}
+    runners = []
+
+    def run(*values):
+        by_slot = dict(zip(slots, values))
+        env = _Env(by_slot, f_globals, f_builtins, _Closure(by_slot, nlocalsplus - nfree))
+        outs = ()
+        if outputs:
+            tensors = [env.get(src) for src, _, _ in inputs]
+            c = state["compiled"]
+            if c is None:
+                from ..backends import torch as torch_backend
+                gm = torch.fx.GraphModule(torch.nn.Module(), fxg)
+                c = state["compiled"] = torch_backend.backend(gm, tensors, record=runners)
+            outs = c(*tensors)
+        return [p(env, outs) for p in plans]
+
+    run.slots = slots
+    run.compiled = lambda: FxCompiled(runners) if runners else None
+    run.graph = fxg if outputs else None
+    run.op_count = tracer.op_count
+    run.lines = list(tracer.lines)
+    run.fast_target = None
     return run
 
 

@@ -34,6 +34,8 @@ METHOD_CASTS = {"float": torch.float32, "double": torch.float64, "half": torch.f
                 "int": torch.int32, "long": torch.int64, "bool": torch.bool}
 IMPURE = {torch.manual_seed, torch.rand, torch.randn, torch.randint, torch.bernoulli, torch.multinomial,
           torch.normal, torch.save, torch.load, torch.rand_like, torch.randn_like, torch.randint_like}
+FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.eye, torch.linspace,
+             torch.tensor}         # autograd mode records them as graph nodes
 FOLD = {torch.is_tensor, torch.is_floating_point, torch.result_type, torch.promote_types,
         torch.get_default_dtype, torch.is_grad_enabled, torch.finfo, torch.iinfo}
 
@@ -68,6 +70,8 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     """A pointwise op with torch's result dtype: operands cast first."""
     from .interp import _NoCore
     args = [_u(a) for a in args]
+    if tr.fx is not None:
+        return tr.fx_call(fn, args, kwargs)
     example = tr.eager(fn, args, kwargs)
     if core_op is None or not isinstance(example, torch.Tensor) or kwargs:
         return tr.extern(fn, args, kwargs, example, "torch")
@@ -174,10 +178,26 @@ def call(tr, fn, args, kwargs):
     if not _any_array(args, kwargs):
         if fn in FOLD or isinstance(fn, type):
             return tr.fold(fn, args, kwargs)
+        if fn in FACTORIES:
+            if tr.fx is None:             # the core graph has no tensor constants: trace as torch ops
+                from .interp import NeedAutograd
+                raise NeedAutograd()
+            return tr.fx_call(fn, args, kwargs)
         tr.unsupported("torch call %s without tensor arguments (tensor creation) is not supported"
                        % getattr(fn, "__name__", fn))
     if _kind_any(args, kwargs) == "numpy":
         tr.unsupported("torch function %s on a NumPy array" % getattr(fn, "__name__", fn))
+    if "inplace" in kwargs and getattr(fn, "__module__", "") == "torch.nn.functional":
+        if tr.py(kwargs["inplace"]):
+            tr.unsupported("%s(inplace=True) updates its input in place" % fn.__name__)
+        kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}     # F.relu(x, inplace=False)
+    if fn is F.dropout:
+        training = tr.py(_arg(args, kwargs, 2, "training", True))
+        if training:
+            tr.unsupported("dropout in training mode is random (hint: model.eval())")
+        return _u(args[0])
+    if tr.fx is not None:
+        return tr.fx_call(fn, args, kwargs)
     n = len(args)
     if fn in UNARY and n == 1 and not kwargs:
         return pointwise(tr, fn, UNARY[fn], args, {})
@@ -200,11 +220,6 @@ def call(tr, fn, args, kwargs):
         return softmax(tr, lambda x, *a, **k: fn(x, *a, **k), op, args[0], _arg(args, kw, 1, "dim"), args, kw)
     if fn is F.layer_norm:
         return layer_norm(tr, args, kwargs)
-    if fn is F.dropout:
-        training = tr.py(_arg(args, kwargs, 2, "training", True))
-        if training:
-            tr.unsupported("dropout in training mode is random (hint: model.eval())")
-        return _u(args[0])
     return tr.array_call(fn, args, kwargs, kind="torch")
 
 
@@ -227,8 +242,14 @@ def method(tr, arr, name, args, kwargs):
         return ShapeVar(arr)
     if name == "dim" and not args:
         return PyVar(arr.ndim)
-    if name in ("contiguous", "detach") and not args:
+    if name == "contiguous" and not args:
         return arr
+    if name == "detach" and not args and tr.fx is None:
+        return arr
+    if tr.fx is not None:
+        if not hasattr(torch.Tensor, name):
+            tr.unsupported("Tensor has no attribute %r" % name)
+        return tr.fx_call(lambda t, *a, **k: getattr(t, name)(*a, **k), [arr] + args, kwargs, method=name)
     if name in METHOD_CASTS and not args:
         return cast(tr, arr, _np(METHOD_CASTS[name]))
     if name == "to" and len(args) == 1 and not kwargs and isinstance(tr.py(args[0]), torch.dtype):

@@ -32,6 +32,7 @@ class ArrayVar(Var):
         self.value, self.example, self.kind, self.source = value, example, kind, source
         self.fresh = fresh
         self.escaped = False            # passed to an extern (may be viewed)
+        self.fx = None                  # autograd mode: its torch.fx node (value is None then)
 
     @property
     def ndim(self):
