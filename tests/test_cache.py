@@ -210,3 +210,28 @@ def test_cache_clear_disk_empties_the_folder(cache_dir):
     n0 = compiles()
     gelu_graph().compile()(np.ones((2, 2), np.float32))
     assert compiles() == n0 + 1
+
+
+def test_kernels_of_one_plan_compile_as_one_batch(cache_dir):
+    """A plan's kernels are loaded in one batch (their compiler runs overlap): each kernel is one
+    compiler call, the results are right, and a process that lost its memory cache finds every
+    one of them on disk."""
+    g = Graph()
+    x = g.input("float32", 2)
+    s = g.call("softmax", x, axis=0)                    # a column reduction ...
+    r = g.call("sum", g.call("exp", x), axis=-1)        # ... and a row one: several kernels
+    g.output(s, g.call("tanh", r))
+    f = g.compile()
+    a = np.random.default_rng(0).standard_normal((33, 70), dtype=np.float32)
+    before = compiles()
+    got = f(a)
+    n = len(f.kernels)
+    assert n >= 2 and compiles() - before == n
+    e = np.exp(a - a.max(axis=0))
+    np.testing.assert_allclose(got[0], e / e.sum(axis=0), rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(got[1], np.tanh(np.exp(a).sum(axis=-1)), rtol=2e-6)
+    fastcompile.cache_clear(disk=False)
+    hits = fastcompile.stats()["disk_hits"]
+    f2 = g.compile()
+    f2(a)
+    assert compiles() - before == n and fastcompile.stats()["disk_hits"] - hits == n

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "../core/strbuf.h"
@@ -1261,111 +1262,209 @@ dump_source(const char *key, const char *source)
 
 /* source, symbol: borrowed, NUL-terminated; out: filled on success with
  * pointers that stay valid for the life of the process. */
-FC_INTERNAL int
-fc_cpu_load(const char *source, const char *symbol, FcLoaded *out)
+static void *
+job_thread(void *arg)
 {
-    FcJob job;
-    FcEntry *e = NULL;
-    FcSha256 s;
-    uint8_t digest[32];
-    char key[65];
-    int rc = -1;
+    job_run((FcJob *)arg);
+    return NULL;
+}
 
-    memset(&job, 0, sizeof(job));
-    if (!rt.configured) {
-        PyErr_SetString(PyExc_RuntimeError, "fastcompile: the CPU runtime is not configured "
-                        "(fastcompile._C._configure was never called)");
-        goto cleanup;
-    }
-    /* the key needs the compiler's identity, which is cached in the cache dir */
-    if (!rt.have_digest && (ensure_cache_dir() < 0 || ensure_identity() < 0)) {
-        goto cleanup;
-    }
-    fc_sha256_init(&s);
-    fc_sha256_update(&s, rt.digest, sizeof(rt.digest));
-    key_str(&s, "source", key_body(source));
-    fc_sha256_final(&s, digest);
-    fc_sha256_hex(digest, key);
+#define FC_MAX_PARALLEL_CC 16
 
-    e = table_find(key, symbol);
-    if (e != NULL) {
-        rt.memory_hits++;
-        goto found;
+/* Runs jobs[0..n), up to one per online CPU at a time: each waits on its own
+ * compiler process. Called with the GIL released. */
+static void
+run_jobs(FcJob *jobs, int n)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int width = ncpu < 1 ? 1 : ncpu > FC_MAX_PARALLEL_CC ? FC_MAX_PARALLEL_CC : (int)ncpu;
+    for (int first = 0; first < n; first += width) {
+        pthread_t th[FC_MAX_PARALLEL_CC];
+        int started[FC_MAX_PARALLEL_CC] = {0};
+        int end = first + width < n ? first + width : n;
+        for (int i = first + 1; i < end; i++) {
+            started[i - first] = pthread_create(&th[i - first], NULL, job_thread, &jobs[i]) == 0;
+        }
+        job_run(&jobs[first]);
+        for (int i = first + 1; i < end; i++) {
+            if (started[i - first]) {
+                pthread_join(th[i - first], NULL);
+            }
+            else {
+                job_run(&jobs[i]);          /* no thread to be had: run it here */
+            }
+        }
     }
-    /* re-check the folder right before trusting what is in it */
-    if (ensure_cache_dir() < 0 || job_prepare(&job, source, symbol, key) < 0) {
-        goto cleanup;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    job_run(&job);
-    Py_END_ALLOW_THREADS
-    rt.compiles += job.compiled;
-    rt.disk_hits += job.disk_hit;
+}
+
+/* After job j ran: its counters, log lines and warnings; on success a table
+ * entry for it (or the one another thread registered meanwhile) in *out.
+ * GIL held. 0, or -1 with an exception set. */
+static int
+job_finish(FcJob *j, const char *key, const char *symbol, FcEntry **out)
+{
+    FcEntry *e;
+    rt.compiles += j->compiled;
+    rt.disk_hits += j->disk_hit;
     if (rt.debug >= 1) {
-        if (job.disk_hit) {
-            log_debug("cpu kernel %s: memory miss, disk hit %s", symbol, job.so_path);
+        if (j->disk_hit) {
+            log_debug("cpu kernel %s: memory miss, disk hit %s", symbol, j->so_path);
         }
-        else if (job.compiled) {
+        else if (j->compiled) {
             log_debug("cpu kernel %s: cache miss (%s), compiled in %.0f ms -> %s", symbol,
-                      rt.always_compile ? "always_compile" : "memory and disk", job.compile_ms,
-                      job.loaded_path ? job.loaded_path : "(failed)");
+                      rt.always_compile ? "always_compile" : "memory and disk", j->compile_ms,
+                      j->loaded_path ? j->loaded_path : "(failed)");
         }
     }
-    for (int i = 0; i < job.nwarn; i++) {
-        if (warn(job.warnings[i]) < 0) {
-            goto cleanup;
+    for (int i = 0; i < j->nwarn; i++) {
+        if (warn(j->warnings[i]) < 0) {
+            return -1;
         }
     }
-    if (job.err != FC_JOB_OK) {
-        if (job.err == FC_JOB_NOMEM || job.errmsg.failed || job.errmsg.s == NULL) {
+    if (j->err != FC_JOB_OK) {
+        if (j->err == FC_JOB_NOMEM || j->errmsg.failed || j->errmsg.s == NULL) {
             PyErr_NoMemory();
         }
         else {
-            PyErr_SetString(PyExc_RuntimeError, job.errmsg.s);
+            PyErr_SetString(PyExc_RuntimeError, j->errmsg.s);
         }
-        goto cleanup;
+        return -1;
     }
-
     /* another thread may have loaded the same kernel while the GIL was released */
     e = table_find(key, symbol);
     if (e == NULL) {
         e = calloc(1, sizeof(FcEntry));
         if (e == NULL) {
             PyErr_NoMemory();
-            goto cleanup;
+            return -1;
         }
         e->next = rt.entries;
         rt.entries = e;
         e->key = strdup(key);
         e->symbol = strdup(symbol);
-        e->so_path = job.loaded_path;
-        job.loaded_path = NULL;
-        e->c_path = job.c_path;
-        job.c_path = NULL;
-        e->handle = job.handle;
-        e->fn = job.fn;
-        e->dev = job.dev;
-        e->ino = job.ino;
-        e->via_alias = job.via_alias;
+        e->so_path = j->loaded_path;          /* ownership moves to the entry */
+        j->loaded_path = NULL;
+        e->c_path = j->c_path;
+        j->c_path = NULL;
+        e->handle = j->handle;
+        e->fn = j->fn;
+        e->dev = j->dev;
+        e->ino = j->ino;
+        e->via_alias = j->via_alias;
         if (!e->key || !e->symbol || table_insert(e) < 0) {
             if (!PyErr_Occurred()) {
                 PyErr_NoMemory();
             }
+            return -1;
+        }
+    }
+    *out = e;
+    return 0;
+}
+
+FC_INTERNAL int
+fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, FcLoaded *outs)
+{
+    FcJob *jobs = NULL;
+    FcEntry **found = NULL;
+    char (*keys)[65] = NULL;
+    int *job_of = NULL, njobs = 0, rc = -1;
+
+    if (!rt.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcompile: the CPU runtime is not configured "
+                        "(fastcompile._C._configure was never called)");
+        return -1;
+    }
+    /* the key needs the compiler's identity, which is cached in the cache dir */
+    if (!rt.have_digest && (ensure_cache_dir() < 0 || ensure_identity() < 0)) {
+        return -1;
+    }
+    jobs = PyMem_Calloc(n > 0 ? n : 1, sizeof(FcJob));
+    found = PyMem_Calloc(n > 0 ? n : 1, sizeof(FcEntry *));
+    keys = PyMem_Calloc(n > 0 ? n : 1, sizeof(*keys));
+    job_of = PyMem_Calloc(n > 0 ? n : 1, sizeof(int));
+    if (jobs == NULL || found == NULL || keys == NULL || job_of == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (int i = 0; i < n; i++) {
+        FcSha256 s;
+        uint8_t digest[32];
+        fc_sha256_init(&s);
+        fc_sha256_update(&s, rt.digest, sizeof(rt.digest));
+        key_str(&s, "source", key_body(sources[i]));
+        fc_sha256_final(&s, digest);
+        fc_sha256_hex(digest, keys[i]);
+        job_of[i] = -1;
+        found[i] = table_find(keys[i], symbols[i]);
+        if (found[i] != NULL) {
+            rt.memory_hits++;
+            continue;
+        }
+        for (int k = 0; k < i && job_of[i] < 0; k++) {       /* the same kernel twice in one batch */
+            if (job_of[k] >= 0 && strcmp(keys[k], keys[i]) == 0 && strcmp(symbols[k], symbols[i]) == 0) {
+                job_of[i] = job_of[k];
+            }
+        }
+        if (job_of[i] >= 0) {
+            continue;
+        }
+        /* re-check the folder right before trusting what is in it */
+        if (ensure_cache_dir() < 0 || job_prepare(&jobs[njobs], sources[i], symbols[i], keys[i]) < 0) {
+            njobs++;                                           /* job_free for the partial one */
+            goto cleanup;
+        }
+        job_of[i] = njobs++;
+    }
+    if (njobs > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        run_jobs(jobs, njobs);
+        Py_END_ALLOW_THREADS
+    }
+    for (int i = 0; i < n; i++) {
+        int first = 0;
+        if (found[i] != NULL) {
+            continue;
+        }
+        while (first < i && job_of[first] != job_of[i]) {
+            first++;
+        }
+        if (first < i) {
+            found[i] = found[first];                           /* the batch's duplicate */
+        }
+        else if (job_finish(&jobs[job_of[i]], keys[i], symbols[i], &found[i]) < 0) {
             goto cleanup;
         }
     }
-    if (rt.dump_dir && dump_source(key, source) < 0) {
-        goto cleanup;
+    if (rt.dump_dir) {
+        for (int i = 0; i < n; i++) {
+            if (job_of[i] >= 0 && dump_source(keys[i], sources[i]) < 0) {
+                goto cleanup;
+            }
+        }
     }
-found:
-    out->fn = e->fn;
-    out->so_path = e->so_path;
-    out->c_path = e->c_path;
-    out->key = e->key;
+    for (int i = 0; i < n; i++) {
+        outs[i].fn = found[i]->fn;
+        outs[i].so_path = found[i]->so_path;
+        outs[i].c_path = found[i]->c_path;
+        outs[i].key = found[i]->key;
+    }
     rc = 0;
 cleanup:
-    job_free(&job);
+    for (int k = 0; jobs != NULL && k < njobs; k++) {
+        job_free(&jobs[k]);
+    }
+    PyMem_Free(jobs);
+    PyMem_Free(found);
+    PyMem_Free(keys);
+    PyMem_Free(job_of);
     return rc;
+}
+
+FC_INTERNAL int
+fc_cpu_load(const char *source, const char *symbol, FcLoaded *out)
+{
+    return fc_cpu_load_many(1, &source, &symbol, out);
 }
 
 /* returns: new reference */

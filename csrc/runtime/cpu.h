@@ -24,6 +24,12 @@ FC_INTERNAL int fc_cpu_configure(PyObject *cfg);
  * the numbered source and the compiler log on a compile failure). */
 FC_INTERNAL int fc_cpu_load(const char *source, const char *symbol, FcLoaded *out);
 
+/* fc_cpu_load for n kernels at once: the ones missing from both caches are
+ * compiled concurrently, up to one compiler per online CPU. outs[i] for
+ * sources[i]/symbols[i]. 0, or -1 with an exception set (the first failure). */
+FC_INTERNAL int fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols,
+                                 FcLoaded *outs);
+
 /* Counters: compiles (compiler invocations), disk_hits, memory_hits.
  * Returns a new reference to a dict. */
 FC_INTERNAL PyObject *fc_cpu_stats(void);

@@ -134,6 +134,38 @@ log_debug(const char *text)
     PyErr_Restore(et, ev, tb);
 }
 
+
+/* Loads (compiling where needed) every kernel of p in one batch, so that the
+ * misses compile concurrently. 0, or -1 with an exception set. */
+static int
+load_kernels(FcPlan *p)
+{
+    const char **srcs = PyMem_Calloc(p->nkernels + 1, sizeof(char *));
+    const char **names = PyMem_Calloc(p->nkernels + 1, sizeof(char *));
+    FcLoaded *loaded = PyMem_Calloc(p->nkernels + 1, sizeof(FcLoaded));
+    int rc = -1;
+    if (srcs == NULL || names == NULL || loaded == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (int o = 0; o < p->nkernels; o++) {
+        srcs[o] = p->kernels[o].source;
+        names[o] = p->kernels[o].name;
+    }
+    if (fc_cpu_load_many(p->nkernels, srcs, names, loaded) < 0) {
+        goto cleanup;
+    }
+    for (int o = 0; o < p->nkernels; o++) {
+        p->kernels[o].loaded = loaded[o];
+    }
+    rc = 0;
+cleanup:
+    PyMem_Free(srcs);
+    PyMem_Free(names);
+    PyMem_Free(loaded);
+    return rc;
+}
+
 /* FASTCOMPILE_DUMP_DIR: every stage as a file, <graph hash>.<stage> */
 static void
 dump_stage(const char *ghash, const char *stage, const char *text)
@@ -283,11 +315,11 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
             snprintf(stage, sizeof(stage), "kernel%d.%s.c", o, pk->name);
             dump_stage(ghash, stage, pk->source);
         }
-        if (fc_cpu_load(pk->source, pk->name, &pk->loaded) < 0) {
-            goto error;
-        }
     }
     p->nkernels = s->nkernels;
+    if (load_kernels(p) < 0) {           /* the compiler runs for all of them at once */
+        goto error;
+    }
     p->compile_ms = now_ms() - t0;
     if (plan_rt.c.debug >= 1) {
         char msg[256];
