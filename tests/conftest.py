@@ -146,14 +146,23 @@ def run_graph(build, arrays):
     return g.compile()(*arrays)
 
 
+# Prepended to the code of child interpreters that only use the core (graphs, C runtime, disk
+# cache): ``import fastcompile`` imports torch when it is installed (fastcompile/trace/interp.py
+# does ``try: import torch``), 2-3 s of CPU per child; with torch marked absent the child runs
+# as a NumPy-only install (a supported configuration: interp falls back to torch = None), which
+# is all these children exercise. Children that test the torch integration do not use it.
+NO_TORCH = "import sys; sys.modules.setdefault('torch', None)  # see tests/conftest.py NO_TORCH\n"
+
+
 def run_isolated(code):
     """Run `code` in a fresh interpreter (for graphs that may crash it); returns the
-    CompletedProcess. The child uses this session's kernel cache and verifier setting."""
+    CompletedProcess. The child uses this session's kernel cache and verifier setting, and does
+    not import torch (NO_TORCH)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
                FASTCOMPILE_CACHE_DIR=str(fastcompile.config.get("cache_dir") or ""),
                FASTCOMPILE_VERIFY="1")
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", NO_TORCH + textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 # ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import fastcompile
+from conftest import NO_TORCH
 from fastcompile.graph import Graph
 
 
@@ -109,7 +110,7 @@ def test_compiler_flags_and_version_miss(cache_dir):
         fastcompile.config.set()               # back to the real version
 
 
-WARM_SCRIPT = textwrap.dedent("""
+WARM_SCRIPT = NO_TORCH + textwrap.dedent("""
     import numpy as np, fastcompile
     from fastcompile.graph import Graph
     g = Graph(); x = g.input("float32", 2)
@@ -159,7 +160,7 @@ def test_truncated_shared_object_recompiles_with_warning(cache_dir):
     np.testing.assert_array_equal(again, good)
 
 
-RACE_SCRIPT = textwrap.dedent("""
+RACE_SCRIPT = NO_TORCH + textwrap.dedent("""
     import sys, numpy as np, fastcompile
     from fastcompile.graph import Graph
     g = Graph(); x = g.input("float64", 1)

@@ -23,6 +23,7 @@ import warnings
 
 import pytest
 
+from conftest import NO_TORCH
 from fastcompile import _C
 
 INCLUDE = os.path.join(os.path.dirname(_C.__file__), "include")
@@ -88,13 +89,14 @@ def cache(tmp_path):
     return d
 
 
-CHILD = r"""
+CHILD = NO_TORCH + r"""
 import json, sys, warnings, os, time, ctypes
 sys.path.insert(0, sys.argv[1])
 from fastcompile import _C
 job = json.load(open(sys.argv[2]))
 _C._configure(job["cfg"])
 if job.get("start_file"):
+    open(job["start_file"] + ".ready.%d" % os.getpid(), "w").close()   # at the line
     while not os.path.exists(job["start_file"]):
         time.sleep(0.001)
 with warnings.catch_warnings(record=True) as w:
@@ -122,6 +124,18 @@ def child(tmp_path, cfg, source, start_file=None, wait=True):
     if not wait:
         return p
     return finish(p)
+
+
+def wait_ready(start_file, procs, timeout=300):
+    """Until every child waits at the start line (each has written start_file.ready.<pid>)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = [f for f in os.listdir(os.path.dirname(start_file))
+                 if f.startswith(os.path.basename(start_file) + ".ready.")]
+        if len(ready) >= len(procs) or any(p.poll() is not None for p in procs):
+            return   # all at the line (or one died: finish() reports its stderr)
+        assert time.monotonic() < deadline, "children not ready after %d s" % timeout
+        time.sleep(0.01)
 
 
 def finish(p):
@@ -340,7 +354,7 @@ def test_so_that_does_not_load_recompiled(tmp_path):
     assert call(_load_expect_corrupt(src, res, "dlopen")) == 15
 
 
-SAME_PROCESS = r"""
+SAME_PROCESS = NO_TORCH + r"""
 import ctypes, os, sys, warnings
 sys.path.insert(0, sys.argv[1])
 from fastcompile import _C
@@ -594,7 +608,7 @@ def test_processes_racing_on_one_key(tmp_path, nproc):
     src = kernel(21)
     start = tmp_path / "go"
     procs = [child(tmp_path, cfg, src, start_file=str(start), wait=False) for _ in range(nproc)]
-    time.sleep(1.0)   # let them all import and wait at the line
+    wait_ready(str(start), procs)   # all imported and waiting at the line
     start.write_text("go")
     reports = [finish(p) for p in procs]
     assert all(r["err"] is None and r["ret"] == 21 for r in reports), reports
@@ -618,7 +632,7 @@ def test_processes_racing_to_heal_a_corrupt_entry(tmp_path):
         f.truncate(64)
     start = tmp_path / "go"
     procs = [child(tmp_path, cfg, src, start_file=str(start), wait=False) for _ in range(6)]
-    time.sleep(1.0)
+    wait_ready(str(start), procs)
     start.write_text("go")
     reports = [finish(p) for p in procs]
     assert all(r["err"] is None and r["ret"] == 23 for r in reports), reports

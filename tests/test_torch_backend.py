@@ -144,6 +144,48 @@ def _opinfos():
     return out
 
 
+def _extract_test_fn_fast():
+    """torch.testing._internal.common_utils.extract_test_fn, walking frames with sys._getframe.
+
+    OpInfo.sample_inputs calls extract_test_fn twice (its TrackedInputIter and the per-sample
+    skip/xfail lookup) to find a unittest.TestCase method on the stack; the original walks
+    inspect.stack(), which reads the source lines and resolves the module of every frame (a
+    scan of sys.modules each, with torch loaded): ~0.2 s per call under pytest, about half of
+    test_opinfo's time. Same frames, same test, same result (None under pytest: no frame's
+    ``self`` is a TestCase), so the samples and their seeds (SEED when None) are unchanged."""
+    import unittest
+    try:
+        frame = sys._getframe(1)
+        while frame is not None:
+            self_val = frame.f_locals.get("self")
+            if isinstance(self_val, unittest.TestCase):
+                test_id = self_val.id()
+                *_, cls_name, test_name = test_id.rsplit('.', 2)
+                if cls_name == type(self_val).__name__ and test_name.startswith("test"):
+                    return getattr(self_val, test_name).__func__
+            frame = frame.f_back
+    except Exception:
+        pass
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fast_opinfo_sample_inputs():
+    try:
+        from torch.testing._internal import common_utils
+        from torch.testing._internal.opinfo import core
+    except Exception:            # pragma: no cover - no op_db: test_opinfo skips
+        yield
+        return
+    mods = [m for m in (common_utils, core) if hasattr(m, "extract_test_fn")]
+    old = [m.extract_test_fn for m in mods]
+    for m in mods:
+        m.extract_test_fn = _extract_test_fn_fast
+    yield
+    for m, fn in zip(mods, old):
+        m.extract_test_fn = fn
+
+
 def _flatten_tensors(obj):
     if isinstance(obj, torch.Tensor):
         return [obj]
