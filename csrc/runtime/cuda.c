@@ -374,8 +374,8 @@ fc_cuda_unavailable(void)
  * ------------------------------------------------------------------------- */
 
 /* the shipped device headers, handed to NVRTC in memory (and hashed into the key) */
-static const char *header_names[] = {"fc_cuda_kernel.h", "fc_cuda_math.h"};
-#define NHEADERS 2
+static const char *header_names[] = {"fc_cuda_kernel.h", "fc_cuda_math.h", "fc_math_common.h"};
+#define NHEADERS 3
 
 static int
 read_headers(char *text[NHEADERS])
@@ -511,7 +511,7 @@ fc_cuda_image_free(FcCudaImage *img)
 int
 fc_cuda_compile(const char *source, const char *arch, FcCudaImage *out)
 {
-    char *headers[NHEADERS] = {NULL, NULL};
+    char *headers[NHEADERS] = {NULL};
     char opt_arch[64], ver[32];
     const char *opts[4];
     const char *dir;

@@ -203,6 +203,31 @@ copy_ints(int **dst, const int *src, int n)
     return 0;
 }
 
+/* s (zeroed) for segment seg of g under the key metas (borrowed, kept in
+ * s->metas): per-node membership, segment inputs and outputs. On error the
+ * caller's fc_spec_free releases what was allocated. */
+static int
+spec_init(FcSpec *s, const FcGraph *g, const FcSegment *seg, const FcMeta *metas)
+{
+    s->g = g;
+    s->metas = metas;
+    s->sn = PyMem_Calloc(g->nnodes + 1, sizeof(FcSNode));
+    if (s->sn == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        s->sn[i].in_seg = seg->in_seg[i];
+    }
+    if (copy_ints(&s->inputs, seg->inputs, seg->ninputs) < 0 ||
+            copy_ints(&s->outputs, seg->outputs, seg->noutputs) < 0) {
+        return -1;
+    }
+    s->ninputs = seg->ninputs;
+    s->noutputs = seg->noutputs;
+    return 0;
+}
+
 static char *
 kernel_header(const FcSpec *s, int k, const char *name, const char *dump_hash, const char *origin)
 {
@@ -232,24 +257,15 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         return NULL;
     }
     s = &p->spec;
-    s->g = g;
     p->metas = PyMem_Malloc((seg->ninputs + 1) * sizeof(FcMeta));
-    s->sn = PyMem_Calloc(g->nnodes + 1, sizeof(FcSNode));
-    if (p->metas == NULL || s->sn == NULL) {
+    if (p->metas == NULL) {
         PyErr_NoMemory();
         goto error;
     }
     memcpy(p->metas, metas, seg->ninputs * sizeof(FcMeta));
-    s->metas = p->metas;
-    for (int i = 0; i < g->nnodes; i++) {
-        s->sn[i].in_seg = seg->in_seg[i];
-    }
-    if (copy_ints(&s->inputs, seg->inputs, seg->ninputs) < 0 ||
-            copy_ints(&s->outputs, seg->outputs, seg->noutputs) < 0) {
+    if (spec_init(s, g, seg, p->metas) < 0) {
         goto error;
     }
-    s->ninputs = seg->ninputs;
-    s->noutputs = seg->noutputs;
 
     if (fc_shape_infer(s, metas) < 0 || fc_fuse(s) < 0) {
         goto error;
@@ -346,22 +362,9 @@ fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
     char ghash[24];
 
     memset(s, 0, sizeof(*s));
-    s->g = g;
-    s->metas = metas;
-    s->sn = PyMem_Calloc(g->nnodes + 1, sizeof(FcSNode));
-    if (s->sn == NULL) {
-        PyErr_NoMemory();
+    if (spec_init(s, g, seg, metas) < 0) {
         goto error;
     }
-    for (int i = 0; i < g->nnodes; i++) {
-        s->sn[i].in_seg = seg->in_seg[i];
-    }
-    if (copy_ints(&s->inputs, seg->inputs, seg->ninputs) < 0 ||
-            copy_ints(&s->outputs, seg->outputs, seg->noutputs) < 0) {
-        goto error;
-    }
-    s->ninputs = seg->ninputs;
-    s->noutputs = seg->noutputs;
     if (fc_shape_infer(s, metas) < 0 || fc_fuse(s) < 0 || (dump = fc_spec_dump(s)) == NULL) {
         goto error;
     }

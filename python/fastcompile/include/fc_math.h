@@ -11,7 +11,10 @@
  *   b uint8_t (0/1)   i8 i16 i32 i64 intN_t   u8 u16 u32 u64 uintN_t
  *   f32 float   f64 double   (float16/bfloat16 compute as f32)
  * Semantics follow NumPy 2.x ufuncs on x86-64 unless a comment says otherwise.
- * Everything is branch-free where that costs nothing, so loops vectorize. */
+ * Everything is branch-free where that costs nothing, so loops vectorize.
+ * Most helpers are one text with CUDA's, in fc_math_common.h; here are the
+ * libmvec declarations, the bit casts and the helpers that differ (gelu,
+ * float min/max). */
 
 /* Every helper is forced inline: GCC's heuristics leave a large one (gelu) as an
  * out-of-line call once a kernel uses it twice (the unit-stride and strided
@@ -21,6 +24,12 @@
 #else
 #define FC_INLINE static inline
 #endif
+
+/* fc_math_common.h, included at the end, takes these */
+#define FC_FN FC_INLINE
+#define FC_BOOL_T uint8_t
+#define FC_CMP_T int
+#define FC_SET_ERR(err) __atomic_store_n((err), 1, __ATOMIC_RELAXED)
 
 /* ---- libmvec: SIMD variants of libm ---------------------------------------
  * glibc declares these only under __FAST_MATH__; we never use -ffast-math but
@@ -50,46 +59,7 @@ FC__VEC1(erf) FC__VEC1(erfc) FC__VEC2(atan2) FC__VEC2(hypot)
 FC_INLINE uint32_t fc__f32_bits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 FC_INLINE float fc__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x; }
 
-/* ---- float-only transcendentals (libm / libmvec) ------------------------- */
-#define FC__FLOAT1(stem, fn)                                              \
-    FC_INLINE float fc_##stem##_f32(float x) { return fn##f(x); }   \
-    FC_INLINE double fc_##stem##_f64(double x) { return fn(x); }
-#define FC__FLOAT2(stem, fn)                                                       \
-    FC_INLINE float fc_##stem##_f32(float a, float b) { return fn##f(a, b); } \
-    FC_INLINE double fc_##stem##_f64(double a, double b) { return fn(a, b); }
-FC__FLOAT1(exp, exp) FC__FLOAT1(exp2, exp2) FC__FLOAT1(expm1, expm1)
-FC__FLOAT1(log, log) FC__FLOAT1(log2, log2) FC__FLOAT1(log10, log10) FC__FLOAT1(log1p, log1p)
-FC__FLOAT1(sqrt, sqrt)
-FC__FLOAT1(sin, sin) FC__FLOAT1(cos, cos) FC__FLOAT1(tan, tan)
-FC__FLOAT1(asin, asin) FC__FLOAT1(acos, acos) FC__FLOAT1(atan, atan)
-FC__FLOAT1(sinh, sinh) FC__FLOAT1(cosh, cosh) FC__FLOAT1(tanh, tanh)
-FC__FLOAT1(asinh, asinh) FC__FLOAT1(acosh, acosh) FC__FLOAT1(atanh, atanh)
-FC__FLOAT1(erf, erf)
-FC__FLOAT2(atan2, atan2) FC__FLOAT2(hypot, hypot) FC__FLOAT2(copysign, copysign)
-#undef FC__FLOAT1
-#undef FC__FLOAT2
-
-FC_INLINE float fc_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }
-FC_INLINE double fc_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
-
-/* ---- activations ---------------------------------------------------------
- * x * sigmoid(y) with one division: e = exp(-|y|) never overflows, and y < 0
- * gives x*e / (1+e), so results are accurate down to the subnormals and
- * sigmoid is exactly 0/1 in the limits (no NaN for finite y). */
-FC_INLINE float fc__xsigmoid_f32(float x, float y) {
-    float e = expf(-fabsf(y));
-    return (y >= 0.0f ? x : x * e) / (1.0f + e);
-}
-FC_INLINE double fc__xsigmoid_f64(double x, double y) {
-    double e = exp(-fabs(y));
-    return (y >= 0.0 ? x : x * e) / (1.0 + e);
-}
-FC_INLINE float fc_sigmoid_f32(float x) { return fc__xsigmoid_f32(1.0f, x); }
-FC_INLINE double fc_sigmoid_f64(double x) { return fc__xsigmoid_f64(1.0, x); }
-/* silu: x * sigmoid(x); silu(-inf) is NaN, as torch. */
-FC_INLINE float fc_silu_f32(float x) { return fc__xsigmoid_f32(x, x); }
-FC_INLINE double fc_silu_f64(double x) { return fc__xsigmoid_f64(x, x); }
-/* ---- float32 gelu without libm ------------------------------------------
+/* ---- float32 gelu without libm (other activations: fc_math_common.h) -----
  * libmvec's erfcf costs ~1.1 ns per element, which made gelu compute-bound
  * at 1e7 elements. This one is inline and vectorizes to ~30 SIMD ops. With
  * a = |x| / sqrt2 and w = 0.4 a,
@@ -151,122 +121,14 @@ FC_INLINE float fc_gelu_f32(float x) {
 }
 #undef FC__FMAF
 FC_INLINE double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
-/* gelu_tanh: 0.5x(1 + tanh(u)) == x * sigmoid(2u), u = sqrt(2/pi)(x + 0.044715x^3);
- * the sigmoid form has no cancellation for x << 0. */
-FC_INLINE float fc_gelu_tanh_f32(float x) {
-    return fc__xsigmoid_f32(x, 1.5957691216057308f * (x + 0.044715f * x * x * x));
-}
-FC_INLINE double fc_gelu_tanh_f64(double x) {
-    return fc__xsigmoid_f64(x, 1.5957691216057308 * (x + 0.044715 * x * x * x));
-}
-/* softplus: torch's beta=1, threshold=20 */
-FC_INLINE float fc_softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-FC_INLINE double fc_softplus_f64(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
-/* ---- per-type families: generated for every integer type ----------------
- * Signed: (suffix, type, unsigned type, min, pow work type).
- * Unsigned: (suffix, type, pow work type). */
-#define FC__SIGNED(X)                                        \
-    X(i8, int8_t, uint8_t, INT8_MIN, uint32_t)               \
-    X(i16, int16_t, uint16_t, INT16_MIN, uint32_t)           \
-    X(i32, int32_t, uint32_t, INT32_MIN, uint32_t)           \
-    X(i64, int64_t, uint64_t, INT64_MIN, uint64_t)
-#define FC__UNSIGNED(X)                                      \
-    X(u8, uint8_t, uint32_t) X(u16, uint16_t, uint32_t)     \
-    X(u32, uint32_t, uint32_t) X(u64, uint64_t, uint64_t)
-
-/* ---- abs, relu, sign, bitnot, rounding (identity for ints) --------------- */
-/* abs(INT_MIN) == INT_MIN, as NumPy (wraps, computed in unsigned) */
-#define FC__UNARY_S(t, T, U, TMIN, W)                                                     \
-    FC_INLINE T fc_abs_##t(T x) { return x < 0 ? (T)(0u - (U)x) : x; }              \
-    FC_INLINE T fc_relu_##t(T x) { return x < 0 ? (T)0 : x; }                        \
-    FC_INLINE T fc_sign_##t(T x) { return (T)((x > 0) - (x < 0)); }                 \
-    FC_INLINE T fc_bitnot_##t(T x) { return (T)~x; }                                 \
-    FC_INLINE T fc_floor_##t(T x) { return x; }                                      \
-    FC_INLINE T fc_ceil_##t(T x) { return x; }                                       \
-    FC_INLINE T fc_round_##t(T x) { return x; }                                      \
-    FC_INLINE T fc_trunc_##t(T x) { return x; }
-#define FC__UNARY_U(t, T, W)                                                              \
-    FC_INLINE T fc_abs_##t(T x) { return x; }                                        \
-    FC_INLINE T fc_relu_##t(T x) { return x; }                                       \
-    FC_INLINE T fc_sign_##t(T x) { return (T)(x != 0); }                             \
-    FC_INLINE T fc_bitnot_##t(T x) { return (T)~x; }                                 \
-    FC_INLINE T fc_floor_##t(T x) { return x; }                                      \
-    FC_INLINE T fc_ceil_##t(T x) { return x; }                                       \
-    FC_INLINE T fc_round_##t(T x) { return x; }                                      \
-    FC_INLINE T fc_trunc_##t(T x) { return x; }
-FC__SIGNED(FC__UNARY_S)
-FC__UNSIGNED(FC__UNARY_U)
-#undef FC__UNARY_S
-#undef FC__UNARY_U
-
-FC_INLINE uint8_t fc_abs_b(uint8_t x) { return x; }
-FC_INLINE uint8_t fc_bitnot_b(uint8_t x) { return (uint8_t)(x == 0); }
-FC_INLINE uint8_t fc_floor_b(uint8_t x) { return x; }
-FC_INLINE uint8_t fc_ceil_b(uint8_t x) { return x; }
-FC_INLINE uint8_t fc_round_b(uint8_t x) { return x; }
-FC_INLINE uint8_t fc_trunc_b(uint8_t x) { return x; }
-
-FC_INLINE float fc_abs_f32(float x) { return fabsf(x); }
-FC_INLINE double fc_abs_f64(double x) { return fabs(x); }
-/* sign: NaN -> NaN, -0.0 -> +0.0 (NumPy) */
-FC_INLINE float fc_sign_f32(float x) {
-    return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : (x == 0.0f ? 0.0f : x));
-}
-FC_INLINE double fc_sign_f64(double x) {
-    return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : (x == 0.0 ? 0.0 : x));
-}
-/* round: half to even, like np.round(x) (rint in the default rounding mode) */
-FC_INLINE float fc_floor_f32(float x) { return floorf(x); }
-FC_INLINE double fc_floor_f64(double x) { return floor(x); }
-FC_INLINE float fc_ceil_f32(float x) { return ceilf(x); }
-FC_INLINE double fc_ceil_f64(double x) { return ceil(x); }
-FC_INLINE float fc_round_f32(float x) { return rintf(x); }
-FC_INLINE double fc_round_f64(double x) { return rint(x); }
-FC_INLINE float fc_trunc_f32(float x) { return truncf(x); }
-FC_INLINE double fc_trunc_f64(double x) { return trunc(x); }
-
-/* ---- isnan, isinf, isfinite (uint8_t 0/1) -------------------------------- */
-#define FC__PRED_INT(t, T)                                              \
-    FC_INLINE uint8_t fc_isnan_##t(T x) { (void)x; return 0; }     \
-    FC_INLINE uint8_t fc_isinf_##t(T x) { (void)x; return 0; }     \
-    FC_INLINE uint8_t fc_isfinite_##t(T x) { (void)x; return 1; }
-#define FC__PRED_S(t, T, U, TMIN, W) FC__PRED_INT(t, T)
-#define FC__PRED_U(t, T, W) FC__PRED_INT(t, T)
-FC__PRED_INT(b, uint8_t)
-FC__SIGNED(FC__PRED_S)
-FC__UNSIGNED(FC__PRED_U)
-#undef FC__PRED_INT
-#undef FC__PRED_S
-#undef FC__PRED_U
-FC_INLINE uint8_t fc_isnan_f32(float x) { return (uint8_t)(x != x); }
-FC_INLINE uint8_t fc_isnan_f64(double x) { return (uint8_t)(x != x); }
-FC_INLINE uint8_t fc_isinf_f32(float x) { return (uint8_t)(fabsf(x) == HUGE_VALF); }
-FC_INLINE uint8_t fc_isinf_f64(double x) { return (uint8_t)(fabs(x) == HUGE_VAL); }
-FC_INLINE uint8_t fc_isfinite_f32(float x) { return (uint8_t)(fabsf(x) < HUGE_VALF); }
-FC_INLINE uint8_t fc_isfinite_f64(double x) { return (uint8_t)(fabs(x) < HUGE_VAL); }
-
-/* ---- maximum, minimum, fmax, fmin, clamp ----------------------------------
- * Floats: maximum/minimum propagate NaN (a + b is the first NaN operand); on a
+/* ---- maximum, minimum, fmax, fmin, clamp of floats (ints: fc_math_common.h)
+ * maximum/minimum propagate NaN (a + b is the first NaN operand); on a
  * tie (-0.0 vs +0.0) they return the second operand, as NumPy does.
  * fmax/fmin ignore NaN and also return the second operand on a tie: NumPy's
  * SIMD path (its short-array scalar path returns the first).
  * The isunordered() forms keep nested calls (clamp, relu6) vectorizable: a
  * NaN test on a select's result makes gcc 12 build mask selects it cannot vectorize. */
-#define FC__MINMAX(t, T)                                                                  \
-    FC_INLINE T fc_maximum_##t(T a, T b) { return a > b ? a : b; }                   \
-    FC_INLINE T fc_minimum_##t(T a, T b) { return a < b ? a : b; }                   \
-    FC_INLINE T fc_fmax_##t(T a, T b) { return a > b ? a : b; }                      \
-    FC_INLINE T fc_fmin_##t(T a, T b) { return a < b ? a : b; }                      \
-    FC_INLINE T fc_clamp_##t(T x, T lo, T hi) { return fc_minimum_##t(fc_maximum_##t(x, lo), hi); }
-#define FC__MINMAX_S(t, T, U, TMIN, W) FC__MINMAX(t, T)
-#define FC__MINMAX_U(t, T, W) FC__MINMAX(t, T)
-FC__MINMAX(b, uint8_t)
-FC__SIGNED(FC__MINMAX_S)
-FC__UNSIGNED(FC__MINMAX_U)
-#undef FC__MINMAX
-#undef FC__MINMAX_S
-#undef FC__MINMAX_U
 #define FC__MINMAX_F(t, T)                                                                \
     FC_INLINE T fc_maximum_##t(T a, T b) {                                            \
         T m = a > b ? a : b;                                                              \
@@ -289,209 +151,9 @@ FC__MINMAX_F(f32, float)
 FC__MINMAX_F(f64, double)
 #undef FC__MINMAX_F
 /* relu: np.maximum(x, 0): NaN stays NaN, -0.0 becomes +0.0 */
-FC_INLINE uint8_t fc_relu_b(uint8_t x) { return x; }
 FC_INLINE float fc_relu_f32(float x) { return fc_maximum_f32(x, 0.0f); }
 FC_INLINE double fc_relu_f64(double x) { return fc_maximum_f64(x, 0.0); }
 
-/* ---- safe float -> int casts ----------------------------------------------
- * C leaves out-of-range conversions undefined; these give what NumPy's astype
- * gives on x86-64 (cvttsd2si) and never trap or trip -fsanitize=float-cast-overflow:
- *   i64: NaN / out of range -> INT64_MIN.    i32: -> INT32_MIN.
- *   i8 i16 u8 u16: through i32, then the low bits (NaN, |x| >= 2^31 -> 0).
- *   u32: through i64, then the low 32 bits (NumPy's scalar path; its SIMD
- *        path differs for out-of-range values, so there is no one answer).
- *   u64: x < 2^63 (or NaN) through i64, else i64(x - 2^63) ^ 2^63 (so NaN and
- *        x < -2^63 -> 2^63; x >= 2^64 and +inf -> 0), exactly gcc's and NumPy's. */
-FC_INLINE int64_t fc_f2i64(double x) {
-    return (x >= -0x1p63 && x < 0x1p63) ? (int64_t)x : INT64_MIN;
-}
-FC_INLINE int32_t fc_f2i32(double x) {
-    return (x > -2147483649.0 && x < 2147483648.0) ? (int32_t)x : INT32_MIN;
-}
-FC_INLINE int16_t fc_f2i16(double x) { return (int16_t)(uint16_t)(uint32_t)fc_f2i32(x); }
-FC_INLINE int8_t fc_f2i8(double x) { return (int8_t)(uint8_t)(uint32_t)fc_f2i32(x); }
-FC_INLINE uint16_t fc_f2u16(double x) { return (uint16_t)(uint32_t)fc_f2i32(x); }
-FC_INLINE uint8_t fc_f2u8(double x) { return (uint8_t)(uint32_t)fc_f2i32(x); }
-FC_INLINE uint32_t fc_f2u32(double x) { return (uint32_t)(uint64_t)fc_f2i64(x); }
-FC_INLINE uint64_t fc_f2u64(double x) {
-    return x >= 0x1p63 ? ((uint64_t)fc_f2i64(x - 0x1p63) ^ 0x8000000000000000u)
-                       : (uint64_t)fc_f2i64(x);
-}
-
-/* ---- reciprocal -----------------------------------------------------------
- * Ints: NumPy computes 1.0/x in double and casts, so 1/0 is inf cast to the
- * type: INT_MIN for i32/i64, 0 for the rest; otherwise integer 1/x. */
-#define FC__RECIP_S(t, T, U, TMIN, W)                                   \
-    FC_INLINE T fc_reciprocal_##t(T x) {                             \
-        T r = (x == 1 || x == -1) ? x : (T)0;                            \
-        return x == 0 ? (T)(sizeof(T) >= 4 ? TMIN : 0) : r;              \
-    }
-#define FC__RECIP_U(t, T, W) \
-    FC_INLINE T fc_reciprocal_##t(T x) { return (T)(x == 1); }
-FC__SIGNED(FC__RECIP_S)
-FC__UNSIGNED(FC__RECIP_U)
-#undef FC__RECIP_S
-#undef FC__RECIP_U
-FC_INLINE float fc_reciprocal_f32(float x) { return 1.0f / x; }
-FC_INLINE double fc_reciprocal_f64(double x) { return 1.0 / x; }
-
-/* ---- floordiv, remainder ---------------------------------------------------
- * Ints: Python rounding (remainder has the divisor's sign). x // 0 and x % 0
- * are 0 (NumPy warns); INT_MIN // -1 is INT_MIN and INT_MIN % -1 is 0, never SIGFPE. */
-#define FC__DIVMOD_S(t, T, U, TMIN, W)                                          \
-    FC_INLINE T fc_floordiv_##t(T a, T b) {                                  \
-        if (b == 0) return 0;                                                    \
-        if (b == -1) return (T)(0u - (U)a);                                      \
-        T q = (T)(a / b);                                                        \
-        return (T)(((a % b) != 0 && ((a < 0) != (b < 0))) ? q - 1 : q);         \
-    }                                                                            \
-    FC_INLINE T fc_remainder_##t(T a, T b) {                                 \
-        if (b == 0 || b == -1) return 0;                                         \
-        T r = (T)(a % b);                                                        \
-        return (T)((r != 0 && ((r < 0) != (b < 0))) ? r + b : r);               \
-    }
-#define FC__DIVMOD_U(t, T, W)                                                              \
-    FC_INLINE T fc_floordiv_##t(T a, T b) { return b == 0 ? (T)0 : (T)(a / b); }      \
-    FC_INLINE T fc_remainder_##t(T a, T b) { return b == 0 ? (T)0 : (T)(a % b); }
-FC__SIGNED(FC__DIVMOD_S)
-FC__UNSIGNED(FC__DIVMOD_U)
-#undef FC__DIVMOD_S
-#undef FC__DIVMOD_U
-
-/* Floats: NumPy's npy_divmod (CPython's float divmod): fmod, moved to the
- * divisor's sign, quotient (a - mod) / b snapped to an integer; signed zeros
- * as NumPy. b == 0: floordiv is a / b (+-inf or NaN), remainder fmod (NaN). */
-#define FC__DIVMOD_F(t, T, sfx)                                                 \
-    FC_INLINE T fc__divmod_##t(T a, T b, T *modulus) {                      \
-        T mod = fmod##sfx(a, b);                                                \
-        T div = (a - mod) / b;                                                  \
-        if (mod != 0) {                                                         \
-            if ((b < 0) != (mod < 0)) { mod += b; div -= (T)1; }                \
-        } else {                                                                \
-            mod = copysign##sfx((T)0, b);                                       \
-        }                                                                       \
-        T fdiv;                                                                 \
-        if (div != 0) {                                                         \
-            fdiv = floor##sfx(div);                                             \
-            if (div - fdiv > (T)0.5) fdiv += (T)1;                              \
-        } else {                                                                \
-            fdiv = copysign##sfx((T)0, a / b);                                  \
-        }                                                                       \
-        *modulus = mod;                                                         \
-        return fdiv;                                                            \
-    }                                                                           \
-    FC_INLINE T fc_floordiv_##t(T a, T b) {                                 \
-        T mod;                                                                  \
-        return b == 0 ? a / b : fc__divmod_##t(a, b, &mod);                     \
-    }                                                                           \
-    FC_INLINE T fc_remainder_##t(T a, T b) {                                \
-        T mod;                                                                  \
-        if (b == 0) return fmod##sfx(a, b);                                     \
-        (void)fc__divmod_##t(a, b, &mod);                                       \
-        return mod;                                                             \
-    }
-FC__DIVMOD_F(f32, float, f)
-FC__DIVMOD_F(f64, double, )
-#undef FC__DIVMOD_F
-
-/* ---- pow --------------------------------------------------------------------
- * Ints: exponentiation by squaring in unsigned arithmetic (wraps like NumPy).
- * A negative exponent sets *err = 1 (FC_ERR_NEGATIVE_POWER: NumPy's ValueError)
- * and yields 0. */
-#define FC__POW_S(t, T, U, TMIN, W)                                             \
-    FC_INLINE T fc_pow_##t(T a, T b, int *err) {                            \
-        if (b < 0) { __atomic_store_n(err, 1, __ATOMIC_RELAXED); return 0; }    \
-        W base = (W)a, r = 1;                                                   \
-        for (U e = (U)b; e != 0; e >>= 1) {                                     \
-            if (e & 1u) r *= base;                                              \
-            base *= base;                                                       \
-        }                                                                       \
-        return (T)(U)r;                                                         \
-    }
-#define FC__POW_U(t, T, W)                                                      \
-    FC_INLINE T fc_pow_##t(T a, T b, int *err) {                            \
-        (void)err;                                                              \
-        W base = a, r = 1;                                                      \
-        for (T e = b; e != 0; e >>= 1) {                                        \
-            if (e & 1u) r *= base;                                              \
-            base *= base;                                                       \
-        }                                                                       \
-        return (T)r;                                                            \
-    }
-FC__SIGNED(FC__POW_S)
-FC__UNSIGNED(FC__POW_U)
-#undef FC__POW_S
-#undef FC__POW_U
-FC_INLINE float fc_pow_f32(float a, float b, int *err) { (void)err; return powf(a, b); }
-FC_INLINE double fc_pow_f64(double a, double b, int *err) { (void)err; return pow(a, b); }
-
-#undef FC__SIGNED
-#undef FC__UNSIGNED
-
-/* ---- float16 storage --------------------------------------------------------
- * Round to nearest even; inf, NaN (made quiet, payload's top bits kept, as
- * x86 F16C) and subnormals exact. Integer code with selects, so loops
- * vectorize (gcc 12 does not vectorize _Float16 conversions, even with F16C)
- * and no float arithmetic meets a subnormal unless the input is one (assists). */
-FC_INLINE float fc_load_f16(uint16_t h) {
-    uint32_t em = h & 0x7fffu, e = em & 0x7c00u;
-    uint32_t o = (em << 13) + 0x38000000u;                     /* rebias 15 -> 127 */
-    float sub = fc__bits_f32(o + 0x00800000u) - 0x1p-14f;       /* m * 2^-24, exact */
-    uint32_t bits = e == 0x7c00u ? o + 0x38000000u : (e == 0 ? fc__f32_bits(sub) : o);
-    return fc__bits_f32(bits | ((uint32_t)(h & 0x8000u) << 16));
-}
-FC_INLINE uint16_t fc_store_f16(float x) {
-    uint32_t f = fc__f32_bits(x), sign = (f >> 16) & 0x8000u;
-    f &= 0x7fffffffu;
-    /* half subnormals: adding 0.5f rounds at 2^-24 (RNE by the FPU) */
-    uint32_t sub = fc__f32_bits(fc__bits_f32(f) + 0.5f) - 0x3f000000u;
-    /* normals: rebias the exponent and round the 13 dropped bits to even;
-     * a carry out of 65504 lands on the inf encoding */
-    uint32_t nrm = (f + 0xc8000fffu + ((f >> 13) & 1u)) >> 13;
-    uint32_t big = f > 0x7f800000u ? (0x7e00u | ((f >> 13) & 0x3ffu)) : 0x7c00u;
-    uint32_t h = f >= 0x47800000u ? big : (f < 0x38800000u ? sub : nrm);
-    return (uint16_t)(h | sign);
-}
-
-/* ---- exact comparisons of a signed int with a uint64 ------------------------
- * NumPy 2 compares int64 with uint64 (and Python ints with any int) exactly;
- * going through their promoted float64 would make 2**62 + 1 == 2**62.
- * _iu: a signed, b unsigned; _ui: a unsigned, b signed. */
-FC_INLINE int fc_eq_iu(int64_t a, uint64_t b) { return a >= 0 && (uint64_t)a == b; }
-FC_INLINE int fc_lt_iu(int64_t a, uint64_t b) { return a < 0 || (uint64_t)a < b; }
-FC_INLINE int fc_gt_iu(int64_t a, uint64_t b) { return a >= 0 && (uint64_t)a > b; }
-FC_INLINE int fc_ne_iu(int64_t a, uint64_t b) { return !fc_eq_iu(a, b); }
-FC_INLINE int fc_le_iu(int64_t a, uint64_t b) { return !fc_gt_iu(a, b); }
-FC_INLINE int fc_ge_iu(int64_t a, uint64_t b) { return !fc_lt_iu(a, b); }
-FC_INLINE int fc_eq_ui(uint64_t a, int64_t b) { return fc_eq_iu(b, a); }
-FC_INLINE int fc_ne_ui(uint64_t a, int64_t b) { return fc_ne_iu(b, a); }
-FC_INLINE int fc_lt_ui(uint64_t a, int64_t b) { return fc_gt_iu(b, a); }
-FC_INLINE int fc_le_ui(uint64_t a, int64_t b) { return fc_ge_iu(b, a); }
-FC_INLINE int fc_gt_ui(uint64_t a, int64_t b) { return fc_lt_iu(b, a); }
-FC_INLINE int fc_ge_ui(uint64_t a, int64_t b) { return fc_le_iu(b, a); }
-
-/* float64 -> float32 rounding to odd: a later round to nearest even into
- * float16/bfloat16 then gives the correctly rounded result (float32 keeps
- * more than two extra bits), where (float)x would round twice. */
-FC_INLINE float fc_f64_to_f32_odd(double x) {
-    float f = (float)x;
-    if ((double)f != x && f == f && f - f == 0.0f) {
-        if (fabs((double)f) > fabs(x)) {
-            f = nextafterf(f, 0.0f);
-        }
-        f = fc__bits_f32(fc__f32_bits(f) | 1u);
-    }
-    return f;
-}
-
-/* ---- bfloat16 storage -------------------------------------------------------
- * The top half of a float32; stores round to nearest even (overflow -> inf);
- * NaN keeps its sign and top payload bits and is made quiet. */
-FC_INLINE float fc_load_bf16(uint16_t h) { return fc__bits_f32((uint32_t)h << 16); }
-FC_INLINE uint16_t fc_store_bf16(float x) {
-    uint32_t u = fc__f32_bits(x);
-    uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    return (uint16_t)(x != x ? ((u >> 16) | 0x40u) : r);
-}
+#include "fc_math_common.h"
 
 #endif /* FC_MATH_H */
