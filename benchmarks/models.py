@@ -98,24 +98,18 @@ def bench(name, make_model, x, train, iters, warmup):
             fastcompile.cache_clear(disk=True)      # cold: no kernel from an earlier configuration
         if cfg == "eager":
             run, cold, warm = model, 0.0, 0.0
-        elif cfg == "fc.compile":
-            run = fastcompile.compile(model)
-            t0 = time.perf_counter()
-            step(run, x)
-            cold = time.perf_counter() - t0
-            fastcompile.reset()
-            run = fastcompile.compile(model)
-            t0 = time.perf_counter()
-            step(run, x)
-            warm = time.perf_counter() - t0
         else:
-            be = functools.partial(fc_backend) if cfg == "fastcompile" else "inductor"
-            run = torch.compile(model, backend=be, dynamic=False)
+            if cfg == "fc.compile":
+                make, reset = (lambda: fastcompile.compile(model)), fastcompile.reset
+            else:
+                be = fc_backend if cfg == "fastcompile" else "inductor"
+                make, reset = (lambda: torch.compile(model, backend=be, dynamic=False)), torch._dynamo.reset
+            run = make()
             t0 = time.perf_counter()
             step(run, x)
             cold = time.perf_counter() - t0
-            torch._dynamo.reset()
-            run = torch.compile(model, backend=be, dynamic=False)
+            reset()                                  # warm: compiled again, on-disk caches kept
+            run = make()
             t0 = time.perf_counter()
             step(run, x)
             warm = time.perf_counter() - t0

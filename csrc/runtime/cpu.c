@@ -1366,7 +1366,7 @@ FC_INTERNAL int
 fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, FcLoaded *outs)
 {
     FcJob *jobs = NULL;
-    FcEntry **found = NULL;
+    FcEntry **found = NULL, **made = NULL;  /* per item; per job (its entry once finished) */
     char (*keys)[65] = NULL;
     int *job_of = NULL, njobs = 0, rc = -1;
 
@@ -1383,7 +1383,8 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     found = PyMem_Calloc(n > 0 ? n : 1, sizeof(FcEntry *));
     keys = PyMem_Calloc(n > 0 ? n : 1, sizeof(*keys));
     job_of = PyMem_Calloc(n > 0 ? n : 1, sizeof(int));
-    if (jobs == NULL || found == NULL || keys == NULL || job_of == NULL) {
+    made = PyMem_Calloc(n > 0 ? n : 1, sizeof(FcEntry *));
+    if (jobs == NULL || found == NULL || keys == NULL || job_of == NULL || made == NULL) {
         PyErr_NoMemory();
         goto cleanup;
     }
@@ -1422,19 +1423,15 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
         Py_END_ALLOW_THREADS
     }
     for (int i = 0; i < n; i++) {
-        int first = 0;
+        int j = job_of[i];
         if (found[i] != NULL) {
             continue;
         }
-        while (first < i && job_of[first] != job_of[i]) {
-            first++;
-        }
-        if (first < i) {
-            found[i] = found[first];                           /* the batch's duplicate */
-        }
-        else if (job_finish(&jobs[job_of[i]], keys[i], symbols[i], &found[i]) < 0) {
+        /* a kernel twice in the batch shares its job: finish that once */
+        if (made[j] == NULL && job_finish(&jobs[j], keys[i], symbols[i], &made[j]) < 0) {
             goto cleanup;
         }
+        found[i] = made[j];
     }
     if (rt.dump_dir) {
         for (int i = 0; i < n; i++) {
@@ -1458,6 +1455,7 @@ cleanup:
     PyMem_Free(found);
     PyMem_Free(keys);
     PyMem_Free(job_of);
+    PyMem_Free(made);
     return rc;
 }
 

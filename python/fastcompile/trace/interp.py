@@ -3,6 +3,7 @@
 break. In: code, globals, builtins, closure, bound locals; out: the final
 state (return value or the stack and locals at the break)."""
 import builtins as _builtins
+import contextlib
 import dis
 import linecache
 import functools
@@ -388,11 +389,11 @@ class Tracer:
     def eager(self, fn, args, kwargs):
         ex_args = [_map_examples(self, a) for a in args]
         ex_kwargs = {k: _map_examples(self, v) for k, v in kwargs.items()}
+        # autograd mode: the example gives metadata only, no autograd graph is built for it
+        grad = torch.no_grad() if self.fx is not None else contextlib.nullcontext()
         try:
-            if self.fx is not None:
-                with torch.no_grad():                        # metadata only: no autograd graph
-                    return fn(*ex_args, **ex_kwargs)
-            return fn(*ex_args, **ex_kwargs)
+            with grad:
+                return fn(*ex_args, **ex_kwargs)
         except Exception as e:                               # the user's code raises
             self.unsupported("%s raised %s: %s while tracing" % (_name(fn), type(e).__name__, e))
 
@@ -448,12 +449,10 @@ class Tracer:
         example = self.eager(fn, args, kwargs)
         fa = tuple(self.fx_arg(a) for a in args)
         fk = {k: self.fx_arg(v) for k, v in kwargs.items()}
-        if isinstance(example, torch.Tensor):
-            pass
-        elif isinstance(example, (tuple, list)) and example and all(isinstance(e, torch.Tensor) or e is None
-                                                                    for e in example):
-            pass          # e.g. MultiheadAttention's (output, None)
-        else:
+        tensors = isinstance(example, torch.Tensor) or (      # or e.g. MultiheadAttention's (output, None)
+            isinstance(example, (tuple, list)) and example
+            and all(isinstance(e, torch.Tensor) or e is None for e in example))
+        if not tensors:
             self.unsupported("%s returns %s computed from tensors (data-dependent Python value)"
                              % (_name(fn) if method is None else "Tensor." + method, type(example).__name__))
         node = self.fx.call_method(method, fa, fk) if method else self.fx.call_function(fn, fa, fk)

@@ -101,9 +101,7 @@ def build(tracer, vars_, user_stack=()):
     state = {"compiled": None}
 
     def run(*values):
-        by_slot = dict(zip(slots, values))
-        closure = _Closure(by_slot, nlocalsplus - nfree)
-        env = _Env(by_slot, f_globals, f_builtins, closure)
+        env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
         if outputs:
             c = state["compiled"]
@@ -154,8 +152,7 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     runners = []
 
     def run(*values):
-        by_slot = dict(zip(slots, values))
-        env = _Env(by_slot, f_globals, f_builtins, _Closure(by_slot, nlocalsplus - nfree))
+        env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
         if outputs:
             tensors = [env.get(src) for src, _, _ in inputs]
@@ -222,6 +219,12 @@ class _Env:
     def __init__(self, by_slot, f_globals, f_builtins, closure):
         self.args = (by_slot, f_globals, f_builtins, closure)
         self.memo = {}
+
+    @classmethod
+    def of(cls, slots, values, first_free, f_globals, f_builtins):
+        """The frame a compiled target was called with: its slot values."""
+        by_slot = dict(zip(slots, values))
+        return cls(by_slot, f_globals, f_builtins, _Closure(by_slot, first_free))
 
     def get(self, src):
         if src not in self.memo:
