@@ -209,7 +209,13 @@ def _fastcompile_cache_dir(tmp_path_factory):
         yield
         return
     old = fastcompile.config.get("cache_dir")
-    fastcompile.config.set(cache_dir=str(tmp_path_factory.mktemp("fastcompile-cache")))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # one folder for the run, shared by the xdist workers (as CI's FASTCOMPILE_CACHE_DIR is);
+        # getbasetemp() is <run's basetemp>/<worker id>; the runtime creates the folder (0700)
+        d = tmp_path_factory.getbasetemp().parent / "fastcompile-cache"
+    else:
+        d = tmp_path_factory.mktemp("fastcompile-cache")
+    fastcompile.config.set(cache_dir=str(d))
     yield
     fastcompile.config.set(cache_dir=old)
 
@@ -223,3 +229,29 @@ def _fastcompile_verify():
     yield
     if not old:
         fastcompile.config.set(verify=False)
+
+
+# ---------------------------------------------------------------------------
+# pytest-xdist (-n 2 --dist loadgroup)
+# ---------------------------------------------------------------------------
+
+# Modules whose tests share nothing compiled (each builds, compiles and checks its own graphs,
+# or uses a private cache folder): their tests are spread over the workers one by one.
+XDIST_UNGROUPED = {"test_torch_backend.py", "test_cuda_codegen.py", "test_cpu_runtime.py",
+                   "test_random_graphs.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist's loadgroup, tests that share compiled work run on one worker: test_ops'
+    batched graphs are memoized per dtype (one group per dtype), other modules share module
+    fixtures and in-memory kernels (one group per module). Without xdist this does nothing."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        mod = item.path.name
+        if mod in XDIST_UNGROUPED:
+            continue
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        dt = params.get("dtype", params.get("src"))
+        group = "%s:%s" % (mod, dt) if mod == "test_ops.py" and isinstance(dt, str) else mod
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -134,7 +134,10 @@ def wait_ready(start_file, procs, timeout=300):
                  if f.startswith(os.path.basename(start_file) + ".ready.")]
         if len(ready) >= len(procs) or any(p.poll() is not None for p in procs):
             return   # all at the line (or one died: finish() reports its stderr)
-        assert time.monotonic() < deadline, "children not ready after %d s" % timeout
+        if time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+            raise AssertionError("children not ready after %d s" % timeout)
         time.sleep(0.01)
 
 

@@ -270,4 +270,14 @@ def test_matrix_compiles(family, dtype, arch):
     # strided (not contiguous) and broadcast (size-1 dims) inputs: the unravel path
     kernels += render(build(dtype), metas, *[(dtype, 2, 1 << i, False) for i in range(nin)])
     assert kernels
-    compile_all(kernels, arch)
+    # Kernels that do not depend on the layout (the reduce and rows families: 28 of the 160
+    # kernels per arch) come out of the strided render as the same text as from the contiguous
+    # one but for the header's " * graph <id> from <file>:<line>" comment (another graph), which
+    # the NVRTC disk cache keys on: each distinct kernel text is compiled once.
+    seen, distinct = set(), []
+    for k in kernels:
+        text = re.sub(r" \* graph \w+ from .*\n", "", k["source"])
+        if text not in seen:
+            seen.add(text)
+            distinct.append(k)
+    compile_all(distinct, arch)
