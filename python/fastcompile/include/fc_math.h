@@ -98,11 +98,15 @@ FC_INLINE float fc__scaled_exp_neg_f32(float y, float s) {
     float s2n = s * fc__bits_f32(fc__f32_bits(nb) << 23);  /* s * 2^n */
     return FC__FMAF(p, s2n, s2n);
 }
-/* gelu: 0.5x(1 + erf(x/sqrt2)) computed as 0.5x*erfc(-x/sqrt2), the same
- * function without cancellation for x << 0 (and x - 0.5x*erfc(|x|/sqrt2)
- * for x > 0). gelu(-inf) is NaN, as torch. */
+/* gelu: 0.5x(1 + erf(x/sqrt2)) computed as relu(x) - 0.5|x| erfc(|x|/sqrt2),
+ * which is 0.5x*erfc(-x/sqrt2) for x <= 0 and x - 0.5x*erfc(x/sqrt2) for
+ * x > 0: no cancellation for x << 0, and no select between two forms.
+ * k = -0.5|x| is taken from min(x, 1e30) so that x = +inf gives
+ * inf + (-5e29 * 0) = inf while x = -inf gives 0 + (-inf * 0) = NaN, as
+ * torch; a NaN x makes e NaN. */
 FC_INLINE float fc_gelu_f32(float x) {
-    float w = 0.28284271247461901f * fabsf(x); /* 0.4 |x| / sqrt2 */
+    float a = fabsf(x);
+    float w = 0.28284271247461901f * a;        /* 0.4 |x| / sqrt2 */
     float t = 1.0f / (w + 1.0f);
     float u = w * t;
     float r = FC__FMAF(u, 4.029110450e-02f, -1.863369763e-01f);
@@ -113,11 +117,10 @@ FC_INLINE float fc_gelu_f32(float x) {
     r = FC__FMAF(r, u, 1.608382898e+00f);
     r = FC__FMAF(r, u, -1.820955466e+00f);
     float tp = FC__FMAF(t * u, r, t);                               /* t (1 + u R(u)) */
-    float h = 0.5f * x;
-    float y = -h * x;                                               /* -a^2 */
-    float e = y < -87.0f ? 0.0f : fc__scaled_exp_neg_f32(y, tp);    /* erfc(a) */
-    float hc = h < 1e30f ? h : 1e30f;                               /* x = +inf: inf - 1e30 * 0 */
-    return x <= 0.0f ? h * e : FC__FMAF(-hc, e, x);
+    float k = -0.5f * fabsf(x < 1e30f ? x : 1e30f);                 /* -0.5|x|, finite at +inf */
+    float y = k * a;                                                /* -a^2 = -x^2 / 2 */
+    float e = y < -87.0f ? 0.0f : fc__scaled_exp_neg_f32(y, tp);    /* erfc(|x| / sqrt2) */
+    return FC__FMAF(k, e, x >= 0.0f ? x : -0.0f);  /* relu keeping the sign of zero: gelu(+-0) = +-0 */
 }
 #undef FC__FMAF
 FC_INLINE double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
