@@ -8,21 +8,24 @@ Models: a transformer block (LayerNorm, multi-head attention, GELU MLP) and an M
 inference (no_grad forward) and a training step (forward, MSE loss, backward, SGD step).
 
 Columns:
-  ms/iter     median wall time per iteration after warm-up
+  ms/iter     median wall time per iteration after warm-up; the four configurations are timed
+              interleaved (one iteration each, in alternating order), so a drift of this shared
+              machine's speed reaches them alike
   speedup     eager median / this median
   cold s      first call (trace + compile) with empty compiler caches: a fresh
-              TORCHINDUCTOR_CACHE_DIR / FASTCOMPILE_CACHE_DIR for this process
-  warm s      first call again after torch._dynamo.reset(), on-disk caches warm
-  peak MB     peak resident set growth: resource.getrusage(RUSAGE_SELF).ru_maxrss after the
-              configuration ran, minus before (maxrss only grows, so configurations run in
-              order eager, fastcompile, fc.compile, inductor and a later one's figure is 0 unless it goes
-              above every earlier peak; read it as "new peak")
+              TORCHINDUCTOR_CACHE_DIR for this process, fastcompile.cache_clear(disk=True) before
+              each fastcompile configuration. Each framework's one-time costs (lazy imports,
+              Inductor's compile workers) are paid before, on a tiny function (prewarm()), so the
+              first model's figures are comparable with the second's
+  warm s      first call again after torch._dynamo.reset() / fastcompile.reset(), on-disk caches
+              warm
+  peak MB     peak resident set over the warm-up steps above the resident set before them
+              (Linux: VmHWM after resetting it through /proc/self/clear_refs)
 """
 import argparse
 import copy
 import functools
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -63,8 +66,28 @@ def mlp(d):
                          nn.SiLU(), nn.Linear(4 * d, d))
 
 
-def maxrss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def _status_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def peak_reset():
+    """Start a peak-memory window: reset the kernel's high-water mark of this process (Linux:
+    writing 5 to /proc/self/clear_refs) and return the resident size now (MB)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status_kb("VmRSS") / 1024.0
+
+
+def peak_since(rss0):
+    """Peak resident size since peak_reset() returned rss0, above rss0 (MB)."""
+    return max(0.0, _status_kb("VmHWM") / 1024.0 - rss0)
 
 
 def make_step(model, train):
@@ -85,25 +108,50 @@ def make_step(model, train):
     return step
 
 
+CONFIGS = ("eager", "fastcompile", "fc.compile", "inductor")
+
+
+def maker(cfg, model):
+    """(make, reset) for a compiled configuration: make() returns the callable to run."""
+    if cfg == "fc.compile":
+        return (lambda: fastcompile.compile(model)), fastcompile.reset
+    be = fc_backend if cfg == "fastcompile" else "inductor"
+    return (lambda: torch.compile(model, backend=be, dynamic=False)), torch._dynamo.reset
+
+
+def prewarm():
+    """Pay each framework's one-time costs (Dynamo's and Inductor's lazy imports, Inductor's
+    compile workers, our tracer's imports) on a tiny unrelated function, so that the first
+    model's cold compile measures compiling that model, as the later models' do."""
+    x = torch.randn(8, 8)
+    lin = nn.Linear(8, 8)
+    for cfg in CONFIGS[1:]:
+        make, reset = maker(cfg, lin)
+        with torch.no_grad():
+            make()(x)
+        reset()
+    torch._dynamo.reset()
+    fastcompile.reset()
+
+
 def bench(name, make_model, x, train, iters, warmup):
-    rows = []
+    """Phase 1, one configuration at a time: cold compile (empty kernel caches), warm compile
+    (reset, disk caches kept) and peak memory over the warm-up steps. Phase 2: every
+    configuration compiled again (warm), then timed interleaved, in alternating order, so that
+    the machine's drifts reach all of them alike."""
     base = make_model()
-    for cfg in ("eager", "fastcompile", "fc.compile", "inductor"):
+    models, steps, info = {}, {}, {}
+    for cfg in CONFIGS:
         torch._dynamo.reset()
         fastcompile.reset()
-        model = copy.deepcopy(base).train(train)
-        step = make_step(model, train)
-        rss0 = maxrss_mb()
+        model = models[cfg] = copy.deepcopy(base).train(train)
+        step = steps[cfg] = make_step(model, train)
         if cfg in ("fastcompile", "fc.compile"):
             fastcompile.cache_clear(disk=True)      # cold: no kernel from an earlier configuration
         if cfg == "eager":
             run, cold, warm = model, 0.0, 0.0
         else:
-            if cfg == "fc.compile":
-                make, reset = (lambda: fastcompile.compile(model)), fastcompile.reset
-            else:
-                be = fc_backend if cfg == "fastcompile" else "inductor"
-                make, reset = (lambda: torch.compile(model, backend=be, dynamic=False)), torch._dynamo.reset
+            make, reset = maker(cfg, model)
             run = make()
             t0 = time.perf_counter()
             step(run, x)
@@ -113,18 +161,29 @@ def bench(name, make_model, x, train, iters, warmup):
             t0 = time.perf_counter()
             step(run, x)
             warm = time.perf_counter() - t0
+        rss0 = peak_reset()
         for _ in range(warmup):
             step(run, x)
-        ts = []
-        for _ in range(iters):
+        info[cfg] = (cold, warm, peak_since(rss0))
+    torch._dynamo.reset()
+    fastcompile.reset()
+    runs = {}
+    for cfg in CONFIGS:
+        runs[cfg] = models[cfg] if cfg == "eager" else maker(cfg, models[cfg])[0]()
+        for _ in range(warmup):
+            steps[cfg](runs[cfg], x)
+    ts = {cfg: [] for cfg in CONFIGS}
+    for i in range(iters):
+        for cfg in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
             t0 = time.perf_counter()
-            step(run, x)
-            ts.append(time.perf_counter() - t0)
-        rows.append([name, "train" if train else "infer", cfg, statistics.median(ts) * 1e3, cold, warm,
-                     maxrss_mb() - rss0])
-    eager = rows[0][3]
-    for r in rows:
-        r.insert(4, eager / r[3])
+            steps[cfg](runs[cfg], x)
+            ts[cfg].append(time.perf_counter() - t0)
+    rows = []
+    eager = statistics.median(ts["eager"]) * 1e3
+    for cfg in CONFIGS:
+        med = statistics.median(ts[cfg]) * 1e3
+        cold, warm, peak = info[cfg]
+        rows.append([name, "train" if train else "infer", cfg, med, eager / med, cold, warm, peak])
     return rows
 
 
@@ -143,6 +202,7 @@ def main():
                  ("mlp", lambda: mlp(512), torch.randn(512, 512))]
     print("torch %s, %d threads, %s" % (torch.__version__, torch.get_num_threads(),
                                          "quick" if args.quick else "full"))
+    prewarm()
     rows = []
     for name, make, x in cases:
         for train in (False, True):

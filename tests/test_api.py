@@ -814,3 +814,25 @@ def test_exception_inside_a_with_block_of_a_resume_function():
         assert type(exc) is KeyError and exc.args == ("b",)
         assert tb[-1].lineno == line_of(_with_body_raises, "z = np.log(y)")
         assert np.geterr()["invalid"] == "warn"               # __exit__ ran
+
+
+def test_import_does_not_import_torch_and_torch_imported_later_is_traced(tmp_path):
+    """`import fastcompile` leaves torch alone (NumPy users don't pay its import); a torch
+    imported afterwards is still traced into one graph, with no break."""
+    pytest.importorskip("torch")
+    import subprocess
+    code = (
+        "import sys, fastcompile\n"
+        "assert 'torch' not in sys.modules, 'import fastcompile imported torch'\n"
+        "import torch\n"
+        "def f(x):\n"
+        "    return torch.relu(x) * 2 + 1\n"
+        "x = torch.randn(64)\n"
+        "e = fastcompile.explain(f)(x)\n"
+        "assert e.graph_count == 1 and e.graph_break_count == 0, str(e)\n"
+        "g = fastcompile.compile(f)\n"
+        "assert torch.equal(g(x), torch.relu(x) * 2 + 1)\n"
+        "print('ok')\n")
+    env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

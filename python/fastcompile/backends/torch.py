@@ -24,6 +24,7 @@ Whole-graph fallbacks (the graph runs as plain torch, with a logged reason): sym
 (dynamic=True or automatic dynamic), non-CPU tensors, and a complex/quantized/float8 tensor that
 would have to enter the core.
 """
+import functools
 import logging
 import operator
 import os
@@ -83,9 +84,11 @@ class _NotLowered(Exception):
 _KEEP = ("silu", "softplus", "logsumexp")       # core ops: do not decompose them
 
 
+@functools.lru_cache(maxsize=None)
 def decompositions():
     """The aot_autograd decomposition table: core aten, plus normalizations and a few activations
-    decomposed into ops the core fuses, minus what is itself a core op."""
+    decomposed into ops the core fuses, minus what is itself a core op. Built once per process
+    (about 50 ms): every graph aot_autograd compiles asks for it."""
     from torch._decomp import core_aten_decompositions, get_decompositions
     table = dict(core_aten_decompositions())
     table.update(get_decompositions([

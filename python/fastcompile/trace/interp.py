@@ -21,10 +21,11 @@ from . import sources as S
 from .variables import (NULL, ArrayMethodVar, ArrayVar, CellVar, DictVar, FuncVar, IterVar,
                         ListVar, MethodVar, PyVar, ShapeVar, TupleVar, Unsupported, Var)
 
-try:
-    import torch
-except ImportError:                                          # NumPy-only installs
-    torch = None
+# torch is bound by _sync_torch() once the process has imported it: importing fastcompile never
+# imports torch (over a second), and a frame can hold torch objects only after the user's code
+# imported it. None on NumPy-only installs, and until then.
+torch = None
+TORCH_TO_NP = {}
 
 MAX_STEPS = 200000
 _DEBUG = bool(__import__('os').environ.get('FC_TRACE_DEBUG'))
@@ -118,6 +119,7 @@ class Tracer:
     stop before (a restart after a break)."""
 
     def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None, autograd=False):
+        _sync_torch()
         self.code, self.f_globals, self.closure = code, f_globals, closure or ()
         self.f_builtins = f_builtins if isinstance(f_builtins, dict) else vars(f_builtins or _builtins)
         self.f_locals, self.stop_at = f_locals, stop_at
@@ -1634,15 +1636,22 @@ _CONTAINER_METHODS = {list.append, list.extend, list.insert, list.pop, list.clea
                       list.index, list.count, tuple.index, tuple.count, dict.items, dict.keys,
                       dict.values, dict.get, dict.update}
 
-if torch is not None:
-    TORCH_TO_NP = {
-        torch.bool: np.dtype("bool"), torch.int8: np.dtype("int8"), torch.int16: np.dtype("int16"),
-        torch.int32: np.dtype("int32"), torch.int64: np.dtype("int64"), torch.uint8: np.dtype("uint8"),
-        torch.float16: np.dtype("float16"), torch.float32: np.dtype("float32"),
-        torch.float64: np.dtype("float64"),
-    }
-else:
-    TORCH_TO_NP = {}
+def _sync_torch():
+    """Bind torch (and the dtype table) here once the process has imported it. Every Tracer
+    calls it, so torch imported after fastcompile is seen by the next trace."""
+    global torch
+    if torch is not None:
+        return
+    t = sys.modules.get("torch")
+    if t is None or not hasattr(t, "nn"):          # not imported, or still importing
+        return
+    TORCH_TO_NP.update({
+        t.bool: np.dtype("bool"), t.int8: np.dtype("int8"), t.int16: np.dtype("int16"),
+        t.int32: np.dtype("int32"), t.int64: np.dtype("int64"), t.uint8: np.dtype("uint8"),
+        t.float16: np.dtype("float16"), t.float32: np.dtype("float32"),
+        t.float64: np.dtype("float64"),
+    })
+    torch = t
 
 
 

@@ -1,15 +1,12 @@
 """Trace stage, run time: turns the traced state into a callable that runs the
 compiled graph once and rebuilds Python values around its outputs. In: a
 Tracer and the Vars to rebuild; out: (run(*slot_values) -> list, slots)."""
+import sys
+
 import numpy as np
 
 from . import sources as S
 from .variables import ArrayMethodVar, ArrayVar, DictVar, ListVar, PyVar, ShapeVar, TupleVar, Unsupported
-
-try:
-    import torch
-except ImportError:
-    torch = None
 
 
 def _roots(src, out):
@@ -25,6 +22,8 @@ def build(tracer, vars_, user_stack=()):
     roots = set()
     nlocalsplus = len(tracer.slots)
     nfree = len(tracer.code.co_freevars)
+
+    torch = sys.modules.get("torch")        # imported if the trace met a tensor (never imported here)
 
     def plan(v):
         v = _unlazy(v)
@@ -158,6 +157,7 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
             tensors = [env.get(src) for src, _, _ in inputs]
             c = state["compiled"]
             if c is None:
+                import torch
                 from ..backends import torch as torch_backend
                 gm = torch.fx.GraphModule(torch.nn.Module(), fxg)
                 c = state["compiled"] = torch_backend.backend(gm, tensors, record=runners)
