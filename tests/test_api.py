@@ -836,3 +836,51 @@ def test_import_does_not_import_torch_and_torch_imported_later_is_traced(tmp_pat
     env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+
+
+def test_dropout_in_training_is_one_graph_and_draws_as_eager():
+    """nn.Dropout / F.dropout in training mode trace in autograd mode as aten.native_dropout,
+    called at run time: no graph break, tracing draws nothing from the RNG, and with the same
+    seed the outputs, loss and gradients equal eager's."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    nn, F = torch.nn, torch.nn.functional
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+            self.drop = nn.Dropout(0.3)
+
+        def forward(self, x):
+            h = self.drop(F.gelu(self.fc1(x)))
+            return F.dropout(self.fc2(h), p=0.2, training=self.training)
+
+    ref = Net().train()
+    net = Net().train()
+    net.load_state_dict(ref.state_dict())
+    cm = fastcompile.compile(net)
+    x = torch.randn(64, 16)
+    out = fastcompile.explain(cm)(x)
+    assert out.graph_count == 1 and out.graph_break_count == 0, str(out)
+    for step in range(3):
+        torch.manual_seed(100 + step)
+        got = cm(x)
+        torch.manual_seed(100 + step)
+        want = ref(x)
+        torch.testing.assert_close(got, want)
+        assert (got == 0).float().mean() > 0.1           # dropout really dropped
+        got.square().mean().backward()
+        want.square().mean().backward()
+        for (n, p), q in zip(net.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=n)
+        torch.manual_seed(7)
+        cm(x)
+        after_ours = torch.rand(4)
+        torch.manual_seed(7)
+        ref(x)
+        assert torch.equal(after_ours, torch.rand(4))     # the RNG advanced exactly as eager's
+    net.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), ref.eval()(x))
+    ref.train()

@@ -445,10 +445,12 @@ class Tracer:
             return {k: self.fx_arg(x) for k, x in v.items.items()}
         return self.py(v)
 
-    def fx_call(self, fn, args, kwargs, method=None):
+    def fx_call(self, fn, args, kwargs, method=None, example=None):
         """Autograd mode: fn(*args, **kwargs) (or args[0].method(*args[1:], **kwargs)) as one FX
-        node; its eager example gives the result's metadata."""
-        example = self.eager(fn, args, kwargs)
+        node; its eager example (or the example given: a random op's, which must not draw from
+        the RNG while tracing) gives the result's metadata."""
+        if example is None:
+            example = self.eager(fn, args, kwargs)
         fa = tuple(self.fx_arg(a) for a in args)
         fk = {k: self.fx_arg(v) for k, v in kwargs.items()}
         tensors = isinstance(example, torch.Tensor) or (      # or e.g. MultiheadAttention's (output, None)
@@ -1264,8 +1266,10 @@ class Tracer:
         if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
                 m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks:
             self.unsupported("nn.Module hooks are not supported")
-        if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.training and mod.p > 0:
-            # as an extern call its eager example would draw from the RNG while tracing
+        if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.training and mod.p > 0 \
+                and type(mod) is not torch.nn.Dropout:
+            # Dropout1d/2d/3d, AlphaDropout, ...: as an extern call its eager example would draw
+            # from the RNG while tracing (nn.Dropout is inlined: F.dropout, see torch_ops.call)
             self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
         fwd = type(mod).forward
         if type(mod) is torch.nn.Sequential and len(args) == 1 and not kwargs:

@@ -193,9 +193,21 @@ def call(tr, fn, args, kwargs):
         kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}     # F.relu(x, inplace=False)
     if fn is F.dropout:
         training = tr.py(_arg(args, kwargs, 2, "training", True))
-        if training:
-            tr.unsupported("dropout in training mode is random (hint: model.eval())")
-        return _u(args[0])
+        p = tr.py(_arg(args, kwargs, 1, "p", 0.5))
+        if not training or p == 0:
+            return _u(args[0])
+        if tr.py(_arg(args, kwargs, 3, "inplace", False)):
+            tr.unsupported("dropout(inplace=True) updates its input in place")
+        if tr.fx is None:
+            # random: traced as a torch op (aten.native_dropout, called at run time, so it draws
+            # from torch's generator exactly as eager does) in autograd mode
+            from .interp import NeedAutograd
+            raise NeedAutograd()
+        x = _u(args[0])
+        if not isinstance(x, ArrayVar):
+            tr.unsupported("dropout of a non-tensor")
+        # the example is a copy: drawing here would move the RNG ahead of eager's
+        return tr.fx_call(fn, args, kwargs, example=x.example.detach().clone())
     if tr.fx is not None:
         return tr.fx_call(fn, args, kwargs)
     n = len(args)
