@@ -61,3 +61,34 @@ def test_column_reduction_with_prologue_and_epilogue():
     # the same plan on a transposed view runs the row loop order instead
     got_s2, _ = f(np.ascontiguousarray(x.T).T, w)
     np.testing.assert_allclose(got_s2, got_s, rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(512, 300), (9, 1000), (3, 70, 130)], ids=str)
+def test_column_reduction_that_also_writes_full_size_values(shape):
+    """A backward's shape: y = g * x is an output and is also summed over the batch (a weight's
+    gradient): the column-block version stores y in the reduction's sweep. z = x - mean(x, 0)
+    needs the reduction first (a second sweep, so the row order only). Both against NumPy, in
+    both layouts of x."""
+    rng = np.random.default_rng(len(shape))
+    gx = rng.standard_normal(shape).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    x.flat[11] = np.nan
+    g = Graph()
+    a, b = g.input("float32", len(shape)), g.input("float32", len(shape))
+    y = g.call("mul", a, b)
+    g.output(y, g.call("sum", y, axis=0))
+    f = g.compile()
+    g2 = Graph()
+    b2 = g2.input("float32", len(shape))
+    g2.output(g2.call("sub", b2, g2.call("mean", b2, axis=0, keepdim=True)))
+    f2 = g2.compile()
+    for xs in (x, np.asfortranarray(x)):
+        got_y, got_s = f(gx, xs)
+        want_y = gx * x
+        assert np.array_equal(got_y, want_y, equal_nan=True)
+        assert_close_np(got_s, want_y.astype(np.float64).sum(0).astype(np.float32), rtol=1e-5, atol=1e-4)
+        got_z, = f2(xs)
+        assert_close_np(got_z, (x.astype(np.float64) - x.astype(np.float64).mean(0, keepdims=True))
+                        .astype(np.float32), rtol=1e-5, atol=1e-5)
+    assert any("_cols(" in k.source for k in f.kernels)          # the column-block version exists
+    assert not any("_cols(" in k.source for k in f2.kernels)     # a second sweep: rows only

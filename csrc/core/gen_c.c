@@ -541,12 +541,15 @@ emit_row(Gen *G)
     return 0;
 }
 
-/* Column blocks: one reduction level, nothing full-size to write, and (at
- * run time) rows reduced with a stride while neighbouring outer elements sit
- * next to each other (sum over axis 0 of a C-ordered array). Each thread
- * walks its outer range FC_COLS elements at a time, the reduced index
- * outside and the block inside, so the block's loads are contiguous and
- * the accumulators are arrays over b. */
+/* Column blocks: one reduction level, no full-size result that needs a
+ * reduction's value (those take a second sweep), and (at run time) rows
+ * reduced with a stride while neighbouring outer elements sit next to each
+ * other (sum over axis 0 of a C-ordered array). Each thread walks its outer
+ * range FC_COLS elements at a time, the reduced index outside and the block
+ * inside, so the block's loads and stores are contiguous and the
+ * accumulators are arrays over b. Full-size results computed before any
+ * reduction (a backward's grad * x, stored and also summed over the batch
+ * for a weight's gradient) are stored in the same sweep. */
 static int
 cols_eligible(const Gen *G)
 {
@@ -557,7 +560,7 @@ cols_eligible(const Gen *G)
     }
     for (int m = 0; m < K->nnodes; m++) {
         int v = K->nodes[m];
-        if ((s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) ||
+        if ((s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL && s->sn[v].level > 0) ||
                 (fc_expr_is_red(s, v) && fc_expr_has_index(s, v))) {
             return 0;
         }
@@ -593,7 +596,7 @@ emit_cols(Gen *G, const char *name)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
-    int reds[FC_MAX_KERNEL_REDS], nreds = 0, nn = s->g->nnodes, rc = -1;
+    int reds[FC_MAX_KERNEL_REDS], nreds = 0, nn = s->g->nnodes, rc = -1, store = 0;
     char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS];
 
     if (need == NULL) {
@@ -601,14 +604,19 @@ emit_cols(Gen *G, const char *name)
         return -1;
     }
     G->e.cols = 1;
+    G->stash = -1;
     for (int m = 0; m < K->nnodes; m++) {
         int v = K->nodes[m];
         if (fc_expr_is_red(s, v)) {
             reds[nreds++] = v;
             fc_expr_need_full(&G->e, s->g->nodes[v].in[0], need);
         }
+        else if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
+            fc_expr_need_full(&G->e, v, need);     /* level 0 (cols_eligible): stored below */
+            store = 1;
+        }
     }
-    sweep_operands(G, need, reds, nreds, 0, use);
+    sweep_operands(G, need, reds, nreds, store, use);
     LINE(G, "static void");
     LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
     LINE(G, "{");
@@ -662,8 +670,8 @@ emit_cols(Gen *G, const char *name)
             continue;
         }
         dt = s->slots[K->ops[o].slot].dtype;
-        LINE(G, "const %s *restrict p%d = %s + ob%d + fc_offset(L->nd_inner, idx, L->istride[%d]);",
-             fc_expr_storetype(dt), o, G->e.opname[o], o, o);
+        LINE(G, "%s%s *restrict p%d = %s + ob%d + fc_offset(L->nd_inner, idx, L->istride[%d]);",
+             K->ops[o].is_out ? "" : "const ", fc_expr_storetype(dt), o, G->e.opname[o], o, o);
         LINE(G, "const int64_t s%d = L->istride[%d][L->nd_inner - 1];", o, o);
     }
     LINE(G, "for (int64_t i = 0; i < len; i++) {");
@@ -681,6 +689,11 @@ emit_cols(Gen *G, const char *name)
     for (int r = 0; r < nreds; r++) {
         if (fc_expr_feed(&G->e, reds[r], "(j0 + i)") < 0) {
             goto cleanup;
+        }
+    }
+    for (int v = 0; store && v < nn; v++) {
+        if (need[v] && s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
+            fc_expr_emit_store(&G->e, v);
         }
     }
     G->e.depth--;
