@@ -344,7 +344,23 @@ emit_pointwise(Gen *G, const char *name)
         int heavy = flat_is_heavy(G);
         if (heavy) {
             /* blocks of FC_PF_BLOCK elements; each block first prefetches
-             * its inputs FC_PF_BYTES ahead (see fc_kernel.h) */
+             * its inputs FC_PF_BYTES ahead, and with large outputs is
+             * computed into fc_tmp<o> and streamed out (see fc_kernel.h) */
+            FcStr bytes = {0};
+            char *b;
+            for (int o = 0; o < K->nops; o++) {
+                if (K->ops[o].is_out) {
+                    fc_str_printf(&bytes, "%ssizeof(*%s)", bytes.len ? " + " : "", G->e.opname[o]);
+                }
+            }
+            if (bytes.len == 0) {
+                fc_str_puts(&bytes, "0");       /* no output (a kernel of dead values): no streaming */
+            }
+            if ((b = fc_str_take(&bytes)) == NULL) {
+                return -1;
+            }
+            LINE(G, "const int fc_nt = FC_HAVE_NT && L->n_outer * (int64_t)(%s) >= FC_NT_BYTES;", b);
+            fc_str_release(b);
             LINE(G, "for (int64_t i0 = lo; i0 < hi; i0 += FC_PF_BLOCK) {");
             G->e.depth++;
             LINE(G, "const int64_t i1 = hi - i0 > FC_PF_BLOCK ? i0 + FC_PF_BLOCK : hi;");
@@ -353,9 +369,22 @@ emit_pointwise(Gen *G, const char *name)
                     LINE(G, "FC_PREFETCH_BLOCK(%s, i0, hi);", G->e.opname[o]);
                 }
             }
+            for (int o = 0; o < K->nops; o++) {
+                if (K->ops[o].is_out) {
+                    const char *st = fc_expr_storetype(s->slots[K->ops[o].slot].dtype);
+                    LINE(G, "%s fc_tmp%d[FC_PF_BLOCK] __attribute__((aligned(64)));", st, o);
+                    LINE(G, "%s *restrict w%d = fc_nt ? fc_tmp%d : %s + i0;", st, o, o, G->e.opname[o]);
+                }
+            }
         }
         LINE(G, "#pragma omp simd");
-        LINE(G, heavy ? "for (int64_t i = i0; i < i1; i++) {" : "for (int64_t i = lo; i < hi; i++) {");
+        if (heavy) {
+            LINE(G, "for (int64_t k = 0; k < i1 - i0; k++) {");
+            LINE(G, "    const int64_t i = i0 + k;");
+        }
+        else {
+            LINE(G, "for (int64_t i = lo; i < hi; i++) {");
+        }
         G->e.depth++;
         G->sp = SP_FLAT;
         memset(G->e.loaded, 0, FC_MAXOPS);
@@ -370,13 +399,31 @@ emit_pointwise(Gen *G, const char *name)
                 /* by name, not mem_expr: a size-1 output is still written at [i] */
                 char val[EXPR];
                 int o = fc_expr_stored(&G->e, v, FC_ALIGN_FULL, val);
-                LINE(G, "%s[i] = %s;", G->e.opname[o], val);
+                if (heavy) {
+                    LINE(G, "w%d[k] = %s;", o, val);
+                }
+                else {
+                    LINE(G, "%s[i] = %s;", G->e.opname[o], val);
+                }
             }
         }
         G->e.depth--;
         LINE(G, "}");
         if (heavy) {
+            LINE(G, "if (fc_nt) {");
+            G->e.depth++;
+            for (int o = 0; o < K->nops; o++) {
+                if (K->ops[o].is_out) {
+                    LINE(G, "fc_stream_store(%s + i0, fc_tmp%d, (i1 - i0) * (int64_t)sizeof(*%s));",
+                         G->e.opname[o], o, G->e.opname[o]);
+                }
+            }
             G->e.depth--;
+            LINE(G, "}");
+            G->e.depth--;
+            LINE(G, "}");
+            LINE(G, "if (fc_nt) {");
+            LINE(G, "    FC_STREAM_FENCE();     /* the streamed lines reach memory before the region ends */");
             LINE(G, "}");
         }
     }

@@ -39,6 +39,45 @@
         }                                                                          \
     } while (0)
 
+/* Non-temporal stores for the same heavy flat kernels when the launch's
+ * outputs are large (FC_NT_BYTES or more): each block is computed into a
+ * 64-byte aligned buffer on the stack, then streamed to memory with
+ * movntdq, which skips the read-for-ownership a normal store of a line not
+ * in cache makes (12 -> 8 bytes of traffic per float32 GELU element).
+ * Measured on 2 cores, GELU of 1e7 float32 with the input evicted: 4.82 ->
+ * 4.36 ms and 5.03 -> 4.66 ms (medians of 60); back to back 4.44 -> 4.35.
+ * Smaller outputs keep normal stores, so a consumer finds them in cache.
+ * GCC's builtins (the ones behind _mm512_stream_si512 and _mm_sfence), not
+ * immintrin.h: that header alone would add tens of ms to every compile. */
+#ifndef FC_NT_BYTES
+#define FC_NT_BYTES (16 << 20)
+#endif
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__AVX512F__)
+typedef long long fc__v8di __attribute__((vector_size(64)));
+#define FC_HAVE_NT 1
+static inline void
+fc_stream_store(void *dst, const void *src, int64_t n)
+{
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    int64_t head = (int64_t)((64 - ((uintptr_t)d & 63)) & 63);
+    head = head < n ? head : n;
+    memcpy(d, s, (size_t)head);
+    d += head, s += head, n -= head;
+    for (; n >= 64; n -= 64, d += 64, s += 64) {
+        fc__v8di v;
+        memcpy(&v, s, 64);
+        __builtin_ia32_movntdq512((fc__v8di *)(void *)d, v);
+    }
+    memcpy(d, s, (size_t)n);
+}
+#define FC_STREAM_FENCE() __builtin_ia32_sfence()
+#else
+#define FC_HAVE_NT 0
+#define fc_stream_store(d, s, n) memcpy((d), (s), (size_t)(n))
+#define FC_STREAM_FENCE() ((void)0)
+#endif
+
 /* first error wins; kernels return it to the runtime, which raises */
 static inline void
 fc_report(int *err, int e)
