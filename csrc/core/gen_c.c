@@ -329,6 +329,59 @@ flat_is_heavy(const Gen *G)
     return 0;
 }
 
+/* A heavy flat kernel walks blocks of FC_PF_BLOCK elements. Each block first
+ * prefetches its inputs FC_PF_BYTES ahead and, when the launch writes
+ * FC_NT_BYTES or more, is computed into fc_tmp<o> and streamed out (see
+ * fc_kernel.h). This opens the block loop; the element loop inside writes
+ * w<o>[k]. */
+static void
+emit_heavy_open(Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    int out_bytes = 0;                   /* per element, all outputs: 0 streams nothing */
+    for (int o = 0; o < K->nops; o++) {
+        if (K->ops[o].is_out) {
+            out_bytes += fc_dtypes[G->e.s->slots[K->ops[o].slot].dtype].size;
+        }
+    }
+    LINE(G, "const int fc_nt = FC_HAVE_NT && L->n_outer * %d >= FC_NT_BYTES;", out_bytes);
+    LINE(G, "for (int64_t i0 = lo; i0 < hi; i0 += FC_PF_BLOCK) {");
+    G->e.depth++;
+    LINE(G, "const int64_t i1 = hi - i0 > FC_PF_BLOCK ? i0 + FC_PF_BLOCK : hi;");
+    for (int o = 0; o < K->nops; o++) {
+        if (K->ops[o].is_out) {
+            const char *st = fc_expr_storetype(G->e.s->slots[K->ops[o].slot].dtype);
+            LINE(G, "%s fc_tmp%d[FC_PF_BLOCK] __attribute__((aligned(64)));", st, o);
+            LINE(G, "%s *restrict w%d = fc_nt ? fc_tmp%d : %s + i0;", st, o, o, G->e.opname[o]);
+        }
+        else if (!fc_expr_operand_is_scalar(&G->e, o)) {
+            LINE(G, "FC_PREFETCH_BLOCK(%s, i0, hi);", G->e.opname[o]);
+        }
+    }
+}
+
+/* closes emit_heavy_open's block loop: streams the block, fences at the end */
+static void
+emit_heavy_close(Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    LINE(G, "if (fc_nt) {");
+    G->e.depth++;
+    for (int o = 0; o < K->nops; o++) {
+        if (K->ops[o].is_out) {
+            LINE(G, "fc_stream_store(%s + i0, fc_tmp%d, (i1 - i0) * (int64_t)sizeof(*%s));",
+                 G->e.opname[o], o, G->e.opname[o]);
+        }
+    }
+    G->e.depth--;
+    LINE(G, "}");
+    G->e.depth--;
+    LINE(G, "}");
+    LINE(G, "if (fc_nt) {");
+    LINE(G, "    FC_STREAM_FENCE();     /* the streamed lines reach memory before the region ends */");
+    LINE(G, "}");
+}
+
 static int
 emit_pointwise(Gen *G, const char *name)
 {
@@ -343,39 +396,7 @@ emit_pointwise(Gen *G, const char *name)
     if (K->flat) {
         int heavy = flat_is_heavy(G);
         if (heavy) {
-            /* blocks of FC_PF_BLOCK elements; each block first prefetches
-             * its inputs FC_PF_BYTES ahead, and with large outputs is
-             * computed into fc_tmp<o> and streamed out (see fc_kernel.h) */
-            FcStr bytes = {0};
-            char *b;
-            for (int o = 0; o < K->nops; o++) {
-                if (K->ops[o].is_out) {
-                    fc_str_printf(&bytes, "%ssizeof(*%s)", bytes.len ? " + " : "", G->e.opname[o]);
-                }
-            }
-            if (bytes.len == 0) {
-                fc_str_puts(&bytes, "0");       /* no output (a kernel of dead values): no streaming */
-            }
-            if ((b = fc_str_take(&bytes)) == NULL) {
-                return -1;
-            }
-            LINE(G, "const int fc_nt = FC_HAVE_NT && L->n_outer * (int64_t)(%s) >= FC_NT_BYTES;", b);
-            fc_str_release(b);
-            LINE(G, "for (int64_t i0 = lo; i0 < hi; i0 += FC_PF_BLOCK) {");
-            G->e.depth++;
-            LINE(G, "const int64_t i1 = hi - i0 > FC_PF_BLOCK ? i0 + FC_PF_BLOCK : hi;");
-            for (int o = 0; o < K->nops; o++) {
-                if (!K->ops[o].is_out && !fc_expr_operand_is_scalar(&G->e, o)) {
-                    LINE(G, "FC_PREFETCH_BLOCK(%s, i0, hi);", G->e.opname[o]);
-                }
-            }
-            for (int o = 0; o < K->nops; o++) {
-                if (K->ops[o].is_out) {
-                    const char *st = fc_expr_storetype(s->slots[K->ops[o].slot].dtype);
-                    LINE(G, "%s fc_tmp%d[FC_PF_BLOCK] __attribute__((aligned(64)));", st, o);
-                    LINE(G, "%s *restrict w%d = fc_nt ? fc_tmp%d : %s + i0;", st, o, o, G->e.opname[o]);
-                }
-            }
+            emit_heavy_open(G);
         }
         LINE(G, "#pragma omp simd");
         if (heavy) {
@@ -410,21 +431,7 @@ emit_pointwise(Gen *G, const char *name)
         G->e.depth--;
         LINE(G, "}");
         if (heavy) {
-            LINE(G, "if (fc_nt) {");
-            G->e.depth++;
-            for (int o = 0; o < K->nops; o++) {
-                if (K->ops[o].is_out) {
-                    LINE(G, "fc_stream_store(%s + i0, fc_tmp%d, (i1 - i0) * (int64_t)sizeof(*%s));",
-                         G->e.opname[o], o, G->e.opname[o]);
-                }
-            }
-            G->e.depth--;
-            LINE(G, "}");
-            G->e.depth--;
-            LINE(G, "}");
-            LINE(G, "if (fc_nt) {");
-            LINE(G, "    FC_STREAM_FENCE();     /* the streamed lines reach memory before the region ends */");
-            LINE(G, "}");
+            emit_heavy_close(G);
         }
     }
     else if (emit_sweep(G, 0, NULL, 0, 1) < 0) {
