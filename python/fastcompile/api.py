@@ -23,15 +23,22 @@ class FastcompileWarning(UserWarning):
 # which code the hook leaves alone: the standard library, NumPy, torch and ourselves
 # ----------------------------------------------------------------------------------------------
 
+_ROOT_MODULES = ("numpy", "torch", "pytest", "_pytest", "pluggy", "bytecode")
+
+
 def _skip_roots():
+    """The folders the hook skips; rebuilt only when one of _ROOT_MODULES gets imported."""
+    return _skip_roots_for(tuple(getattr(sys.modules.get(m), "__file__", None) for m in _ROOT_MODULES))
+
+
+@functools.lru_cache(maxsize=16)
+def _skip_roots_for(files):
     roots = {os.path.dirname(os.path.abspath(__file__))}
     for key in ("stdlib", "platstdlib"):
         path = sysconfig.get_paths().get(key)
         if path:
             roots.add(os.path.abspath(path))
-    for mod in ("numpy", "torch", "pytest", "_pytest", "pluggy", "bytecode"):
-        m = sys.modules.get(mod)
-        f = getattr(m, "__file__", None)
+    for f in files:
         if f:
             roots.add(os.path.dirname(os.path.abspath(f)))
     return tuple(sorted(r.rstrip(os.sep) + os.sep for r in roots))
