@@ -896,3 +896,34 @@ def test_small_integer_powers_of_floats_are_multiplications():
         a = g.input(dtype, 1)
         g.output(g.call("pow", a, e))
         assert "pow" in g.dump()
+
+
+def test_unused_values_are_not_computed_and_pure_externs_not_called():
+    """Dead code: a value no output needs is not computed, a pure extern nobody reads is not
+    called, and an extern not declared pure always is (it may act)."""
+    calls = []
+
+    def act(a):
+        calls.append("act")
+        return a * 2
+
+    def view(a):
+        calls.append("view")
+        return a[::-1]
+
+    g = Graph()
+    x = g.input("float32", 1)
+    g.call("exp", x)                                     # dead
+    g.extern(act, x)                                     # dead, but not pure: called
+    g.call("add", g.extern(view, x, pure=True), 1.0)     # dead pure extern and its consumer
+    used = g.extern(view, x, pure=True)
+    g.output(g.call("mul", x, 3.0), g.call("sub", used, 1.0))
+    f = g.compile()
+    a = np.arange(5, dtype=np.float32)
+    y, z = f(a)
+    np.testing.assert_array_equal(y, a * 3)
+    np.testing.assert_array_equal(z, a[::-1] - 1)
+    assert sorted(calls) == ["act", "view"]
+    assert "exp" not in "".join(f.fused) and all("exp" not in k.source for k in f.kernels)
+    with pytest.raises(TypeError, match="nout= and pure="):
+        g.extern(view, x, pur=True)

@@ -529,3 +529,78 @@ def test_fx_to_graph_reusable():
     (out,) = run(x, w)
     torch.testing.assert_close(out, torch.softmax(x @ w, -1) * 3)
     assert run.core_ops >= 2 and run.extern_calls == 1 and len(run.kernels) == 1
+
+
+# -- views pushed through pointwise values ---------------------------------------------------------
+
+def test_views_of_pointwise_values_fuse_into_one_kernel():
+    """A bias add whose result is split and permuted (the q/k/v split of nn.MultiheadAttention's
+    projection): the add is computed in the permuted order, in one kernel, with no torch extern."""
+    def f(x, b):
+        y = (x + b).view(4, 8, 3, 16).unsqueeze(0).transpose(0, -2).squeeze(-2)
+        return y.contiguous() * 2
+
+    record = []
+    x, b = torch.randn(4, 8, 48), torch.randn(48)
+    out = compile_fc(f, record=record)(x, b)
+    torch.testing.assert_close(out, f(x, b), rtol=0, atol=0)
+    assert out.shape == (3, 4, 8, 16) and out.is_contiguous()
+    (r,) = record
+    assert r.fallback is None and r.extern_calls == 0
+    assert len(r.kernels) == 1, r.compiled.fused
+
+
+@pytest.mark.parametrize("case", ["transpose", "t", "slice", "select", "permute", "expand", "chain"])
+def test_moving_views_of_pointwise_values_match_eager(case):
+    fns = {
+        "transpose": lambda x, y: (x * y + 1).transpose(0, 1).contiguous() - y.t(),
+        "t": lambda x, y: (x - y).t() * 2,
+        "slice": lambda x, y: (x + y)[:, 1:7:2] * 3 + x[:, :3],
+        "select": lambda x, y: (x - y).select(1, 2).abs() + 1,
+        "permute": lambda x, y: torch.where(x > 0, x, y).permute(1, 0).contiguous() + 0.5,
+        "expand": lambda x, y: (x[:, :1] + y[:1, :]).expand(8, 8) * x,
+        "chain": lambda x, y: ((x * 2 - y).view(2, 4, 8).permute(2, 0, 1)[1:5].reshape(4, 8) + 1),
+    }
+    fn = fns[case]
+    record = []
+    x, y = torch.randn(8, 8), torch.randn(8, 8)
+    torch.testing.assert_close(compile_fc(fn, record=record)(x, y), fn(x, y), rtol=0, atol=0)
+    assert all(r.fallback is None for r in record)
+
+
+def test_view_of_a_transcendental_is_not_recomputed():
+    """exp(x) is needed unviewed (an output) and viewed: it is not pushed (computed once), and the
+    result still matches."""
+    def f(x):
+        e = x.exp()
+        return e, e.t().contiguous() + 1
+
+    record = []
+    x = torch.randn(16, 8)
+    a, b = compile_fc(f, record=record)(x)
+    torch.testing.assert_close(a, x.exp())
+    torch.testing.assert_close(b, x.exp().t() + 1)
+    (r,) = record
+    assert "".join(r.compiled.fused).count("exp(") == 1, r.compiled.fused
+
+
+def test_pushed_views_in_training_match_eager():
+    """Gradients through split/permute views (the backward of select makes where/eq/full chains
+    that are viewed again): fused, and equal to eager."""
+    def f(x, w):
+        q, k, v = (x @ w).view(6, 3, 8).permute(1, 0, 2).unbind(0)
+        return (q * k + v.sigmoid()).transpose(0, 1).contiguous()
+
+    x = torch.randn(6, 16, requires_grad=True)
+    w = torch.randn(16, 24, requires_grad=True)
+    x2, w2 = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    record = []
+    out = compile_fc(f, record=record)(x, w)
+    ref = f(x2, w2)
+    torch.testing.assert_close(out, ref, **TOL)
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(x.grad, x2.grad, **TOL)
+    torch.testing.assert_close(w.grad, w2.grad, **TOL)
+    assert len(record) == 2 and all(r.fallback is None for r in record)

@@ -587,18 +587,22 @@ static PyObject *
 Graph_extern(GraphObject *self, PyObject *args, PyObject *kwargs)
 {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    PyObject *fn, *nout_obj = NULL, *result = NULL;
-    int *in = NULL, idx = -1;
+    PyObject *fn, *nout_obj = NULL, *pure_obj = NULL, *result = NULL;
+    int *in = NULL, idx = -1, pure = 0;
     long nout = -1;
     FcNode n;
     if (nargs < 1 || !PyCallable_Check(PyTuple_GET_ITEM(args, 0))) {
-        PyErr_SetString(PyExc_TypeError, "extern(fn, *values, nout=None): fn must be callable");
+        PyErr_SetString(PyExc_TypeError, "extern(fn, *values, nout=None, pure=False): fn must be callable");
         return NULL;
     }
     if (kwargs != NULL) {
         nout_obj = PyDict_GetItemString(kwargs, "nout");
-        if (PyDict_GET_SIZE(kwargs) > (nout_obj ? 1 : 0)) {
-            PyErr_SetString(PyExc_TypeError, "extern() takes only the keyword argument nout=");
+        pure_obj = PyDict_GetItemString(kwargs, "pure");
+        if (PyDict_GET_SIZE(kwargs) > (nout_obj ? 1 : 0) + (pure_obj ? 1 : 0)) {
+            PyErr_SetString(PyExc_TypeError, "extern() takes only the keyword arguments nout= and pure=");
+            return NULL;
+        }
+        if (pure_obj != NULL && (pure = PyObject_IsTrue(pure_obj)) < 0) {
             return NULL;
         }
         if (nout_obj != NULL && nout_obj != Py_None) {
@@ -630,6 +634,7 @@ Graph_extern(GraphObject *self, PyObject *args, PyObject *kwargs)
     n.dtype = n.ndim = -1;
     n.extern_index = (int)PyList_GET_SIZE(self->externs);
     n.item = nout < 0 ? -1 : (int)nout;
+    n.pure = pure;
     if (PyList_Append(self->externs, fn) < 0) {
         goto done;
     }
@@ -746,7 +751,8 @@ static PyMethodDef Graph_methods[] = {
     {"call", (PyCFunction)(void (*)(void))Graph_call, METH_VARARGS | METH_KEYWORDS,
      "call(op_name, *values, **attrs) -> Value: a core op (see fastcompile.graph.ops())"},
     {"extern", (PyCFunction)(void (*)(void))Graph_extern, METH_VARARGS | METH_KEYWORDS,
-     "extern(fn, *values, nout=None) -> Value: call a Python function on the arrays at run time"},
+     "extern(fn, *values, nout=None, pure=False) -> Value: call a Python function on the arrays at run time; "
+     "pure=True: fn has no side effects, so it is not called when nothing uses its result"},
     {"output", (PyCFunction)Graph_output, METH_VARARGS, "output(*values): the compiled graph returns these"},
     {"compile", (PyCFunction)Graph_compile, METH_NOARGS, "compile() -> Compiled"},
     {"dump", (PyCFunction)Graph_dump, METH_NOARGS, "the graph as text"},
@@ -789,16 +795,33 @@ add_unique(int **arr, int *n, int v)
     return 0;
 }
 
-/* levels: externs split the graph; segment L runs after the externs of level L */
+/* Levels: externs split the graph; segment L runs after the externs of level L.
+ * Dead nodes get level -1: neither computed nor called. A node is live when an
+ * output needs it, or it is an extern not declared pure (it may act). */
 static int
 build_segments(CompiledObject *c)
 {
     const FcGraph *g = &c->g;
     int maxl = 0;
+    char *live;
     c->level = PyMem_Calloc(g->nnodes + 1, sizeof(int));
-    if (c->level == NULL) {
+    live = PyMem_Calloc(g->nnodes + 1, 1);
+    if (c->level == NULL || live == NULL) {
+        PyMem_Free(live);
         PyErr_NoMemory();
         return -1;
+    }
+    for (int k = 0; k < g->noutputs; k++) {
+        live[g->outputs[k]] = 1;
+    }
+    for (int i = g->nnodes - 1; i >= 0; i--) {      /* nodes are in topological order */
+        const FcNode *n = &g->nodes[i];
+        if (n->op == FC_OP_EXTERN && !n->pure) {
+            live[i] = 1;
+        }
+        for (int j = 0; live[i] && j < n->nin; j++) {
+            live[n->in[j]] = 1;
+        }
     }
     for (int i = 0; i < g->nnodes; i++) {
         const FcNode *n = &g->nodes[i];
@@ -812,6 +835,12 @@ build_segments(CompiledObject *c)
         c->level[i] = l;
         maxl = l > maxl ? l : maxl;
     }
+    for (int i = 0; i < g->nnodes; i++) {
+        if (!live[i]) {
+            c->level[i] = -1;
+        }
+    }
+    PyMem_Free(live);
     c->nlevels = maxl + 1;
     c->segs = PyMem_Calloc(c->nlevels, sizeof(SegmentSlot));
     if (c->segs == NULL) {
@@ -833,7 +862,7 @@ build_segments(CompiledObject *c)
     }
     for (int i = 0; i < g->nnodes; i++) {
         const FcNode *n = &g->nodes[i];
-        for (int j = 0; j < n->nin; j++) {
+        for (int j = 0; j < n->nin && c->level[i] >= 0; j++) {
             int u = n->in[j];
             int op_u = g->nodes[u].op;
             if (op_u == FC_OP_CONST) {

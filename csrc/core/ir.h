@@ -125,6 +125,7 @@ typedef struct {
     int input_index;     /* input: position among the graph's inputs */
     int extern_index;    /* extern: index into the graph's callables list */
     int item;            /* extern item: which element of a tuple result (-1: not a tuple) */
+    int pure;            /* extern: declared free of side effects, so skipped when unused */
     int quiet_empty;     /* amax inside a composite: an empty axis gives -inf, not an error */
 } FcNode;
 

@@ -215,10 +215,43 @@ def _to_numpy(t):
 # the lowering
 # ----------------------------------------------------------------------------------------------
 
+class _RecordingGraph:
+    """The core Graph, remembering how each core value was made, so that a view of a pointwise
+    value can be pushed to its leaves (``_push_view``). Same methods as ``Graph``."""
+
+    def __init__(self):
+        self.g = Graph()
+        self.made = {}          # node -> ("call", op, args, attrs) | ("const",)
+        self.leaf_shape = {}    # node -> array shape, for inputs and extern results
+        self.view_of = {}       # node of a view extern -> (base Value, numpy view functions)
+
+    def input(self, dtype, ndim):
+        return self.g.input(dtype, ndim)
+
+    def constant(self, value):
+        c = self.g.constant(value)
+        self.made[c.node] = ("const",)
+        return c
+
+    def call(self, op, *args, **attrs):
+        v = self.g.call(op, *args, **attrs)
+        self.made[v.node] = ("call", op, args, attrs)
+        return v
+
+    def extern(self, fn, *args, **kwargs):
+        return self.g.extern(fn, *args, **kwargs)
+
+    def output(self, *values):
+        return self.g.output(*values)
+
+    def compile(self):
+        return self.g.compile()
+
+
 class _Lowering:
     def __init__(self, gm, example_inputs):
         self.gm = gm
-        self.g = Graph()
+        self.g = _RecordingGraph()
         self.env = {}              # FX node -> _Rec | tuple | python value | _Cluster (pending)
         self.inputs = []           # (kind, payload): ("arg", index) | ("const", ndarray)
         self.carriers = {}         # tshape -> core bool input of that shape (stride 0)
@@ -231,10 +264,11 @@ class _Lowering:
         self.example_inputs = example_inputs
 
     # -- inputs ------------------------------------------------------------------------------
-    def _input(self, dtype, ndim, kind, payload):
+    def _input(self, dtype, ndim, kind, payload, shape=None):
         v = self.g.input(dtype, ndim)
         self.inputs.append((kind, payload))
         self.input_values.add(v.node)
+        self.g.leaf_shape[v.node] = tuple(payload.shape) if kind == "const" else tuple(shape)
         return v
 
     def carrier(self, tshape):
@@ -347,6 +381,7 @@ class _Lowering:
             meta = _meta(m)
             shape = _static_shape(meta)
             self.env[m] = _Rec(v, shape, shape, meta.dtype)
+            self.g.leaf_shape[v.node] = shape
         for m in members:
             if m not in outs:
                 self.env[m] = None      # used only inside the cluster
@@ -369,7 +404,7 @@ class _Lowering:
                 if not node.users:
                     self.env[node] = None
                     continue
-                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx)
+                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape)
                 self.env[node] = _Rec(v, shape, shape, meta.dtype)
             elif node.op == "get_attr":
                 t = getattr(self.gm, node.target) if "." not in node.target else self.gm.get_submodule(
@@ -432,37 +467,100 @@ class _Lowering:
         self.pending(node)
 
 
+# Views an extern cluster runs as Tensor methods: the same result as the aten op, about half its
+# per-call cost (no OpOverload dispatch through Python). name -> (method, how many leading args).
+_VIEW_METHODS = {}
+
+
+def _view_methods():
+    if not _VIEW_METHODS:
+        aten = torch.ops.aten
+        for op, meth in ((aten.view.default, "reshape"), (aten._unsafe_view.default, "reshape"),
+                         (aten.reshape.default, "reshape"), (aten.permute.default, "permute"),
+                         (aten.unsqueeze.default, "unsqueeze"), (aten.squeeze.dim, "squeeze"),
+                         (aten.squeeze.dims, "squeeze"), (aten.squeeze.default, "squeeze"),
+                         (aten.select.int, "select"), (aten.t.default, "t"),
+                         (aten.transpose.int, "transpose"), (aten.expand.default, "expand")):
+            _VIEW_METHODS[op] = meth
+    return _VIEW_METHODS
+
+
 def _make_cluster_fn(gm, members, specs, consts, outs):
-    """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out."""
-    steps = []
-    for m in members:
-        if m.op == "call_function":
-            fn = m.target
+    """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out.
+
+    It is generated Python (one straight-line function per cluster), so a call pays for the
+    torch ops it runs and little else: no per-node interpretation, views as Tensor methods
+    (aten.view runs as ``reshape``: the same values; a functional graph never writes through an
+    alias), and the common conversions inline with the general ones as fallbacks."""
+    views = _view_methods()
+    glob = {"_to_torch": _to_torch, "_restride": _restride, "_to_numpy": _to_numpy,
+            "_from_numpy": torch.from_numpy}
+    names = {}
+
+    def ref(v):
+        if isinstance(v, torch.fx.Node):
+            if v in names:
+                return names[v]
+            key = "c%d" % len(glob)
+            glob[key] = consts[v]
+            names[v] = key
+            return key
+        if isinstance(v, (list, tuple)):
+            body = ", ".join(ref(x) for x in v)
+            return "[%s]" % body if isinstance(v, list) else "(%s%s)" % (body, "," if len(v) == 1 else "")
+        if v is None or isinstance(v, (bool, str)) or (type(v) is int) or (
+                type(v) is float and v == v and abs(v) != float("inf")):
+            return repr(v)
+        key = "k%d" % len(glob)
+        glob[key] = v
+        return key
+
+    lines = []
+    params = ["a%d" % j for j in range(len(specs))]
+    for j, (node, shape, dtype, layout) in enumerate(specs):
+        var = "x%d" % j
+        names[node] = var
+        glob["s%d" % j], glob["d%d" % j], glob["l%d" % j] = shape, dtype, layout
+        lines.append("t = _from_numpy(a%d) if a%d.flags.writeable else None" % (j, j))
+        lines.append("%s = t if t is not None and t.shape == s%d and t.dtype is d%d else _to_torch(a%d, s%d, d%d)"
+                     % (var, j, j, j, j, j))
+        if layout is not None:
+            lines.append("%s = _restride(%s, l%d)" % (var, var, j))
+    for i, m in enumerate(members):
+        var = "v%d" % i
+        args = [ref(a) for a in m.args]
+        kwargs = ["%s=%s" % (k, ref(v)) for k, v in m.kwargs.items()]
+        if m.op == "call_function" and m.target is operator.getitem and not kwargs:
+            expr = "%s[%s]" % (args[0], args[1])
+        elif m.op == "call_function" and m.target in views and args and not kwargs:
+            expr = "%s.%s(%s)" % (args[0], views[m.target], ", ".join(args[1:]))
+        elif m.op == "call_function":
+            fn = getattr(m.target, "_op", m.target) if isinstance(m.target, torch._ops.OpOverload) else m.target
+            glob["f%d" % i] = fn
+            expr = "f%d(%s)" % (i, ", ".join(args + kwargs))
         elif m.op == "call_method":
-            fn = (lambda name: lambda self, *a, **k: getattr(self, name)(*a, **k))(m.target)
+            expr = "%s.%s(%s)" % (args[0], m.target, ", ".join(args[1:] + kwargs))
         elif m.op == "call_module":
-            fn = gm.get_submodule(m.target)
+            glob["f%d" % i] = gm.get_submodule(m.target)
+            expr = "f%d(%s)" % (i, ", ".join(args + kwargs))
         else:
             raise _GraphFallback("node %s" % m.format_node())
-        steps.append((m, fn, m.args, m.kwargs))
-    in_nodes = [s[0] for s in specs]
-    in_shapes = [(s[1], s[2], s[3]) for s in specs]
-    map_arg = torch.fx.node.map_arg
-    single = len(outs) == 1
-
-    def run(*arrays):
-        env = dict(consts)
-        for node, arr, (shape, dtype, layout) in zip(in_nodes, arrays, in_shapes):
-            t = _to_torch(arr, shape, dtype)
-            env[node] = _restride(t, layout) if layout is not None else t
-        for node, fn, args, kwargs in steps:
-            env[node] = fn(*map_arg(args, env.__getitem__), **map_arg(kwargs, env.__getitem__))
-        if single:
-            return _to_numpy(env[outs[0]])
-        return tuple(_to_numpy(env[o]) for o in outs)
-
-    run.__qualname__ = run.__name__ = "extern_" + "_".join(
+        lines.append("%s = %s" % (var, expr))
+        names[m] = var
+    rets = []
+    for o in outs:
+        var = names[o]
+        lines.append("try:\n        r%s = %s.numpy()\n    except (TypeError, RuntimeError, AttributeError):\n        r%s = _to_numpy(%s)"
+                     % (var, var, var, var))
+        rets.append("r" + var)
+    lines.append("return %s" % (rets[0] if len(outs) == 1 else "(%s,)" % ", ".join(rets)))
+    name = "extern_" + "_".join(
         str(getattr(m.target, "__name__", m.target)).replace(".", "_") for m in members[:4])
+    name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+    src = "def %s(%s):\n    %s\n" % (name, ", ".join(params), "\n    ".join(lines))
+    exec(compile(src, "<fastcompile extern %s>" % name, "exec"), glob)
+    run = glob[name]
+    run.source = src
     return run
 
 
@@ -755,7 +853,153 @@ def _view(L, node):
         moved = [d for i, d in enumerate(perm) if d != i]
         if all(r.tshape[d] == 1 for d in moved) and r.exact and _strip1(new) == _strip1(r.tshape):
             return _Rec(r.value, r.cshape, new, r.dtype)
-    raise _NotLowered("view %s -> %s" % (r.tshape, new))
+    return _push_view(L, node, r, new)
+
+
+@_register(aten.select, aten.slice, aten.t, aten.transpose)
+def _moving_view(L, node):
+    """Views that move elements: pushed to the leaves of the value they view, or an extern."""
+    x = node.args[0]
+    if isinstance(L.env.get(x), _Cluster) and not L.env[x].closed:
+        raise _NotLowered("view of an extern result: joins its cluster")
+    return _push_view(L, node, L.rec(x), _static_shape(_meta(node)))
+
+
+# Pointwise ops cheap enough to compute again in a view's index space, where the value they make
+# is also needed unviewed (the same value is never recomputed when it holds a transcendental).
+_CHEAP = frozenset(("neg", "abs", "relu", "floor", "ceil", "round", "trunc", "sign", "isnan", "isinf",
+                    "isfinite", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "square",
+                    "reciprocal", "sqrt", "rsqrt", "maximum", "minimum", "fmax", "fmin", "copysign",
+                    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+                    "bitwise_and", "bitwise_or", "bitwise_xor", "where", "clamp", "cast"))
+_PUSH_MAX_NODES = 64
+_VIEW_PACKETS = None
+
+
+def _view_packets():
+    global _VIEW_PACKETS
+    if _VIEW_PACKETS is None:
+        _VIEW_PACKETS = frozenset((aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze,
+                                   aten.expand, aten.permute, aten.select, aten.slice, aten.t,
+                                   aten.transpose, aten.alias))
+    return _VIEW_PACKETS
+
+
+def _feeds_core(node, depth=0):
+    """Every use of ``node`` (through further views) is an op the core lowers: pushing the view
+    to the leaves then saves a kernel pass. An extern use takes the view in its own cluster."""
+    if not node.users or depth > 8:
+        return False
+    views = _view_packets()
+    for u in node.users:
+        pk = getattr(u.target, "overloadpacket", None) if u.op == "call_function" else None
+        if pk in views:
+            if not _feeds_core(u, depth + 1):
+                return False
+        elif pk not in _LOWER:
+            return False
+    return True
+
+
+def _np_view(node, shape, new):
+    """The view ``node`` does (on an input of torch ``shape``) as a NumPy function, or None."""
+    pk = node.target.overloadpacket
+    a = node.args
+    nd = len(shape)
+    if pk in (aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze):
+        return lambda x: x.reshape(new)           # element order kept: a view, or a copy
+    if pk is aten.permute:
+        dims = tuple(d % nd for d in a[1])
+        return lambda x: x.transpose(dims)
+    if pk is aten.expand:
+        return lambda x: np.broadcast_to(x, new)
+    if pk is aten.t:
+        return lambda x: x.T
+    if pk is aten.transpose:
+        d0, d1 = a[1] % nd, a[2] % nd
+        return lambda x: x.swapaxes(d0, d1)
+    if pk is aten.select:
+        idx = (slice(None),) * (a[1] % nd) + (a[2],)
+        return lambda x: x[idx]
+    if pk is aten.slice:
+        if node.kwargs:
+            return None
+        d = a[1] if len(a) > 1 else 0
+        start, end, step = (list(a[2:5]) + [None, None, 1])[:3]
+        idx = (slice(None),) * (d % nd) + (slice(start, end, step),)
+        return lambda x: x[idx]
+    return None
+
+
+def _compose(fns):
+    def view(x):
+        for f in fns:
+            x = f(x)
+        return x
+    return view
+
+
+def _push_view(L, node, r, new):
+    """view(f(a, b, ...)) as f(view(a), view(b), ...): the pointwise ops that make ``r`` are
+    emitted again over views of their leaves (graph inputs, extern results), each view a NumPy
+    extern of its leaf (pure: skipped when nothing reads it). One kernel then writes the viewed
+    value where an extern view and a copy kernel did. Raises _NotLowered where this cannot be done
+    (a reduction or a transcendental inside, more than _PUSH_MAX_NODES ops, an extern user)."""
+    G = L.g
+    if not _feeds_core(node):
+        raise _NotLowered("view %s -> %s feeds an extern" % (r.tshape, new))
+    vf = _np_view(node, r.tshape, new)
+    if vf is None:
+        raise _NotLowered("view %s -> %s" % (r.tshape, new))
+    tshape, nd = r.tshape, len(r.tshape)
+
+    def bcast(x):
+        if x.ndim > nd:             # the core's extra leading dims are 1
+            x = x.reshape(x.shape[x.ndim - nd:])
+        return np.broadcast_to(x, tshape)
+    order, seen, leaves = [], set(), []
+    stack = [(r.value, False)]
+    while stack:
+        v, done = stack.pop()
+        if done:
+            order.append(v)
+            continue
+        if v.node in seen:
+            continue
+        seen.add(v.node)
+        how = G.made.get(v.node)
+        if how is None:
+            if v.node not in G.leaf_shape:
+                raise _NotLowered("view of a value without a known shape")
+            leaves.append(v)
+        elif how[0] == "call":
+            if how[1] not in _CHEAP:
+                raise _NotLowered("view of %s" % how[1])
+            if len(seen) > _PUSH_MAX_NODES:
+                raise _NotLowered("view of a value made by more than %d ops" % _PUSH_MAX_NODES)
+            stack.append((v, True))
+            stack.extend((a, False) for a in how[2] if hasattr(a, "node"))
+    new_of = {}
+    for v in leaves:
+        base, fns = G.view_of.get(v.node, (v, ()))
+        fns = fns + (bcast, vf)
+        try:                        # on a stand-in of the leaf's shape: fails here, not at run time
+            probe = _compose(fns)(np.broadcast_to(np.zeros((), np.int8), G.leaf_shape[base.node]))
+        except Exception as e:
+            raise _NotLowered("view %s -> %s: %s" % (r.tshape, new, e))
+        if tuple(probe.shape) != new:
+            raise _NotLowered("view %s -> %s gives %s" % (r.tshape, new, probe.shape))
+        w = G.extern(_compose(fns), base, pure=True)
+        G.view_of[w.node] = (base, fns)
+        G.leaf_shape[w.node] = new
+        new_of[v.node] = w
+    for v in order:
+        _, op, args, attrs = G.made[v.node]
+        args = [new_of.get(a.node, a) if hasattr(a, "node") else a for a in args]
+        new_of[v.node] = G.call(op, *args, **attrs)
+    out = new_of.get(r.value.node, r.value)
+    meta = _meta(node)
+    return _Rec(L.cast(out, meta.dtype), new if leaves else (), new, meta.dtype)
 
 
 def _leading_only(old, new):
