@@ -468,7 +468,7 @@ class _Lowering:
 
 
 # Views an extern cluster runs as Tensor methods: the same result as the aten op, about half its
-# per-call cost (no OpOverload dispatch through Python). name -> (method, how many leading args).
+# per-call cost (no OpOverload dispatch through Python). aten overload -> method name.
 _VIEW_METHODS = {}
 
 
