@@ -832,13 +832,8 @@ build_segments(CompiledObject *c)
         if (n->op == FC_OP_EXTERN) {
             l += 1;
         }
-        c->level[i] = l;
-        maxl = l > maxl ? l : maxl;
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        if (!live[i]) {
-            c->level[i] = -1;
-        }
+        c->level[i] = live[i] ? l : -1;       /* a live node's inputs are live */
+        maxl = live[i] && l > maxl ? l : maxl;
     }
     PyMem_Free(live);
     c->nlevels = maxl + 1;

@@ -1368,7 +1368,7 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     FcJob *jobs = NULL;
     FcEntry **found = NULL, **made = NULL;  /* per item; per job (its entry once finished) */
     char (*keys)[65] = NULL;
-    int *job_of = NULL, njobs = 0, rc = -1;
+    int *job_of = NULL, njobs = 0, rc = -1, cap = n > 0 ? n : 1;   /* cap: no zero-size allocations */
 
     if (!rt.configured) {
         PyErr_SetString(PyExc_RuntimeError, "fastcompile: the CPU runtime is not configured "
@@ -1379,11 +1379,11 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     if (!rt.have_digest && (ensure_cache_dir() < 0 || ensure_identity() < 0)) {
         return -1;
     }
-    jobs = PyMem_Calloc(n > 0 ? n : 1, sizeof(FcJob));
-    found = PyMem_Calloc(n > 0 ? n : 1, sizeof(FcEntry *));
-    keys = PyMem_Calloc(n > 0 ? n : 1, sizeof(*keys));
-    job_of = PyMem_Calloc(n > 0 ? n : 1, sizeof(int));
-    made = PyMem_Calloc(n > 0 ? n : 1, sizeof(FcEntry *));
+    jobs = PyMem_Calloc(cap, sizeof(FcJob));
+    found = PyMem_Calloc(cap, sizeof(FcEntry *));
+    keys = PyMem_Calloc(cap, sizeof(*keys));
+    job_of = PyMem_Calloc(cap, sizeof(int));
+    made = PyMem_Calloc(cap, sizeof(FcEntry *));
     if (jobs == NULL || found == NULL || keys == NULL || job_of == NULL || made == NULL) {
         PyErr_NoMemory();
         goto cleanup;

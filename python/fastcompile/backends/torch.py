@@ -469,20 +469,12 @@ class _Lowering:
 
 # Views an extern cluster runs as Tensor methods: the same result as the aten op, about half its
 # per-call cost (no OpOverload dispatch through Python). aten overload -> method name.
-_VIEW_METHODS = {}
-
-
-def _view_methods():
-    if not _VIEW_METHODS:
-        aten = torch.ops.aten
-        for op, meth in ((aten.view.default, "reshape"), (aten._unsafe_view.default, "reshape"),
-                         (aten.reshape.default, "reshape"), (aten.permute.default, "permute"),
-                         (aten.unsqueeze.default, "unsqueeze"), (aten.squeeze.dim, "squeeze"),
-                         (aten.squeeze.dims, "squeeze"), (aten.squeeze.default, "squeeze"),
-                         (aten.select.int, "select"), (aten.t.default, "t"),
-                         (aten.transpose.int, "transpose"), (aten.expand.default, "expand")):
-            _VIEW_METHODS[op] = meth
-    return _VIEW_METHODS
+_VIEW_METHODS = {
+    aten.view.default: "reshape", aten._unsafe_view.default: "reshape", aten.reshape.default: "reshape",
+    aten.permute.default: "permute", aten.unsqueeze.default: "unsqueeze", aten.squeeze.dim: "squeeze",
+    aten.squeeze.dims: "squeeze", aten.squeeze.default: "squeeze", aten.select.int: "select",
+    aten.t.default: "t", aten.transpose.int: "transpose", aten.expand.default: "expand",
+}
 
 
 def _make_cluster_fn(gm, members, specs, consts, outs):
@@ -492,7 +484,7 @@ def _make_cluster_fn(gm, members, specs, consts, outs):
     torch ops it runs and little else: no per-node interpretation, views as Tensor methods
     (aten.view runs as ``reshape``: the same values; a functional graph never writes through an
     alias), and the common conversions inline with the general ones as fallbacks."""
-    views = _view_methods()
+    views = _VIEW_METHODS
     glob = {"_to_torch": _to_torch, "_restride": _restride, "_to_numpy": _to_numpy,
             "_from_numpy": torch.from_numpy}
     names = {}
@@ -873,16 +865,8 @@ _CHEAP = frozenset(("neg", "abs", "relu", "floor", "ceil", "round", "trunc", "si
                     "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
                     "bitwise_and", "bitwise_or", "bitwise_xor", "where", "clamp", "cast"))
 _PUSH_MAX_NODES = 64
-_VIEW_PACKETS = None
-
-
-def _view_packets():
-    global _VIEW_PACKETS
-    if _VIEW_PACKETS is None:
-        _VIEW_PACKETS = frozenset((aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze,
-                                   aten.expand, aten.permute, aten.select, aten.slice, aten.t,
-                                   aten.transpose, aten.alias))
-    return _VIEW_PACKETS
+# the ops _feeds_core looks through: those the two view handlers take, and alias
+_VIEW_PACKETS = frozenset(p for p, h in _LOWER.items() if h in (_view, _moving_view)) | {aten.alias}
 
 
 def _feeds_core(node, depth=0):
@@ -890,10 +874,9 @@ def _feeds_core(node, depth=0):
     to the leaves then saves a kernel pass. An extern use takes the view in its own cluster."""
     if not node.users or depth > 8:
         return False
-    views = _view_packets()
     for u in node.users:
         pk = getattr(u.target, "overloadpacket", None) if u.op == "call_function" else None
-        if pk in views:
+        if pk in _VIEW_PACKETS:
             if not _feeds_core(u, depth + 1):
                 return False
         elif pk not in _LOWER:
@@ -983,13 +966,14 @@ def _push_view(L, node, r, new):
     for v in leaves:
         base, fns = G.view_of.get(v.node, (v, ()))
         fns = fns + (bcast, vf)
+        view = _compose(fns)
         try:                        # on a stand-in of the leaf's shape: fails here, not at run time
-            probe = _compose(fns)(np.broadcast_to(np.zeros((), np.int8), G.leaf_shape[base.node]))
+            probe = view(np.broadcast_to(np.zeros((), np.int8), G.leaf_shape[base.node]))
         except Exception as e:
             raise _NotLowered("view %s -> %s: %s" % (r.tshape, new, e))
         if tuple(probe.shape) != new:
             raise _NotLowered("view %s -> %s gives %s" % (r.tshape, new, probe.shape))
-        w = G.extern(_compose(fns), base, pure=True)
+        w = G.extern(view, base, pure=True)
         G.view_of[w.node] = (base, fns)
         G.leaf_shape[w.node] = new
         new_of[v.node] = w
