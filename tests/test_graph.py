@@ -898,6 +898,36 @@ def test_small_integer_powers_of_floats_are_multiplications():
         assert "pow" in g.dump()
 
 
+def test_values_are_computed_in_the_segment_that_reads_them():
+    """A core value read only after an extern is computed next to its reader and fuses with it
+    (one kernel, no stored intermediate), not in the first segment; one that is also a graph
+    output, or read before the extern too, is still computed early and stored."""
+    def ext(a):
+        return a[::-1] * 2.0
+
+    g = Graph()
+    x, y = g.input("float32", 1), g.input("float32", 1)
+    mask = g.call("gt", x, 0.5)                          # ready at the start, read only after ext
+    g.output(g.call("where", mask, g.extern(ext, y), 0.0))
+    f = g.compile()
+    a = np.linspace(0, 1, 7, dtype=np.float32)
+    b = np.arange(7, dtype=np.float32)
+    (r,) = f(a, b)
+    np.testing.assert_array_equal(r, np.where(a > 0.5, b[::-1] * 2.0, 0.0).astype(np.float32))
+    assert len(f.kernels) == 1 and len(f.fused) == 1
+    assert "gt(" in f.fused[0] and "where(" in f.fused[0]
+
+    g = Graph()
+    x, y = g.input("float32", 1), g.input("float32", 1)
+    mask = g.call("gt", x, 0.5)
+    g.output(g.call("where", mask, g.extern(ext, y), 0.0), mask)   # the mask is an output too
+    f = g.compile()
+    r, m = f(a, b)
+    np.testing.assert_array_equal(r, np.where(a > 0.5, b[::-1] * 2.0, 0.0).astype(np.float32))
+    np.testing.assert_array_equal(m, a > 0.5)
+    assert len(f.kernels) == 2
+
+
 def test_unused_values_are_not_computed_and_pure_externs_not_called():
     """Dead code: a value no output needs is not computed, a pure extern nobody reads is not
     called, and an extern not declared pure always is (it may act)."""

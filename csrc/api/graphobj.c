@@ -3,6 +3,7 @@
  * plans per segment and per input key, run from C. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <limits.h>
 #include <string.h>
 
 #include "../core/graph.h"
@@ -795,6 +796,48 @@ add_unique(int **arr, int *n, int v)
     return 0;
 }
 
+/* Levels are first as early as the inputs allow. A core op then moves down to
+ * the earliest level that reads it (the level before, for an extern reader),
+ * so it lands in its readers' segment and fuses with them instead of being
+ * stored in an early segment and read back later: the backward of unbind,
+ * masks made from an arange extern and applied after six more externs, wrote
+ * three full-size bool arrays that way. Graph outputs stay where they are.
+ * GIL held; 0, or -1 with MemoryError. */
+static int
+sink_levels(CompiledObject *c, const char *live)
+{
+    const FcGraph *g = &c->g;
+    int *bound = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
+    if (bound == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        bound[i] = INT_MAX;
+    }
+    for (int k = 0; k < g->noutputs; k++) {
+        bound[g->outputs[k]] = c->level[g->outputs[k]];
+    }
+    for (int i = g->nnodes - 1; i >= 0; i--) {      /* readers come after what they read */
+        const FcNode *n = &g->nodes[i];
+        int reader_is_core = n->op != FC_OP_EXTERN && n->op != FC_OP_ITEM;
+        if (!live[i]) {
+            continue;
+        }
+        if (reader_is_core && n->op != FC_OP_INPUT && n->op != FC_OP_CONST && bound[i] != INT_MAX
+            && bound[i] > c->level[i]) {
+            c->level[i] = bound[i];
+        }
+        for (int j = 0; j < n->nin; j++) {
+            int u = n->in[j], b = reader_is_core ? c->level[i] : c->level[i] - 1;
+            bound[u] = b < bound[u] ? b : bound[u];
+        }
+    }
+    PyMem_Free(bound);
+    return 0;
+}
+
+
 /* Levels: externs split the graph; segment L runs after the externs of level L.
  * Dead nodes get level -1: neither computed nor called. A node is live when an
  * output needs it, or it is an extern not declared pure (it may act). */
@@ -834,6 +877,10 @@ build_segments(CompiledObject *c)
         }
         c->level[i] = live[i] ? l : -1;       /* a live node's inputs are live */
         maxl = live[i] && l > maxl ? l : maxl;
+    }
+    if (sink_levels(c, live) < 0) {
+        PyMem_Free(live);
+        return -1;
     }
     PyMem_Free(live);
     c->nlevels = maxl + 1;
