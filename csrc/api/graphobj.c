@@ -820,23 +820,22 @@ sink_levels(CompiledObject *c, const char *live)
     }
     for (int i = g->nnodes - 1; i >= 0; i--) {      /* readers come after what they read */
         const FcNode *n = &g->nodes[i];
-        int reader_is_core = n->op != FC_OP_EXTERN && n->op != FC_OP_ITEM;
+        int calls = n->op == FC_OP_EXTERN || n->op == FC_OP_ITEM;   /* runs before its level's kernels */
+        int movable = !calls && n->op != FC_OP_INPUT && n->op != FC_OP_CONST;
         if (!live[i]) {
             continue;
         }
-        if (reader_is_core && n->op != FC_OP_INPUT && n->op != FC_OP_CONST && bound[i] != INT_MAX
-            && bound[i] > c->level[i]) {
+        if (movable && bound[i] != INT_MAX && bound[i] > c->level[i]) {
             c->level[i] = bound[i];
         }
         for (int j = 0; j < n->nin; j++) {
-            int u = n->in[j], b = reader_is_core ? c->level[i] : c->level[i] - 1;
+            int u = n->in[j], b = calls ? c->level[i] - 1 : c->level[i];
             bound[u] = b < bound[u] ? b : bound[u];
         }
     }
     PyMem_Free(bound);
     return 0;
 }
-
 
 /* Levels: externs split the graph; segment L runs after the externs of level L.
  * Dead nodes get level -1: neither computed nor called. A node is live when an
