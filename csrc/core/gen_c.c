@@ -18,6 +18,7 @@
 
 #define EXPR FC_EXPR_MAX
 #define LINE(G, ...) FC_LINE(&(G)->e, __VA_ARGS__)
+#define CLOSE(G) FC_CLOSE(&(G)->e)
 
 typedef enum { SP_FLAT, SP_OUTER_RUN, SP_INNER_RUN, SP_OUTER_POINT } Space;
 
@@ -180,8 +181,7 @@ emit_run(Gen *G, const char *need, const int *reds, int nreds, int store, int si
             fc_expr_emit_store(&G->e, v);
         }
     }
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     return 0;
 }
 
@@ -270,25 +270,21 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
             if (emit_run(G, need, reds, nreds, store, 1) < 0) {
                 goto cleanup;
             }
-            G->e.depth--;
-            LINE(G, "}");
+            CLOSE(G);
             LINE(G, "else {");
             G->e.depth++;
             G->unit = 0;
             if (emit_run(G, need, reds, nreds, store, 0) < 0) {
                 goto cleanup;
             }
-            G->e.depth--;
-            LINE(G, "}");
+            CLOSE(G);
         }
     }
     memset(G->bcast, 0, sizeof(G->bcast));
     LINE(G, "j0 += len;");
     LINE(G, "fc_advance(%s, %s, idx, len);", nd, shape);
-    G->e.depth--;
-    LINE(G, "}");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
+    CLOSE(G);
     rc = 0;
 cleanup:
     memcpy(G->e.loaded, saved, FC_MAXOPS);
@@ -373,10 +369,8 @@ emit_heavy_close(Gen *G)
                  G->e.opname[o], o, G->e.opname[o]);
         }
     }
-    G->e.depth--;
-    LINE(G, "}");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
+    CLOSE(G);
     LINE(G, "if (fc_nt) {");
     LINE(G, "    FC_STREAM_FENCE();     /* the streamed lines reach memory before the region ends */");
     LINE(G, "}");
@@ -428,8 +422,7 @@ emit_pointwise(Gen *G, const char *name)
                 }
             }
         }
-        G->e.depth--;
-        LINE(G, "}");
+        CLOSE(G);
         if (heavy) {
             emit_heavy_close(G);
         }
@@ -438,8 +431,7 @@ emit_pointwise(Gen *G, const char *name)
         return -1;
     }
     LINE(G, "fc_report(err, fc_err);");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     fc_str_puts(G->e.b, "\n");
     LINE(G, "FC_EXPORT int");
     LINE(G, "%s(const fc_launch *L)", name);
@@ -448,8 +440,7 @@ emit_pointwise(Gen *G, const char *name)
     LINE(G, "int err = 0;");
     LINE(G, "FC_RUN_RANGES(L, L->n_outer, %s_range, &err);", name);
     LINE(G, "return err;");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     return 0;
 }
 
@@ -566,12 +557,10 @@ emit_row(Gen *G)
                         LINE(G, "nan%d |= P->nan%d[t];", v, v);
                     }
                 }
-                G->e.depth--;
-                LINE(G, "}");
+                CLOSE(G);
             }
             LINE(G, "#pragma omp barrier");
-            G->e.depth--;
-            LINE(G, "}");
+            CLOSE(G);
             for (int r = 0; r < nreds; r++) {
                 fc_expr_emit_red_result(&G->e, reds[r]);
             }
@@ -590,8 +579,7 @@ emit_row(Gen *G)
     LINE(G, "if (P == NULL || tid == 0) {");
     G->e.depth++;
     fc_expr_emit_outer_stores(&G->e);
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     return 0;
 }
 
@@ -640,8 +628,7 @@ emit_outer_level(Gen *G, int level)
     if (fc_expr_emit_outer_nodes(&G->e, level) < 0) {
         return -1;
     }
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     return 0;
 }
 
@@ -750,39 +737,31 @@ emit_cols(Gen *G, const char *name)
             fc_expr_emit_store(&G->e, v);
         }
     }
-    G->e.depth--;
-    LINE(G, "}");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
+    CLOSE(G);
     LINE(G, "j0 += len;");
     LINE(G, "fc_advance(L->nd_inner, L->ishape, idx, len);");
-    G->e.depth--;
-    LINE(G, "}");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
+    CLOSE(G);
     G->sp = SP_OUTER_POINT;
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;
     for (int r = 0; r < nreds; r++) {
         fc_expr_emit_red_result(&G->e, reds[r]);
     }
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     if (emit_outer_level(G, 1) < 0) {
         goto cleanup;
     }
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;
     fc_expr_emit_outer_stores(&G->e);
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     LINE(G, "o += nb;");
     LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, nb);");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     LINE(G, "fc_report(err, fc_err);");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     fc_str_puts(G->e.b, "\n");
     rc = 0;
 cleanup:
@@ -846,11 +825,9 @@ emit_reduction(Gen *G, const char *name)
         return -1;
     }
     LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, 1);");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     LINE(G, "fc_report(err, fc_err);");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     fc_str_puts(G->e.b, "\n");
 
     LINE(G, "static void");
@@ -881,14 +858,12 @@ emit_reduction(Gen *G, const char *name)
     LINE(G, "%s_parts P;", name);
     LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
     LINE(G, "%s_body(L, 0, L->n_outer, &err, &P, omp_get_thread_num(), omp_get_num_threads());", name);
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     LINE(G, "else {");
     LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %s_rows, &err);", name);
     LINE(G, "}");
     LINE(G, "return err;");
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     return 0;
 }
 

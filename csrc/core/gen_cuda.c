@@ -27,6 +27,7 @@
 
 #define EXPR FC_EXPR_MAX
 #define LINE(G, ...) FC_LINE(&(G)->e, __VA_ARGS__)
+#define CLOSE(G) FC_CLOSE(&(G)->e)
 
 typedef enum { SP_FLAT, SP_STRIDED, SP_INNER, SP_OUTER_POINT } Space;
 
@@ -121,8 +122,7 @@ emit_sweep(Gen *G, const int *reds, int nreds, int store)
             fc_expr_emit_store(&G->e, v);
         }
     }
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     rc = 0;
 cleanup:
     G->sp = SP_OUTER_POINT;
@@ -166,8 +166,7 @@ emit_pointwise(Gen *G)
             fc_expr_emit_store(&G->e, K->nodes[m]);
         }
     }
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     LINE(G, "fc_cu_report(L.err, fc_err);");
     return 0;
 }
@@ -227,11 +226,9 @@ emit_reduction(Gen *G)
         LINE(G, "if (threadIdx.x == 0) {");
         G->e.depth++;
         fc_expr_emit_outer_stores(&G->e);
-        G->e.depth--;
-        LINE(G, "}");
+        CLOSE(G);
     }
-    G->e.depth--;
-    LINE(G, "}");
+    CLOSE(G);
     LINE(G, "fc_cu_report(L.err, fc_err);");
     return 0;
 }
@@ -272,8 +269,7 @@ fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment
     LINE(&G, "{");
     G.e.depth++;
     rc = G.e.K->mask ? emit_reduction(&G) : emit_pointwise(&G);
-    G.e.depth--;
-    LINE(&G, "}");
+    CLOSE(&G);
     for (int w = 32; rc == 0 && w <= 64; w += 32) {
         fc_str_puts(&b, "\n");
         LINE(&G, "extern \"C\" __global__ void __launch_bounds__(FC_CU_THREADS)");

@@ -51,6 +51,13 @@ struct FcExprGen {
         fc_str_puts((E)->b, "\n");              \
     } while (0)
 
+/* ends the innermost open block: one level out, then its "}" */
+#define FC_CLOSE(E)                             \
+    do {                                        \
+        (E)->depth--;                           \
+        FC_LINE((E), "}");                      \
+    } while (0)
+
 /* E zeroed but for t, s, K, b, loaded (FC_MAXOPS bytes) and the operand names */
 FC_INTERNAL void fc_expr_init(FcExprGen *E, const FcExprTarget *t, const FcSpec *s, int k, FcStr *b,
                               char *loaded);
