@@ -1,7 +1,8 @@
 """Kernel caches, seen from the graph API.
 
 In memory: a plan per (segment, input key) where the key is dtype, rank,
-size-1 pattern and C-contiguity of every input; sizes are not in it.
+size-1 pattern, C-contiguity and a zero last stride of every input; sizes
+are not in it.
 On disk: content-addressed by source, compiler, flags, CPU and version.
 Every key component is flipped here and must cause a miss.
 """
@@ -53,13 +54,17 @@ def test_size_change_does_not_recompile(cache_dir):
     assert f.nplans == plans == 1
 
 
-@pytest.mark.parametrize("flip", ["size1", "contiguity"])
+@pytest.mark.parametrize("flip", ["size1", "contiguity", "zero_last_stride"])
 def test_input_key_components_miss(cache_dir, flip):
     f = gelu_graph().compile()
     x = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
+    if flip == "zero_last_stride":
+        x = x[:, ::2]                       # non-contiguous, last stride 8
     f(x)
     assert f.nplans == 1
-    other = x[:, :1] if flip == "size1" else x.T
+    other = {"size1": lambda: x[:, :1], "contiguity": lambda: x.T,
+             # same shape, still non-contiguous, but the last dim is an expanded one
+             "zero_last_stride": lambda: np.broadcast_to(x[:, :1], x.shape)}[flip]()
     (y,) = f(other)
     assert f.nplans == 2, "flipping %s must build a new plan" % flip
     expected = 0.5 * other * (1 + np.vectorize(__import__("math").erf)(other / np.sqrt(2)))

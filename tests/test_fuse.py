@@ -914,3 +914,29 @@ def test_run_with_an_operand_broadcast_along_it_stays_vectorized():
     np.testing.assert_array_equal(c(a.T.copy().T, bb)[0], (a + bb) * 2)
     wide = np.arange(24, dtype=np.float32).reshape(3, 8)[:, ::2]
     np.testing.assert_array_equal(c(wide, bb)[0], (wide + bb) * 2)
+
+
+def test_expanded_operand_is_read_once_per_run():
+    """An expanded view (stride 0 in its last dim, as torch's expand and
+    np.broadcast_to make) is broadcast along the run like a size-1 dim: the
+    key records the zero stride, and the fast version reads p[0] for it. The
+    masks of unbind's backward, where(arange(3).view(3, 1, 1).expand(3, n, m) == k, g, 0),
+    are this shape."""
+    g = Graph()
+    idx, gr = g.input("int64", 3), g.input("float32", 2)
+    g.output(g.call("where", g.call("eq", idx, 1), gr, 0.0))
+    c = g.compile()
+    rng = np.random.default_rng(0)
+    gg = rng.standard_normal((50, 300), dtype=np.float32)
+    gg[3, 7] = np.nan
+    ar = np.broadcast_to(np.arange(3).reshape(3, 1, 1), (3, 50, 300))
+    (got,) = c(ar, gg)
+    assert np.array_equal(got, np.where(ar == 1, gg, np.float32(0)), equal_nan=True)
+    src = c.kernels[0].source
+    # the expanded int64 operand is p1; the output p0 and the gradient p2 are unit-stride
+    assert "s1 == 0" in src and "p1[0]" in src, src
+    # a strided (not expanded) index array is another key: the general version, still correct
+    strided = np.arange(3 * 50 * 600).reshape(3, 50, 600)[:, :, ::2] % 3
+    (got2,) = c(strided, gg)
+    assert c.nplans == 2
+    assert np.array_equal(got2, np.where(strided == 1, gg, np.float32(0)), equal_nan=True)

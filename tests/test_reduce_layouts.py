@@ -92,3 +92,59 @@ def test_column_reduction_that_also_writes_full_size_values(shape):
                         .astype(np.float32), rtol=1e-5, atol=1e-5)
     assert any("_cols(" in k.source for k in f.kernels)          # the column-block version exists
     assert not any("_cols(" in k.source for k in f2.kernels)     # a second sweep: rows only
+
+
+
+def test_layernorm_backward_reads_row_statistics_once_per_run():
+    """LayerNorm's backward reads the forward's per-row mean and rstd, shape (n, 1): along a
+    row's inner run (dx: sums over the row) and along a column block (dw, db: sums over the
+    batch) they are constant. Both loop orders read them once per run instead of falling to
+    the strided scalar loop; the results match NumPy (float64 reference, one NaN by position)."""
+    import re
+    rng = np.random.default_rng(5)
+    n, d = 600, 192
+    x = rng.standard_normal((n, d), dtype=np.float32)
+    gy = rng.standard_normal((n, d), dtype=np.float32)
+    w = rng.standard_normal(d, dtype=np.float32)
+    gy[17, 3] = np.nan
+    mu = x.mean(-1, keepdims=True)
+    rs = (1 / np.sqrt(x.var(-1, keepdims=True) + 1e-5)).astype(np.float32)
+    x64, gy64, w64 = x.astype(np.float64), gy.astype(np.float64), w.astype(np.float64)
+    xh = (x64 - mu) * rs
+
+    def inputs(g):
+        return g.input("float32", 2), g.input("float32", 2), g.input("float32", 2), g.input("float32", 2)
+
+    g = Graph()                                      # dx: two sums over each row, then the row
+    a, m, r, gr = inputs(g)
+    wt = g.input("float32", 1)
+    xhat = g.call("mul", g.call("sub", a, m), r)
+    gw = g.call("mul", gr, wt)
+    s1 = g.call("sum", gw, axis=-1, keepdim=True)
+    s2 = g.call("sum", g.call("mul", gw, xhat), axis=-1, keepdim=True)
+    g.output(g.call("mul", g.call("div", r, float(d)),
+                    g.call("sub", g.call("sub", g.call("mul", gw, float(d)), s1), g.call("mul", xhat, s2))))
+    fdx = g.compile()
+    (got_dx,) = fdx(x, mu, rs, gy, w)
+    gw64 = gy64 * w64
+    want_dx = rs / d * (d * gw64 - gw64.sum(-1, keepdims=True) - xh * (gw64 * xh).sum(-1, keepdims=True))
+    assert_close_np(got_dx, want_dx.astype(np.float32), rtol=1e-4, atol=1e-5)
+    assert np.isnan(got_dx[17]).all() and not np.isnan(got_dx[16]).any()
+
+    g = Graph()                                      # dw, db: sums over the batch
+    a, m, r, gr = inputs(g)
+    g.output(g.call("sum", g.call("mul", gr, g.call("mul", g.call("sub", a, m), r)), axis=0),
+             g.call("sum", gr, axis=0))
+    fdw = g.compile()
+    got_dw, got_db = fdw(x, mu, rs, gy)
+    assert_close_np(got_dw, (gy64 * xh).sum(0).astype(np.float32), rtol=1e-4, atol=1e-4)
+    assert_close_np(got_db, gy64.sum(0).astype(np.float32), rtol=1e-4, atol=1e-4)
+    assert np.isnan(got_dw[3]) and np.isnan(got_db[3]) and not np.isnan(got_dw[2])
+
+    (row,) = [k.source for k in fdx.kernels if "_rows(" in k.source]
+    # mean (p4 or so) and rstd are read as p[0] in the unit-stride version of the inner run
+    assert len(re.findall(r"= p\d+\[0\];", row)) >= 2, row
+    (col,) = [k.source for k in fdw.kernels if "_cols(" in k.source]
+    # column blocks take them with outer stride 0 (a non-zero operand mask), read once per row
+    assert re.search(r"fc_use_cols\(L, 0x0*[1-9a-f][0-9a-f]*ULL\)", col), col
+    assert re.search(r"= p\d+\[i \* s\d+\];", col), col

@@ -408,7 +408,7 @@ place_pointwise(FcSpec *s, int i)
  * ---------------------------------------------------------------------- */
 
 static int
-add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig)
+add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig, int zlast)
 {
     FcSlot *sl;
     const FcSNode *sn = &s->sn[node];
@@ -424,6 +424,7 @@ add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig)
     sl->ndim = sn->ndim;
     memcpy(sl->dims, sn->dims, sn->ndim * sizeof(int));
     sl->contig = contig;
+    sl->zlast = zlast;
     return s->nslots++;
 }
 
@@ -509,7 +510,7 @@ finish(FcSpec *s)
     for (int i = 0; i < g->nnodes; i++) {
         if (computed(s, i) && s->sn[i].materialize) {
             int leaves = 0;
-            if ((s->sn[i].slot = add_slot(s, FC_SLOT_ALLOC, i, -1, 1)) < 0) {
+            if ((s->sn[i].slot = add_slot(s, FC_SLOT_ALLOC, i, -1, 1, 0)) < 0) {
                 goto cleanup;
             }
             for (int o = 0; o < s->noutputs; o++) {
@@ -612,7 +613,7 @@ fc_fuse(FcSpec *s)
     }
     for (int k = 0; k < s->ninputs; k++) {
         int v = s->inputs[k];
-        if ((s->sn[v].slot = add_slot(s, FC_SLOT_INPUT, v, k, s->metas[k].contig)) < 0) {
+        if ((s->sn[v].slot = add_slot(s, FC_SLOT_INPUT, v, k, s->metas[k].contig, s->metas[k].zlast)) < 0) {
             return -1;
         }
     }

@@ -26,7 +26,9 @@ typedef struct {
     FcExprGen e;         /* shared with gen_expr.c (first member: mem_expr casts back) */
     Space sp;            /* how buffer operands are addressed right now */
     int unit;            /* runs: every operand has unit stride (or stride 0, see bcast) */
-    char bcast[FC_MAXOPS]; /* unit runs: operand broadcast along the run (stride 0): p[0] */
+    char bcast[FC_MAXOPS]; /* unit runs: operand broadcast along the run (stride 0): p[0];
+                          * column blocks: along the block (outer stride 0): p[i * s] */
+    uint64_t cols_zero;  /* column blocks: the operands bcast names, as fc_use_cols takes them */
     int stash, stash_op; /* a costly FULL value the last reduction sweep writes into an
                           * output the final sweep then reads back (-1: none) */
     int stash_level;
@@ -37,12 +39,30 @@ typedef struct {
  * operands
  * ---------------------------------------------------------------------- */
 
-/* operand o's last dim is size 1 in the key (or it is 0-d): broadcast along a run */
+/* the dim of the kernel space a loop walks with unit steps */
+typedef enum {
+    WALK_POINTWISE,      /* a pointwise run: the last dim */
+    WALK_INNER,          /* a row's inner run: the last reduced dim */
+    WALK_COLS            /* a column block: the last outer dim */
+} Walk;
+
+/* input operand o is broadcast along the walked dim: it has no such dim, a
+ * size-1 one in the key, or one the key says has stride 0. A guess the
+ * run-time stride check confirms. */
 static int
-operand_last_dim_is_one(const Gen *G, int o)
+operand_bcast_along(const Gen *G, int o, Walk w)
 {
-    const FcSlot *sl = &G->e.s->slots[G->e.K->ops[o].slot];
-    return sl->ndim == 0 || sl->dims[sl->ndim - 1] == 0;
+    const FcKernelIR *K = G->e.K;
+    const FcSlot *sl = &G->e.s->slots[K->ops[o].slot];
+    int d = K->nd - 1, sd;
+    if (K->ops[o].is_out) {
+        return 0;
+    }
+    while (w != WALK_POINTWISE && d >= 0 && ((K->mask >> d) & 1u) != (w == WALK_INNER)) {
+        d--;
+    }
+    sd = d - (K->nd - sl->ndim);
+    return d >= 0 && (sd < 0 || sl->dims[sd] == 0 || (sl->zlast && sd == sl->ndim - 1));
 }
 
 /* memory expression of operand o at the current point (FcExprTarget.mem) */
@@ -57,7 +77,7 @@ mem_expr(const FcExprGen *E, int o, char *out)
     case SP_OUTER_RUN:
     case SP_INNER_RUN:
         if (E->cols) {
-            snprintf(out, EXPR, "p%d[i * s%d + b]", o, o);
+            snprintf(out, EXPR, G->bcast[o] ? "p%d[i * s%d]" : "p%d[i * s%d + b]", o, o);
         }
         else if (G->unit) {
             snprintf(out, EXPR, G->bcast[o] ? "p%d[0]" : "p%d[i]", o);
@@ -238,8 +258,9 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
     }
     /* two versions of the run: every operand unit-stride (vectorized with
      * omp simd), or general strides (scalar; omp simd would make gathers).
-     * An input whose last dim is 1 in the key (b of shape (n, 1) in x + b) is
-     * broadcast along a pointwise run: the fast version reads p[0] for it,
+     * An input whose dim along the run is 1 in the key (b of shape (n, 1) in
+     * x + b, or a row's mean in x - mean), or has stride 0 there (an expanded
+     * view), is broadcast along the run: the fast version reads p[0] for it,
      * checked at run time (stride 0), instead of falling to the scalar one. */
     {
         FcStr cond = {0};
@@ -247,7 +268,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         memset(G->bcast, 0, sizeof(G->bcast));
         for (int o = 0; o < K->nops; o++) {
             if (use[o]) {
-                G->bcast[o] = !inner && !K->ops[o].is_out && operand_last_dim_is_one(G, o);
+                G->bcast[o] = operand_bcast_along(G, o, inner ? WALK_INNER : WALK_POINTWISE);
                 fc_str_printf(&cond, "%ss%d == %d", cond.len ? " && " : "", o, G->bcast[o] ? 0 : 1);
             }
         }
@@ -658,6 +679,16 @@ emit_cols(Gen *G, const char *name)
         }
     }
     sweep_operands(G, need, reds, nreds, store, use);
+    /* an input broadcast along the block (a row's mean in a weight gradient's
+     * sum over the batch of (x - mean) * rstd * grad) is read once per block row */
+    G->cols_zero = 0;
+    memset(G->bcast, 0, sizeof(G->bcast));
+    for (int o = 0; o < K->nops; o++) {
+        if (use[o] && operand_bcast_along(G, o, WALK_COLS)) {
+            G->bcast[o] = 1;
+            G->cols_zero |= (uint64_t)1 << o;
+        }
+    }
     LINE(G, "static void");
     LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
     LINE(G, "{");
@@ -766,6 +797,7 @@ emit_cols(Gen *G, const char *name)
     rc = 0;
 cleanup:
     G->e.cols = 0;
+    memset(G->bcast, 0, sizeof(G->bcast));
     PyMem_Free(need);
     return rc;
 }
@@ -848,7 +880,7 @@ emit_reduction(Gen *G, const char *name)
         LINE(G, "}");
     }
     if (cols) {
-        LINE(G, "if (fc_use_cols(L)) {");
+        LINE(G, "if (fc_use_cols(L, 0x%llxULL)) {", (unsigned long long)G->cols_zero);
         LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %s_cols, &err);", name);
         LINE(G, "    return err;");
         LINE(G, "}");

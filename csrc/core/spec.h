@@ -39,6 +39,7 @@ typedef struct {
     int dtype, ndim;
     int dims[FC_MAXDIM];
     int contig;          /* C-contiguous (inputs: from the key; allocs: always) */
+    int zlast;           /* inputs: the last dim is broadcast by a zero stride (from the key) */
 } FcSlot;
 
 typedef struct {
@@ -63,7 +64,10 @@ typedef struct {
     int cls_input, cls_dim;   /* representative: segment input, dim */
 } FcClassRep;
 
-typedef struct { int dtype, ndim; uint32_t ones; int contig; } FcMeta;
+/* An input's part of a plan key. zlast: the last dim, of size > 1, has
+ * stride 0 (an expanded view such as torch's x.expand(n, k)); pointwise runs
+ * then read it once instead of falling to the strided loop. */
+typedef struct { int dtype, ndim; uint32_t ones; int contig, zlast; } FcMeta;
 
 typedef struct {
     const FcGraph *g;
@@ -83,7 +87,7 @@ typedef struct {
 } FcSpec;
 
 /* shape.c: dtypes and symbolic shapes for every segment node.
- * metas: per segment input (dtype, ndim, size-1 mask, contiguous). */
+ * metas: per segment input (dtype, ndim, size-1 mask, contiguous, zero last stride). */
 FC_INTERNAL int fc_shape_infer(FcSpec *s, const FcMeta *metas);
 FC_INTERNAL int fc_class_find(FcSpec *s, int c);
 

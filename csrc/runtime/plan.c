@@ -110,6 +110,7 @@ fc_plan_meta(PyObject *obj, FcMeta *m)
         }
     }
     m->contig = PyArray_IS_C_CONTIGUOUS(a) ? 1 : 0;
+    m->zlast = !m->contig && nd > 0 && PyArray_DIM(a, nd - 1) > 1 && PyArray_STRIDE(a, nd - 1) == 0;
     return 0;
 }
 

@@ -153,17 +153,19 @@ fc_use_split(const fc_launch *L)
 }
 
 /* reduced with a stride while outer neighbours are adjacent (sum over
- * axis 0 of a C-ordered array): walk blocks of FC_COLS outer elements */
+ * axis 0 of a C-ordered array): walk blocks of FC_COLS outer elements.
+ * zero: the operands the kernel reads as broadcast along the block (bit o:
+ * outer stride 0 there); every other one must be adjacent (stride 1). */
 #define FC_COLS 64
 static inline int
-fc_use_cols(const fc_launch *L)
+fc_use_cols(const fc_launch *L, uint64_t zero)
 {
     int lo = L->nd_outer - 1, li = L->nd_inner - 1, strided = 0;
     if (L->oshape[lo] < 8 || L->n_inner < 2) {
         return 0;
     }
     for (int o = 0; o < L->nops; o++) {
-        if (L->ostride[o][lo] != 1) {
+        if (L->ostride[o][lo] != ((zero >> o) & 1 ? 0 : 1)) {
             return 0;
         }
         strided |= L->istride[o][li] > 1 || L->istride[o][li] < -1;
