@@ -584,6 +584,62 @@ def test_view_of_a_transcendental_is_not_recomputed():
     assert "".join(r.compiled.fused).count("exp(") == 1, r.compiled.fused
 
 
+def test_leaf_view_finds_strided_views_numpy_would_copy():
+    """_leaf_view runs a view chain on a leaf's element offsets. Flash attention's grads are
+    (B, H, T, D) over (B, T, H, D) memory: reshaping them to (B*H, T, D) is a real copy, but
+    going on to (T, B*H, D) and (T, B, H*D) is a strided view of the leaf again, made directly
+    (no copy) while the leaf has the layout traced, and by the chain otherwise."""
+    import numpy as np
+    shape, strides = (2, 3, 5, 4), (60, 4, 12, 1)      # (B, H, T, D) over (B, T, H, D) memory
+    x = np.arange(120, dtype=np.float32).reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
+    assert x.strides == tuple(4 * s for s in strides)
+    to_bh = lambda a: a.reshape(6, 5, 4)
+    chain = lambda a: to_bh(a).transpose(1, 0, 2).reshape(5, 2, 12)
+    assert fbt._leaf_view(shape, strides, to_bh) is None          # a real copy
+    kind, fn = fbt._leaf_view(shape, strides, chain)
+    assert kind == "strided"
+    got = fn(x)
+    assert np.array_equal(got, chain(x)) and np.shares_memory(got, x)
+    other = np.ascontiguousarray(x)                               # another layout: the chain
+    assert np.array_equal(fn(other), chain(other))
+    kind, fn = fbt._leaf_view(shape, strides, lambda a: a[:, 1])  # NumPy's own view
+    assert kind == "view" and np.shares_memory(fn(x), x)
+
+
+def test_attention_grad_layout_is_read_in_place():
+    """The pattern flash attention's backward leaves, as a graph input: contiguous, view to
+    (B*H, T, D), permute, contiguous, view to (T, B, H*D), then pointwise. One kernel reads the
+    input where it lies; eager's two copies and the views cost nothing, and no NumPy copy is
+    made on the way (the extern view shares the input's memory)."""
+    import numpy as np
+    B, T, H, D = 2, 6, 3, 4
+
+    def f(g):
+        y = g.contiguous().view(B * H, T, D).permute(1, 0, 2).contiguous().view(T, B, H * D)
+        return y * 2 + 1
+
+    g = torch.randn(B, T, H, D).permute(0, 2, 1, 3)
+    record = []
+    out = compile_fc(f, record=record)(g)
+    torch.testing.assert_close(out, f(g), rtol=0, atol=0)
+    (r,) = record
+    assert r.fallback is None and len(r.kernels) == 1, r.compiled.fused
+    made = []                   # every as_strided result, lowering's offset probes included
+    orig = np.lib.stride_tricks.as_strided
+
+    def spy(a, *args, **kw):
+        made.append(orig(a, *args, **kw))
+        return made[-1]
+    np.lib.stride_tricks.as_strided = spy
+    try:
+        out2 = compile_fc(f)(g)
+    finally:
+        np.lib.stride_tricks.as_strided = orig
+    torch.testing.assert_close(out2, f(g), rtol=0, atol=0)
+    gn = g.detach().numpy()
+    assert any(m.shape == (T, B, H * D) and np.shares_memory(m, gn) for m in made), made
+
+
 def test_pushed_views_in_training_match_eager():
     """Gradients through split/permute views (the backward of select makes where/eq/full chains
     that are viewed again): fused, and equal to eager."""

@@ -223,6 +223,7 @@ class _RecordingGraph:
         self.g = Graph()
         self.made = {}          # node -> ("call", op, args, attrs) | ("const",)
         self.leaf_shape = {}    # node -> array shape, for inputs and extern results
+        self.leaf_strides = {}  # node -> element strides the leaf is expected to have, where known
         self.view_of = {}       # node of a view extern -> (base Value, numpy view functions)
 
     def input(self, dtype, ndim):
@@ -264,11 +265,15 @@ class _Lowering:
         self.example_inputs = example_inputs
 
     # -- inputs ------------------------------------------------------------------------------
-    def _input(self, dtype, ndim, kind, payload, shape=None):
+    def _input(self, dtype, ndim, kind, payload, shape=None, strides=None):
         v = self.g.input(dtype, ndim)
         self.inputs.append((kind, payload))
         self.input_values.add(v.node)
         self.g.leaf_shape[v.node] = tuple(payload.shape) if kind == "const" else tuple(shape)
+        if kind == "const":
+            strides = tuple(s // payload.itemsize for s in payload.strides)
+        if strides is not None:
+            self.g.leaf_strides[v.node] = tuple(strides)
         return v
 
     def carrier(self, tshape):
@@ -382,6 +387,7 @@ class _Lowering:
             shape = _static_shape(meta)
             self.env[m] = _Rec(v, shape, shape, meta.dtype)
             self.g.leaf_shape[v.node] = shape
+            self.g.leaf_strides[v.node] = _meta_strides(meta)
         for m in members:
             if m not in outs:
                 self.env[m] = None      # used only inside the cluster
@@ -404,7 +410,7 @@ class _Lowering:
                 if not node.users:
                     self.env[node] = None
                     continue
-                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape)
+                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape, _meta_strides(meta))
                 self.env[node] = _Rec(v, shape, shape, meta.dtype)
             elif node.op == "get_attr":
                 t = getattr(self.gm, node.target) if "." not in node.target else self.gm.get_submodule(
@@ -914,6 +920,65 @@ def _np_view(node, shape, new):
     return None
 
 
+def _meta_strides(meta):
+    """The element strides of an FX value's example tensor, or None where it has none."""
+    try:
+        return tuple(int(s) for s in meta.stride())
+    except Exception:           # no strides (sparse, opaque): the stand-in broadcasts
+        return None
+
+
+_OFFSETS_MAX = 1 << 22     # leaves up to this many elements are checked element by element
+
+
+def _leaf_view(shape, strides, chain):
+    """How ``chain`` (NumPy view functions) acts on a leaf of ``shape`` and these element
+    strides: ("view", chain) where NumPy does it without copying; ("strided", fn) where NumPy
+    would copy (a reshape across a permuted leaf) but the result is still a strided view of the
+    leaf, fn making it directly; None where it is a real copy. Found by running the chain on the
+    leaf's element offsets. Unknown strides: ("view", chain), as before strides were known."""
+    if strides is None or len(strides) != len(shape) or min(strides, default=0) < 0 or \
+            0 in shape or int(np.prod(shape)) > _OFFSETS_MAX:
+        return "view", chain
+    span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    flat = np.arange(span, dtype=np.int64)
+    offs = np.lib.stride_tricks.as_strided(flat, shape, [s * 8 for s in strides], writeable=False)
+    got = np.asarray(chain(offs))
+    if got.size <= 1 or np.may_share_memory(got, flat):
+        return "view", chain
+    start = int(got.flat[0])
+    est = [int(got[(0,) * a + (1,) + (0,) * (got.ndim - a - 1)]) - start if got.shape[a] > 1 else 0
+           for a in range(got.ndim)]
+    grid = start + sum(np.arange(n).reshape((n,) + (1,) * (got.ndim - a - 1)) * s
+                       for a, (n, s) in enumerate(zip(got.shape, est)))
+    if not np.array_equal(got, grid):
+        return None
+    at = tuple(slice(int(i), None) for i in np.argwhere(offs == start)[0])
+    out_shape, want = got.shape, tuple((n, s) for n, s in zip(shape, strides) if n > 1)
+    as_strided = np.lib.stride_tricks.as_strided
+
+    def strided(x):
+        el = x.itemsize
+        if x.shape != shape or tuple((n, s // el) for n, s in zip(x.shape, x.strides) if n > 1) != want:
+            return chain(x)     # not the layout traced (a copy, still right)
+        return as_strided(x[at], out_shape, [s * el for s in est])
+    return "strided", strided
+
+
+def _viewed_again(node, depth=0):
+    """Every use of ``node`` is another view, or a clone whose uses are views again."""
+    if not node.users or depth > 8:
+        return False
+    for u in node.users:
+        pk = getattr(u.target, "overloadpacket", None) if u.op == "call_function" else None
+        if pk is aten.clone:
+            if not _viewed_again(u, depth + 1):
+                return False
+        elif pk not in _VIEW_PACKETS:
+            return False
+    return True
+
+
 def _compose(fns):
     def view(x):
         for f in fns:
@@ -973,7 +1038,17 @@ def _push_view(L, node, r, new):
             raise _NotLowered("view %s -> %s: %s" % (r.tshape, new, e))
         if tuple(probe.shape) != new:
             raise _NotLowered("view %s -> %s gives %s" % (r.tshape, new, probe.shape))
-        w = G.extern(view, base, pure=True)
+        how = _leaf_view(G.leaf_shape[base.node], G.leaf_strides.get(base.node), view)
+        if how is None:
+            if not _viewed_again(node):
+                # NumPy would copy the leaf on one thread at every call; the core value is
+                # written by a kernel and viewed there instead
+                raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
+            # only viewed further (after clones): a later view may be a strided view of
+            # the leaf again (flash attention's grads: (B, H, T, D) over (B, T, H, D)
+            # memory, reshaped to (B*H, T, D), permuted and reshaped to (T, B, H*D))
+            how = ("copy", view)
+        w = G.extern(how[1], base, pure=True)
         G.view_of[w.node] = (base, fns)
         G.leaf_shape[w.node] = new
         new_of[v.node] = w
