@@ -379,6 +379,34 @@ def test_layernorm_with_affine_and_residual():
     assert_close(out, np_layernorm(x + r, 1e-5) * w + b, rtol=1e-12)
 
 
+
+@pytest.mark.parametrize("keep_gelu", [True, False], ids=["gelu_output", "gelu_internal"])
+def test_layernorm_of_gelu_computes_gelu_once(keep_gelu):
+    """LayerNorm(GELU(x)) (the MLP block): three sweeps per row (mean, variance, normalize), all
+    reading gelu(x). The first sweep writes it to an output buffer and the variance and final
+    sweeps read it back, so no loop computes it twice and only the first sweep computes it. With
+    gelu(x) an output it is written there; else the normalized output's buffer holds it until
+    the final sweep overwrites it with the result."""
+    def fn(g, x):
+        y = g.call("gelu", x)
+        n = layernorm_by_hand(g, y)
+        return (y, n) if keep_gelu else n
+    c = build(fn, ("float32", 2))
+    x = randn((7, 300), np.float32, 11) * 2
+    x[2, 5] = np.nan
+    outs = c(x)
+    y64 = np_gelu(x)
+    assert_close(outs[-1], np_layernorm(y64, 1e-5).astype(np.float32), rtol=2e-5, atol=2e-5)
+    if keep_gelu:
+        assert_close(outs[0], y64.astype(np.float32), rtol=1e-6, atol=1e-7)
+    (red,) = [k.source for k in c.kernels if "sweep 2" in k.source]
+    sweeps = re.split(r"/\* (?:sweep \d+|final sweep)", red)[1:]
+    assert len(sweeps) == 3, red
+    calls = [sw.count("fc_gelu_f32(") for sw in sweeps]
+    assert calls[0] >= 1 and calls[1:] == [0, 0], calls
+    assert computed_once(c, "fc_gelu_f32")
+
+
 # ---------------------------------------------------------------------------
 # reductions with prologues and epilogues
 # ---------------------------------------------------------------------------

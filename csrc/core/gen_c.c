@@ -31,8 +31,9 @@ typedef struct {
     uint64_t cols_zero;  /* column blocks: the operands bcast names, as fc_use_cols takes them */
     int stash, stash_op; /* a costly FULL value the last reduction sweep writes into an
                           * output the final sweep then reads back (-1: none) */
-    int stash_level;
+    int stash_level;     /* the reduction sweep that computes and writes it */
     int in_stash_sweep;  /* emitting the sweep of stash_level */
+    int after_stash;     /* emitting a sweep after it: read the stash back */
 } Gen;
 
 /* ------------------------------------------------------------------------
@@ -224,7 +225,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         PyErr_NoMemory();
         return -1;
     }
-    if (store && G->stash >= 0) {
+    if (G->stash >= 0 && (store || G->after_stash)) {
         need[G->stash] = 2;          /* read back, not recomputed (need_full stops here) */
     }
     fc_expr_need_sweep(&G->e, reds, nreds, store, need);
@@ -465,37 +466,54 @@ emit_pointwise(Gen *G, const char *name)
     return 0;
 }
 
-/* A FULL value with a transcendental in it, needed by the last reduction
- * sweep and again by the final sweep (softmax's exp(x - max)), is written to
- * an output of its type in the first and read back in the second instead of
- * being computed twice. Sets G->stash/stash_op, or leaves stash at -1. */
+/* A FULL value with a transcendental in it, needed by a reduction sweep and
+ * again by a later sweep (softmax's exp(x - max) by the final one;
+ * layernorm(gelu(x))'s gelu by the variance sweep and the final one), is
+ * written to an output of its type in the first sweep that needs it and read
+ * back in the later ones (the row is still in cache) instead of being
+ * computed again. Sets G->stash/stash_op/stash_level, or leaves stash at -1. */
 static int
 choose_stash(Gen *G)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
     int nn = s->g->nnodes, best = -1;
-    char *fin = PyMem_Calloc(nn + 1, 1), *last = PyMem_Calloc(nn + 1, 1);
+    /* first[v]: the first sweep (reduction level, 1-based; final = nphases + 1)
+     * that needs v; again[v]: a later one needs it too */
+    char *first = PyMem_Calloc(nn + 1, 1), *again = PyMem_Calloc(nn + 1, 1);
+    char *need = PyMem_Calloc(nn + 1, 1);
     G->stash = -1;
-    if (fin == NULL || last == NULL) {
-        PyMem_Free(fin);
-        PyMem_Free(last);
+    if (first == NULL || again == NULL || need == NULL) {
+        PyMem_Free(first);
+        PyMem_Free(again);
+        PyMem_Free(need);
         PyErr_NoMemory();
         return -1;
     }
-    for (int m = 0; K->nphases > 0 && m < K->nnodes; m++) {
-        int v = K->nodes[m];
-        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
-            fc_expr_need_full(&G->e, v, fin);
+    for (int level = 1; K->nphases > 0 && level <= K->nphases + 1; level++) {
+        memset(need, 0, nn);
+        for (int m = 0; m < K->nnodes; m++) {
+            int v = K->nodes[m];
+            if (level > K->nphases && s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
+                fc_expr_need_full(&G->e, v, need);
+            }
+            if (level <= K->nphases && fc_expr_is_red(s, v) && s->sn[v].level == level) {
+                fc_expr_need_full(&G->e, s->g->nodes[v].in[0], need);
+            }
         }
-        if (fc_expr_is_red(s, v) && s->sn[v].level == K->nphases) {
-            fc_expr_need_full(&G->e, s->g->nodes[v].in[0], last);
+        for (int v = 0; v < nn; v++) {
+            if (need[v] && first[v]) {
+                again[v] = 1;
+            }
+            else if (need[v]) {
+                first[v] = (char)level;
+            }
         }
     }
     for (int v = 0; v < nn; v++) {
         const FcOpInfo *op = &fc_ops[s->g->nodes[v].op];
-        if (fin[v] && last[v] && op->kind == FC_KIND_PW && op->rule == FC_R_FLOAT &&
-                strncmp(op->cexpr, "fc_", 3) == 0) {
+        if (again[v] && first[v] <= K->nphases && op->kind == FC_KIND_PW && op->rule == FC_R_FLOAT &&
+                strncmp(op->cexpr, "fc_", 3) == 0 && (best < 0 || first[v] <= first[best])) {
             best = v;
         }
     }
@@ -506,14 +524,15 @@ choose_stash(Gen *G)
                 s->slots[op->slot].dtype == fc_dtype_compute(s->sn[best].dtype)) {
             G->stash = best;
             G->stash_op = o;
-            G->stash_level = K->nphases;
+            G->stash_level = first[best];
             if (node == best) {
                 break;
             }
         }
     }
-    PyMem_Free(fin);
-    PyMem_Free(last);
+    PyMem_Free(first);
+    PyMem_Free(again);
+    PyMem_Free(need);
     return 0;
 }
 
@@ -535,10 +554,11 @@ emit_row(Gen *G)
         if (level > 0) {
             int nreds = fc_expr_begin_level(&G->e, level, reds);
             G->in_stash_sweep = G->stash >= 0 && level == G->stash_level;
+            G->after_stash = G->stash >= 0 && level > G->stash_level;
             if (emit_sweep(G, 1, reds, nreds, 0) < 0) {
                 return -1;
             }
-            G->in_stash_sweep = 0;
+            G->in_stash_sweep = G->after_stash = 0;
             G->sp = SP_OUTER_POINT;
             /* shared rows: publish partials, then every thread folds them in thread order */
             LINE(G, "if (P != NULL) {");
