@@ -29,8 +29,8 @@ typedef struct {
     char bcast[FC_MAXOPS]; /* unit runs: operand broadcast along the run (stride 0): p[0];
                           * column blocks: along the block (outer stride 0): p[i * s] */
     uint64_t cols_zero;  /* column blocks: the operands bcast names, as fc_use_cols takes them */
-    int stash, stash_op; /* a costly FULL value the last reduction sweep writes into an
-                          * output the final sweep then reads back (-1: none) */
+    int stash, stash_op; /* a costly FULL value the first reduction sweep that needs it
+                          * writes into an output, later sweeps read back (-1: none) */
     int stash_level;     /* the reduction sweep that computes and writes it */
     int in_stash_sweep;  /* emitting the sweep of stash_level */
     int after_stash;     /* emitting a sweep after it: read the stash back */
