@@ -491,16 +491,9 @@ choose_stash(Gen *G)
         return -1;
     }
     for (int level = 1; K->nphases > 0 && level <= K->nphases + 1; level++) {
+        int reds[FC_MAX_KERNEL_REDS], nreds = fc_expr_level_reds(&G->e, level, reds);
         memset(need, 0, nn);
-        for (int m = 0; m < K->nnodes; m++) {
-            int v = K->nodes[m];
-            if (level > K->nphases && s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
-                fc_expr_need_full(&G->e, v, need);
-            }
-            if (level <= K->nphases && fc_expr_is_red(s, v) && s->sn[v].level == level) {
-                fc_expr_need_full(&G->e, s->g->nodes[v].in[0], need);
-            }
-        }
+        fc_expr_need_sweep(&G->e, reds, nreds, level > K->nphases, need);   /* the sweep's own marking */
         for (int v = 0; v < nn; v++) {
             if (need[v] && first[v]) {
                 again[v] = 1;

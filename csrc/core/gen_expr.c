@@ -600,7 +600,7 @@ declare_acc(FcExprGen *E, int v)
 }
 
 int
-fc_expr_begin_level(FcExprGen *E, int level, int *reds)
+fc_expr_level_reds(const FcExprGen *E, int level, int *reds)
 {
     int nreds = 0;
     for (int m = 0; m < E->K->nnodes; m++) {
@@ -609,6 +609,13 @@ fc_expr_begin_level(FcExprGen *E, int level, int *reds)
             reds[nreds++] = v;
         }
     }
+    return nreds;
+}
+
+int
+fc_expr_begin_level(FcExprGen *E, int level, int *reds)
+{
+    int nreds = fc_expr_level_reds(E, level, reds);
     FC_LINE(E, "/* sweep %d: %d reduction%s */", level, nreds, nreds == 1 ? "" : "s");
     for (int r = 0; r < nreds; r++) {
         declare_acc(E, reds[r]);

@@ -110,8 +110,9 @@ FC_INTERNAL int fc_expr_has_nan_flag(const FcSpec *s, int v);           /* amax/
 FC_INTERNAL int fc_expr_has_index(const FcSpec *s, int v);              /* argmax/argmin */
 /* 1 if kernel K has a reduction with no identity (amax, argmax, ...) */
 FC_INTERNAL int fc_expr_needs_nonempty(const FcSpec *s, const FcKernelIR *K);
-/* the reductions finished at this level (reds: FC_MAX_KERNEL_REDS), after a
- * comment line and their accumulators' declarations; returns how many */
+/* the reductions finished at this level (reds: FC_MAX_KERNEL_REDS); returns how many */
+FC_INTERNAL int fc_expr_level_reds(const FcExprGen *E, int level, int *reds);
+/* fc_expr_level_reds, after a comment line and their accumulators' declarations */
 FC_INTERNAL int fc_expr_begin_level(FcExprGen *E, int level, int *reds);
 /* fold x (at flat inner index j) into v's accumulator */
 FC_INTERNAL void fc_expr_accumulate(FcExprGen *E, int v, const char *x, const char *j);

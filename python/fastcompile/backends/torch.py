@@ -875,19 +875,24 @@ _PUSH_MAX_NODES = 64
 _VIEW_PACKETS = frozenset(p for p, h in _LOWER.items() if h in (_view, _moving_view)) | {aten.alias}
 
 
-def _feeds_core(node, depth=0):
-    """Every use of ``node`` (through further views) is an op the core lowers: pushing the view
-    to the leaves then saves a kernel pass. An extern use takes the view in its own cluster."""
+def _uses_end_in(node, through, ends, depth=0):
+    """Every use of ``node``, looking through ops in ``through``, is an op in ``ends``."""
     if not node.users or depth > 8:
         return False
     for u in node.users:
         pk = getattr(u.target, "overloadpacket", None) if u.op == "call_function" else None
-        if pk in _VIEW_PACKETS:
-            if not _feeds_core(u, depth + 1):
+        if pk in through:
+            if not _uses_end_in(u, through, ends, depth + 1):
                 return False
-        elif pk not in _LOWER:
+        elif pk not in ends:
             return False
     return True
+
+
+def _feeds_core(node):
+    """Every use of ``node`` (through further views) is an op the core lowers: pushing the view
+    to the leaves then saves a kernel pass. An extern use takes the view in its own cluster."""
+    return _uses_end_in(node, _VIEW_PACKETS, _LOWER)
 
 
 def _np_view(node, shape, new):
@@ -965,18 +970,9 @@ def _leaf_view(shape, strides, chain):
     return "strided", strided
 
 
-def _viewed_again(node, depth=0):
+def _viewed_again(node):
     """Every use of ``node`` is another view, or a clone whose uses are views again."""
-    if not node.users or depth > 8:
-        return False
-    for u in node.users:
-        pk = getattr(u.target, "overloadpacket", None) if u.op == "call_function" else None
-        if pk is aten.clone:
-            if not _viewed_again(u, depth + 1):
-                return False
-        elif pk not in _VIEW_PACKETS:
-            return False
-    return True
+    return _uses_end_in(node, (aten.clone,), _VIEW_PACKETS)
 
 
 def _compose(fns):
@@ -1039,16 +1035,14 @@ def _push_view(L, node, r, new):
         if tuple(probe.shape) != new:
             raise _NotLowered("view %s -> %s gives %s" % (r.tshape, new, probe.shape))
         how = _leaf_view(G.leaf_shape[base.node], G.leaf_strides.get(base.node), view)
-        if how is None:
-            if not _viewed_again(node):
-                # NumPy would copy the leaf on one thread at every call; the core value is
-                # written by a kernel and viewed there instead
-                raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
-            # only viewed further (after clones): a later view may be a strided view of
-            # the leaf again (flash attention's grads: (B, H, T, D) over (B, T, H, D)
-            # memory, reshaped to (B*H, T, D), permuted and reshaped to (T, B, H*D))
-            how = ("copy", view)
-        w = G.extern(how[1], base, pure=True)
+        # a real copy: NumPy would copy the leaf on one thread at every call, so the core
+        # value is written by a kernel and viewed there instead; unless it is only viewed
+        # further (after clones), where a later view may be a strided view of the leaf again
+        # (flash attention's grads: (B, H, T, D) over (B, T, H, D) memory, reshaped to
+        # (B*H, T, D), permuted and reshaped to (T, B, H*D))
+        if how is None and not _viewed_again(node):
+            raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
+        w = G.extern(how[1] if how is not None else view, base, pure=True)
         G.view_of[w.node] = (base, fns)
         G.leaf_shape[w.node] = new
         new_of[v.node] = w
