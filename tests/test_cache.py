@@ -188,7 +188,8 @@ def test_four_processes_racing_on_one_key(tmp_path):
         assert out.strip() == "ok"
     published = [f for _, _, files in os.walk(cache) for f in files if f.endswith(".so")]
     assert len(published) == 1, published
-    leftovers = [f for _, _, files in os.walk(cache) for f in files if ".tmp" in f or f.count(".") > 1]
+    leftovers = [f for _, _, files in os.walk(cache) for f in files
+                 if ".tmp" in f or (f.count(".") > 1 and f != "fc_kernel.h.gch")]
     assert leftovers == []
 
 

@@ -62,8 +62,11 @@ def mapped_inode(addr):
 
 
 def make_cfg(cache_dir, **over):
+    """The precompiled header is off unless a test asks for it (pch=True): the
+    tests here count compiler runs, and the header build is one more."""
     cfg = {"cc": CC, "cflags": "", "include_dir": INCLUDE, "cache_dir": str(cache_dir),
-           "version": "test-1", "always_compile": False, "debug": 0, "dump_dir": None}
+           "version": "test-1", "always_compile": False, "debug": 0, "dump_dir": None,
+           "pch": False}
     cfg.update(over)
     return cfg
 
@@ -696,6 +699,123 @@ def test_different_keys_in_parallel_threads(cache):
 # cache_clear, stats, dump_dir, debug log
 # ---------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------
+# precompiled header
+# ---------------------------------------------------------------------------
+
+def pch_kernel(ret):
+    """A kernel that includes fc_kernel.h, as generated ones do (the header the .gch is of)."""
+    return kernel(ret).replace('"fc_launch.h"', '"fc_kernel.h"')
+
+
+def logging_cc(tmp_path):
+    """(cc, calls()): the real compiler behind a script that logs each argv."""
+    log = tmp_path / "cc.log"
+    cc = fake_cc(tmp_path, f'echo "$@" >> {log}\nexec {CC} "$@"\n')
+    return cc, lambda: log.read_text().splitlines() if log.exists() else []
+
+
+def gch_of(cache):
+    found = list(cache.glob("pch-*/fc_kernel.h.gch"))
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+IS_CLANG = CC is not None and "clang" in subprocess.run([CC, "--version"], capture_output=True,
+                                                        text=True).stdout
+
+
+@pytest.mark.skipif(IS_CLANG, reason="the precompiled header is GCC's")
+def test_pch_built_once_then_used_by_every_kernel(tmp_path):
+    cache = tmp_path / "cache"
+    cc, calls = logging_cc(tmp_path)
+    cfg = make_cfg(cache, cc=cc, pch=True)
+    a = child(tmp_path, cfg, pch_kernel(21))
+    assert a["err"] is None and a["ret"] == 21 and a["warnings"] == []
+    assert a["stats"]["compiles"] == 1              # the header build is not a kernel compile
+    gch = gch_of(cache)
+    assert gch is not None and re.fullmatch(r"pch-[0-9a-f]{16}", gch.parent.name)
+    assert stat.S_IMODE(os.stat(gch).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(gch.parent).st_mode) == 0o700
+    first = calls()
+    assert first[0] == "--version" and len(first) == 3
+    header = [c for c in first if "-x c-header" in c]
+    assert len(header) == 1 and header[0].endswith(os.path.join(INCLUDE, "fc_kernel.h"))
+    # a kernel compile puts the header's folder before the shipped headers
+    kern = [c.split() for c in first if "-x c-header" not in c and c != "--version"][0]
+    assert kern.index("-I" + str(gch.parent)) < kern.index("-I" + INCLUDE)
+    # the next process finds it: one compiler run per kernel, no header build
+    b = child(tmp_path, cfg, pch_kernel(22))
+    assert b["err"] is None and b["ret"] == 22 and b["warnings"] == []
+    assert len(calls()) == 4 and "-x c-header" not in calls()[3]
+    # GCC really reads it: an unreadable one fails the kernel's first compile
+    # (a file GCC skipped would not), which is then made without it
+    with open(gch, "r+b") as f:
+        f.truncate(os.path.getsize(gch) // 2)
+    c = child(tmp_path, cfg, pch_kernel(23))
+    assert c["err"] is None and c["ret"] == 23 and c["stats"]["compiles"] == 1
+    assert len(c["warnings"]) == 1 and "precompiled header" in c["warnings"][0]
+    assert str(gch) in c["warnings"][0] and not gch.exists()
+    retry = calls()[4:]
+    assert len(retry) == 2 and "-I" + str(gch.parent) in retry[0].split()
+    assert "-I" + str(gch.parent) not in retry[1].split()
+    # the next batch that compiles builds it again
+    d = child(tmp_path, cfg, pch_kernel(24))
+    assert d["err"] is None and d["ret"] == 24 and d["warnings"] == [] and gch.exists()
+
+
+def test_pch_not_built_for_disk_hits(tmp_path):
+    cache = tmp_path / "cache"
+    cc, calls = logging_cc(tmp_path)
+    cfg = make_cfg(cache, cc=cc, pch=True)
+    src = pch_kernel(31)
+    assert child(tmp_path, cfg, src)["ret"] == 31
+    gch = gch_of(cache)
+    if gch is not None:
+        gch.unlink()
+    n = len(calls())
+    r = child(tmp_path, cfg, src)   # a warm start: nothing to compile, so nothing to build
+    assert r["ret"] == 31 and r["stats"] == r["stats"] | {"compiles": 0, "disk_hits": 1}
+    assert len(calls()) == n and gch_of(cache) is None
+
+
+def test_pch_build_failure_is_harmless_and_not_retried(tmp_path):
+    log = tmp_path / "cc.log"
+    cc = fake_cc(tmp_path, f"""\
+echo "$@" >> {log}
+case "$*" in *"-x c-header"*) exit 1;; esac
+exec {CC} "$@"
+""")
+    _C._configure(make_cfg(tmp_path / "cache", cc=cc, pch=True))
+    assert call(_C._cpu_load(pch_kernel(41), "fc_k")) == 41
+    assert call(_C._cpu_load(pch_kernel(42), "fc_k")) == 42
+    runs = log.read_text().splitlines()
+    assert sum("-x c-header" in c for c in runs) == 1   # failed once: not tried again
+    assert gch_of(tmp_path / "cache") is None
+    assert not list((tmp_path / "cache").glob("pch-*/*.tmp"))
+
+
+def test_pch_never_given_to_clang(tmp_path):
+    log = tmp_path / "cc.log"
+    cc = fake_cc(tmp_path, f"""\
+if [ "$1" = "--version" ]; then echo "clang version 17.0.0"; exit 0; fi
+echo "$@" >> {log}
+exec {CC} "$@"
+""")
+    _C._configure(make_cfg(tmp_path / "cache", cc=cc, pch=True))
+    assert call(_C._cpu_load(pch_kernel(51), "fc_k")) == 51
+    runs = log.read_text().splitlines()
+    assert len(runs) == 1 and "pch-" not in runs[0]
+    assert not list((tmp_path / "cache").glob("pch-*"))
+
+
+def test_pch_off(tmp_path):
+    cc, calls = logging_cc(tmp_path)
+    _C._configure(make_cfg(tmp_path / "cache", cc=cc, pch=False))
+    assert call(_C._cpu_load(pch_kernel(61), "fc_k")) == 61
+    assert len(calls()) == 2 and not any("pch-" in c for c in calls())
+
+
 def test_cache_clear_memory_only(cache):
     src = kernel(40)
     r1 = _C._cpu_load(src, "fc_k")
@@ -707,9 +827,12 @@ def test_cache_clear_memory_only(cache):
     assert r2["so_path"] == r1["so_path"]
 
 
-def test_cache_clear_disk(cache):
-    src = kernel(41)
+def test_cache_clear_disk(tmp_path):
+    cache = tmp_path / "cache"
+    _C._configure(make_cfg(cache, pch=True))
+    src = pch_kernel(41)
     r1 = _C._cpu_load(src, "fc_k")
+    assert IS_CLANG or gch_of(cache) is not None
     shard = cache / r1["key"][:2]
     foreign = [cache / "notes.txt", shard / "mine.txt"]
     for f in foreign:
@@ -719,6 +842,7 @@ def test_cache_clear_disk(cache):
     assert {k: _C.stats()[k] for k in counters} == counters   # counters are not reset
     assert not os.path.exists(r1["so_path"]) and not os.path.exists(r1["c_path"])
     assert not any(p.name.startswith("compiler-") for p in cache.iterdir())
+    assert not list(cache.glob("pch-*"))
     assert all(f.read_text() == "keep me" for f in foreign)
     before = _C.stats()
     r2 = _C._cpu_load(src, "fc_k")

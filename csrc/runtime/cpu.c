@@ -23,20 +23,25 @@
 #include "disk.h"
 #include "sha256.h"
 
-/* The kernel compile line: cc FC_FLAGS -I<include_dir> <cflags> -o OUT SRC FC_LIBS.
+/* The kernel compile line: cc FC_FLAGS [-I<pch dir>] -I<include_dir> <cflags> -o OUT SRC FC_LIBS.
  * Never -ffast-math/-Ofast: they link crtfastmath.o, which sets FTZ/DAZ in MXCSR
  * for the whole process when the .so is loaded. -nostartfiles leaves out the
  * crt*.o files altogether (crtfastmath.o is one; kernels need none of them):
  * no constructor or destructor runs from a kernel .so, so loading cannot
  * touch MXCSR and exit never runs code from a kernel file that someone
  * truncated under us. -O2, not -O3: the hot loops carry `omp simd` and are
- * vectorized either way, and -O2 compiles reduction kernels about 2x faster. */
+ * vectorized either way, and -O2 compiles reduction kernels about 2x faster.
+ * -nodefaultlibs: the driver's default -lgcc_s -lc (linker scripts naming
+ * several libraries) made linking take 20 ms instead of 12; FC_LIBS names
+ * libgcc (static helpers) again, and libc's symbols (memcpy) resolve at load
+ * time through libm's and libgomp's own dependency on it. */
 static const char *const FC_FLAGS[] = {
     "-O2", "-march=native", "-std=c11", "-fPIC", "-shared", "-fopenmp",
     "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
-    "-fvisibility=hidden", "-nostartfiles",
+    "-fvisibility=hidden", "-nostartfiles", "-nodefaultlibs",
 };
-static const char *const FC_LIBS[] = {"-lmvec", "-lm"};
+static const char *const FC_LIBS[] = {"-lmvec", "-lm", "-lgcc"};
+#define FC_PCH_HEADER "fc_kernel.h"   /* what every kernel includes first; see pch_folder */
 #define FC_NFLAGS ((int)(sizeof(FC_FLAGS) / sizeof(FC_FLAGS[0])))
 #define FC_NLIBS ((int)(sizeof(FC_LIBS) / sizeof(FC_LIBS[0])))
 
@@ -82,6 +87,7 @@ static struct {
     char *dump_dir;
     int always_compile;
     int debug;
+    int pch;                /* use a precompiled header where the compiler is GCC */
     int timeout_s;
     /* derived lazily from the configuration; reset by fc_cpu_configure */
     char *cache_dir;        /* the folder in use, checked private; NULL until first use */
@@ -94,6 +100,7 @@ static struct {
     FcEntry **slots;
     size_t cap, used;
     FcEntry *entries;
+    int pch_failed;         /* a build failed in this process: not tried again */
     /* counters, never reset (tests diff them) */
     long long compiles, disk_hits, memory_hits;
 } rt;
@@ -653,8 +660,11 @@ typedef struct {
     char *shard, *so_path, *c_path, *meta_path;   /* <cache>/<key[0:2]>/<key>.{so,c,meta} */
     char *version;
     char *cc;               /* absolute */
-    char **flags;           /* FC_FLAGS, -I<include_dir>, cflags */
+    char **flags;           /* FC_FLAGS, [-I<pch dir>], -I<include_dir>, cflags */
     char **envp;
+    char *pch_gch;          /* the precompiled header's path; NULL: none in use */
+    int pch_flag;           /* index of -I<pch dir> in flags, or -1 */
+    int pch_build;          /* this job builds pch_gch instead of compiling a kernel */
     int read_disk;          /* 0 under always_compile */
     int timeout_s;
     int prev_loaded;        /* this process has so_path dlopen'd by name already... */
@@ -719,6 +729,7 @@ job_free(FcJob *j)
     free(j->meta_path);
     free(j->version);
     free(j->cc);
+    free(j->pch_gch);
     fc_disk_strv_free(j->flags);
     fc_disk_strv_free(j->envp);
     free(j->loaded_path);
@@ -728,10 +739,27 @@ job_free(FcJob *j)
     fc_str_free(&j->errmsg);
 }
 
-/* Copies what the job needs out of rt. GIL held. 0, or -1 with MemoryError. */
+/* Copies what the job needs out of rt; pch: the precompiled header's folder
+ * or NULL. A kernel job (source != NULL) puts it first on the include path;
+ * a job with source NULL builds its .gch. GIL held. 0, or -1 with MemoryError. */
 static int
-job_prepare(FcJob *j, const char *source, const char *symbol, const char *key)
+job_prepare(FcJob *j, const char *source, const char *symbol, const char *key, const char *pch)
 {
+    j->pch_flag = -1;
+    if (source == NULL) {
+        j->pch_build = 1;
+        j->shard = strdup(pch);
+        j->pch_gch = fmt("%s/%s.gch", pch, FC_PCH_HEADER);
+        j->c_path = fmt("%s/%s", rt.include_dir, FC_PCH_HEADER);   /* the input */
+        j->version = strdup(rt.version ? rt.version : "unknown");
+        j->cc = strdup(rt.cc_abs);
+        j->envp = fc_disk_scrubbed_env();
+        j->timeout_s = rt.timeout_s;
+        if (!j->shard || !j->pch_gch || !j->c_path || !j->version || !j->cc || !j->envp) {
+            goto nomem;
+        }
+        goto flags;
+    }
     j->source = source;
     j->source_len = strlen(source);
     j->symbol = symbol;
@@ -757,8 +785,19 @@ job_prepare(FcJob *j, const char *source, const char *symbol, const char *key)
         || !j->envp) {
         goto nomem;
     }
+flags:
     for (int i = 0; i < FC_NFLAGS; i++) {
         if (fc_disk_strv_push(&j->flags, FC_FLAGS[i]) < 0) {
+            goto nomem;
+        }
+    }
+    if (pch && !j->pch_build) {
+        char *inc = fmt("-I%s", pch);
+        j->pch_gch = fmt("%s/%s.gch", pch, FC_PCH_HEADER);
+        j->pch_flag = (int)fc_disk_strv_len(j->flags);
+        int rc = inc && j->pch_gch ? fc_disk_strv_push(&j->flags, inc) : -1;
+        free(inc);
+        if (rc < 0) {
             goto nomem;
         }
     }
@@ -992,6 +1031,23 @@ job_compile(FcJob *j)
                  strerror(errno));
         goto cleanup;
     }
+    if (!timed_out && WIFEXITED(status) && WEXITSTATUS(status) != 0 && j->pch_flag >= 0) {
+        /* perhaps a .gch GCC could not read (it fails rather than falling back
+         * to the header): once more without it, on an emptied log */
+        int again = 0;
+        memmove(&argv[j->pch_flag + 1], &argv[j->pch_flag + 2],
+                (k - (size_t)j->pch_flag - 1) * sizeof(char *));
+        k--;
+        if (ftruncate(logfd, 0) == 0 && lseek(logfd, 0, SEEK_SET) == 0
+            && fc_disk_spawn_wait(argv, j->envp, logfd, j->timeout_s, &again, &timed_out) == 0) {
+            if (!timed_out && WIFEXITED(again) && WEXITSTATUS(again) == 0) {
+                unlink(j->pch_gch);
+                job_warn(j, "fastcompile: the precompiled header %s could not be used; removed "
+                         "it (the next compile makes it again)", j->pch_gch);
+            }
+            status = again;
+        }
+    }
     j->compile_ms = fc_disk_now_ms() - t0;
     log = fc_disk_read_head(logfd, FC_LOG_MAX, "\n... (compiler output truncated)\n");
     struct stat st;
@@ -1066,12 +1122,70 @@ cleanup:
     free(argv);
 }
 
+/* Compiles the header (j->c_path) to a temp beside j->pch_gch and renames it
+ * there: a compiler opening the .gch sees none or a whole one. Not synced: a
+ * file the disk lost after a crash fails a compile, which then goes without
+ * it (job_compile). GIL-free; j->err set on failure. */
+static void
+pch_build(FcJob *j)
+{
+    char sfx[FC_DISK_SUFFIX];
+    char *tmp = NULL;
+    char **argv = NULL;
+    size_t nflags = fc_disk_strv_len(j->flags), k = 0;
+    int fd = -1, status = 0, timed_out = 0;
+
+    fc_disk_temp_suffix(sfx);
+    tmp = fmt("%s.%s.tmp", j->pch_gch, sfx);
+    argv = calloc(nflags + 7, sizeof(char *));
+    if (tmp == NULL || argv == NULL) {
+        job_fail(j, FC_JOB_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    argv[k++] = j->cc;
+    for (size_t i = 0; i < nflags; i++) {
+        argv[k++] = j->flags[i];
+    }
+    argv[k++] = "-x";
+    argv[k++] = "c-header";
+    argv[k++] = "-o";
+    argv[k++] = tmp;
+    argv[k++] = j->c_path;
+    fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    double t0 = fc_disk_now_ms();
+    if (fd < 0 || fc_disk_spawn_wait(argv, j->envp, fd, j->timeout_s, &status, &timed_out) < 0) {
+        job_fail(j, FC_JOB_OS, "cannot run %s: %s", j->cc, strerror(errno));
+        goto cleanup;
+    }
+    j->compile_ms = fc_disk_now_ms() - t0;
+    if (timed_out || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        job_fail(j, FC_JOB_CC, "%s", timed_out ? "timed out" : "the compiler failed");
+        goto cleanup;
+    }
+    if (chmod(tmp, 0600) < 0 || rename(tmp, j->pch_gch) < 0) {
+        job_fail(j, FC_JOB_OS, "cannot publish %s: %s", j->pch_gch, strerror(errno));
+    }
+cleanup:
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (tmp) {
+        unlink(tmp);   /* gone already once renamed */
+    }
+    free(tmp);
+    free(argv);
+}
+
 /* Disk lookup, else compile. GIL-free; results and failures land in *j. */
 static void
 job_run(FcJob *j)
 {
     char why[512];
     struct stat st;
+    if (j->pch_build) {
+        pch_build(j);
+        return;
+    }
     if (mkdir(j->shard, 0700) < 0 && errno != EEXIST) {
         job_fail(j, FC_JOB_OS, "fastcompile: cannot create %s: %s", j->shard, strerror(errno));
         return;
@@ -1160,14 +1274,14 @@ cfg_int(PyObject *cfg, const char *name, long dflt, long *out)
 
 /* cfg: borrowed dict. Keys: cc, cflags, include_dir, cache_dir, version,
  * dump_dir (str or None), always_compile (bool), debug (int), and optionally
- * compile_timeout (seconds, default 120). */
+ * compile_timeout (seconds, default 120) and pch (bool, default on). */
 FC_INTERNAL int
 fc_cpu_configure(PyObject *cfg)
 {
     char *cc = NULL, *cflags = NULL, *include_dir = NULL, *cache_req = NULL;
     char *version = NULL, *dump_dir = NULL;
     char **flagv = NULL;
-    long always_compile, debug, timeout_s;
+    long always_compile, debug, timeout_s, pch;
     int rc = -1;
 
     if (!PyDict_Check(cfg)) {
@@ -1179,7 +1293,7 @@ fc_cpu_configure(PyObject *cfg)
         || cfg_str(cfg, "cache_dir", &cache_req) < 0 || cfg_str(cfg, "version", &version) < 0
         || cfg_str(cfg, "dump_dir", &dump_dir) < 0
         || cfg_int(cfg, "always_compile", 0, &always_compile) < 0
-        || cfg_int(cfg, "debug", 0, &debug) < 0
+        || cfg_int(cfg, "debug", 0, &debug) < 0 || cfg_int(cfg, "pch", 1, &pch) < 0
         || cfg_int(cfg, "compile_timeout", FC_COMPILE_TIMEOUT_S, &timeout_s) < 0) {
         goto cleanup;
     }
@@ -1226,6 +1340,8 @@ fc_cpu_configure(PyObject *cfg)
     flagv = NULL;
     rt.always_compile = always_compile != 0;
     rt.debug = (int)debug;
+    rt.pch = pch != 0;
+    rt.pch_failed = 0;
     rt.timeout_s = (int)timeout_s;
     rt.have_digest = 0;   /* compiler, flags or headers may have changed */
     rt.configured = 1;
@@ -1271,10 +1387,10 @@ job_thread(void *arg)
 
 #define FC_MAX_PARALLEL_CC 16
 
-/* Runs jobs[0..n), up to one per online CPU at a time: each waits on its own
- * compiler process. Called with the GIL released. */
+/* Runs *jobs[0..n), in that order, up to one per online CPU at a time: each
+ * waits on its own compiler process. Called with the GIL released. */
 static void
-run_jobs(FcJob *jobs, int n)
+run_jobs(FcJob *const *jobs, int n)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int width = ncpu < 1 ? 1 : ncpu > FC_MAX_PARALLEL_CC ? FC_MAX_PARALLEL_CC : (int)ncpu;
@@ -1283,15 +1399,15 @@ run_jobs(FcJob *jobs, int n)
         int started[FC_MAX_PARALLEL_CC] = {0};
         int end = first + width < n ? first + width : n;
         for (int i = first + 1; i < end; i++) {
-            started[i - first] = pthread_create(&th[i - first], NULL, job_thread, &jobs[i]) == 0;
+            started[i - first] = pthread_create(&th[i - first], NULL, job_thread, jobs[i]) == 0;
         }
-        job_run(&jobs[first]);
+        job_run(jobs[first]);
         for (int i = first + 1; i < end; i++) {
             if (started[i - first]) {
                 pthread_join(th[i - first], NULL);
             }
             else {
-                job_run(&jobs[i]);          /* no thread to be had: run it here */
+                job_run(jobs[i]);           /* no thread to be had: run it here */
             }
         }
     }
@@ -1362,13 +1478,73 @@ job_finish(FcJob *j, const char *key, const char *symbol, FcEntry **out)
     return 0;
 }
 
+/* ---------------------------------------------------------------------------
+ * Precompiled header. Every kernel starts with #include "fc_kernel.h", and
+ * parsing it (with math.h and omp.h) is about 80 of the 650 million
+ * instructions cc1 spends on a softmax kernel. With GCC the header is
+ * compiled once per compiler, flags and header bytes (the key digest) into
+ * <cache>/pch-<digest[0:16]>/fc_kernel.h.gch, and each kernel compile puts
+ * that folder first on its include path: GCC takes the .gch it finds beside
+ * the name it includes if it was made with the same options, else reads the
+ * header. The generated code is the same either way.
+ * A batch that is about to compile with no .gch there builds one in a job of
+ * its own, run first, beside the kernels (on another core); kernels that
+ * start before it is published read the header. A .gch GCC cannot read fails
+ * the compile: the kernel is compiled again without it and the file removed
+ * (job_compile). Clang reads no .gch on #include, and is never given one.
+ * ------------------------------------------------------------------------- */
+
+/* *out: the folder for this configuration's .gch (made if missing), or NULL
+ * when there is to be none. GIL held. 0, or -1 with MemoryError. */
+static int
+pch_folder(char **out)
+{
+    char hex[65];
+    struct stat st;
+    *out = NULL;
+    if (!rt.pch || rt.pch_failed || !rt.include_dir || !rt.cc_line || strstr(rt.cc_line, "clang")) {
+        return 0;
+    }
+    fc_sha256_hex(rt.digest, hex);
+    char *dir = fmt("%s/pch-%.16s", rt.cache_dir, hex);
+    if (dir == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if ((mkdir(dir, 0700) < 0 && errno != EEXIST) || lstat(dir, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        free(dir);        /* compile without: the header is still there */
+        return 0;
+    }
+    *out = dir;
+    return 0;
+}
+
+/* Should this batch build the .gch: it is missing, and some job will compile
+ * (always_compile, or no .so on disk for it)? GIL held. */
+static int
+pch_wanted(const FcJob *jobs, int njobs)
+{
+    struct stat st;
+    if (njobs == 0 || jobs[0].pch_gch == NULL || lstat(jobs[0].pch_gch, &st) == 0) {
+        return 0;
+    }
+    for (int k = 0; k < njobs; k++) {
+        if (!jobs[k].read_disk || lstat(jobs[k].so_path, &st) < 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 FC_INTERNAL int
 fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, FcLoaded *outs)
 {
-    FcJob *jobs = NULL;
+    FcJob *jobs = NULL;                     /* the kernels' jobs, then the header's (pch_job) */
+    FcJob **order = NULL;                   /* the order they run in */
     FcEntry **found = NULL, **made = NULL;  /* per item; per job (its entry once finished) */
     char (*keys)[65] = NULL;
-    int *job_of = NULL, njobs = 0, rc = -1, cap = n > 0 ? n : 1;   /* cap: no zero-size allocations */
+    char *pch = NULL;
+    int *job_of = NULL, njobs = 0, pch_job = 0, rc = -1, cap = n > 0 ? n : 1;   /* cap: no zero-size allocations */
 
     if (!rt.configured) {
         PyErr_SetString(PyExc_RuntimeError, "fastcompile: the CPU runtime is not configured "
@@ -1379,12 +1555,14 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     if (!rt.have_digest && (ensure_cache_dir() < 0 || ensure_identity() < 0)) {
         return -1;
     }
-    jobs = PyMem_Calloc(cap, sizeof(FcJob));
+    jobs = PyMem_Calloc(cap + 1, sizeof(FcJob));
+    order = PyMem_Calloc(cap + 1, sizeof(FcJob *));
     found = PyMem_Calloc(cap, sizeof(FcEntry *));
     keys = PyMem_Calloc(cap, sizeof(*keys));
     job_of = PyMem_Calloc(cap, sizeof(int));
     made = PyMem_Calloc(cap, sizeof(FcEntry *));
-    if (jobs == NULL || found == NULL || keys == NULL || job_of == NULL || made == NULL) {
+    if (jobs == NULL || order == NULL || found == NULL || keys == NULL || job_of == NULL
+        || made == NULL) {
         PyErr_NoMemory();
         goto cleanup;
     }
@@ -1411,16 +1589,37 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
             continue;
         }
         /* re-check the folder right before trusting what is in it */
-        if (ensure_cache_dir() < 0 || job_prepare(&jobs[njobs], sources[i], symbols[i], keys[i]) < 0) {
+        if (ensure_cache_dir() < 0 || (njobs == 0 && pch_folder(&pch) < 0)
+            || job_prepare(&jobs[njobs], sources[i], symbols[i], keys[i], pch) < 0) {
             njobs++;                                           /* job_free for the partial one */
             goto cleanup;
         }
         job_of[i] = njobs++;
     }
     if (njobs > 0) {
+        int nrun = 0;
+        if (pch_wanted(jobs, njobs)) {
+            pch_job = 1;
+            if (job_prepare(&jobs[njobs], NULL, NULL, NULL, pch) < 0) {
+                goto cleanup;
+            }
+            order[nrun++] = &jobs[njobs];
+        }
+        for (int k = 0; k < njobs; k++) {
+            order[nrun++] = &jobs[k];
+        }
         Py_BEGIN_ALLOW_THREADS
-        run_jobs(jobs, njobs);
+        run_jobs(order, nrun);
         Py_END_ALLOW_THREADS
+        if (pch_job) {
+            FcJob *h = &jobs[njobs];
+            rt.pch_failed = h->err != FC_JOB_OK;
+            if (rt.debug >= 1) {
+                log_debug("precompiled header %s: %s (%.0f ms)", h->pch_gch,
+                          h->err == FC_JOB_OK ? "built" : h->errmsg.s ? h->errmsg.s : "failed",
+                          h->compile_ms);
+            }
+        }
     }
     for (int i = 0; i < n; i++) {
         int j = job_of[i];
@@ -1448,10 +1647,12 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     }
     rc = 0;
 cleanup:
-    for (int k = 0; jobs != NULL && k < njobs; k++) {
+    for (int k = 0; jobs != NULL && k < njobs + pch_job; k++) {
         job_free(&jobs[k]);
     }
     PyMem_Free(jobs);
+    PyMem_Free(order);
+    free(pch);
     PyMem_Free(found);
     PyMem_Free(keys);
     PyMem_Free(job_of);

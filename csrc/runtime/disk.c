@@ -417,6 +417,33 @@ fc_disk_check_private(const char *dir, char *why, size_t whylen)
  * the files named <64 hex>.<anything> (published and temp .so/.c/.meta/.log),
  * then the shard if empty; at the top, compiler-*.id files. Symlinks and
  * other names are left alone. With remove_root, rmdir dir too. GIL-free. */
+/* Empties and removes top/<name>, a precompiled header's folder: its .gch
+ * files and their temps. 0, or -1 when a file stayed. */
+static int
+clear_pch_dir(int top, const char *name)
+{
+    int fd = openat(top, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    struct dirent *de;
+    int rc = 0;
+    if (d == NULL) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    while ((de = readdir(d)) != NULL) {
+        struct stat st;
+        if (strstr(de->d_name, ".gch") && fstatat(fd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0
+            && S_ISREG(st.st_mode) && unlinkat(fd, de->d_name, 0) < 0 && errno != ENOENT) {
+            rc = -1;
+        }
+    }
+    closedir(d);
+    unlinkat(top, name, AT_REMOVEDIR);   /* fails harmlessly if others' files remain */
+    return rc;
+}
+
 int
 fc_disk_clear_dir(const char *dir, int remove_root)
 {
@@ -440,6 +467,13 @@ fc_disk_clear_dir(const char *dir, int remove_root)
         }
         if (S_ISREG(st.st_mode) && strncmp(n, "compiler-", 9) == 0) {
             unlinkat(top, n, 0);
+            continue;
+        }
+        if (S_ISDIR(st.st_mode) && strncmp(n, "pch-", 4) == 0 && strlen(n) == 20
+            && strspn(n + 4, "0123456789abcdef") == 16) {
+            if (clear_pch_dir(top, n) < 0) {
+                rc = -1;
+            }
             continue;
         }
         if (!S_ISDIR(st.st_mode) || strlen(n) != 2 || strspn(n, "0123456789abcdef") != 2) {

@@ -50,7 +50,8 @@ FC_INTERNAL int fc_disk_mkdir_p(const char *path, mode_t mode);
  * others may write without the sticky bit)? 0, or -1 with why filled in. */
 FC_INTERNAL int fc_disk_check_private(const char *dir, char *why, size_t whylen);
 /* Deletes the CPU runtime's files under dir (shards of <64 hex>.* files,
- * compiler-*.id), nothing else; with remove_root, dir too. */
+ * compiler-*.id, pch-<16 hex> folders of .gch files), nothing else; with
+ * remove_root, dir too. */
 FC_INTERNAL int fc_disk_clear_dir(const char *dir, int remove_root);
 
 /* A cache entry is <key>.so plus a <key>.meta sidecar naming the key, the

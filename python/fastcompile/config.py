@@ -46,6 +46,8 @@ KNOBS = [
     Knob("debug", "FASTCOMPILE_DEBUG", int, 0,
          "log ladder: 1 compiles and cache misses, 2 graphs after fusion, 3 generated source"),
     Knob("dump_dir", "FASTCOMPILE_DUMP_DIR", str, None, "write every stage (graph, fused, .c) here"),
+    Knob("pch", "FASTCOMPILE_PCH", _bool, True,
+         "with GCC, parse the kernel header once per compiler and flags (a precompiled header in the cache)"),
     Knob("always_compile", "FASTCOMPILE_ALWAYS_COMPILE", _bool, False,
          "ignore the disk cache (still writes it)"),
     Knob("verify", "FASTCOMPILE_VERIFY", _bool, False, "run fc_graph_verify after every pass (tests turn it on)"),
