@@ -746,16 +746,18 @@ static int
 job_prepare(FcJob *j, const char *source, const char *symbol, const char *key, const char *pch)
 {
     j->pch_flag = -1;
+    if (pch && (j->pch_gch = fmt("%s/%s.gch", pch, FC_PCH_HEADER)) == NULL) {
+        goto nomem;
+    }
     if (source == NULL) {
         j->pch_build = 1;
         j->shard = strdup(pch);
-        j->pch_gch = fmt("%s/%s.gch", pch, FC_PCH_HEADER);
         j->c_path = fmt("%s/%s", rt.include_dir, FC_PCH_HEADER);   /* the input */
         j->version = strdup(rt.version ? rt.version : "unknown");
         j->cc = strdup(rt.cc_abs);
         j->envp = fc_disk_scrubbed_env();
         j->timeout_s = rt.timeout_s;
-        if (!j->shard || !j->pch_gch || !j->c_path || !j->version || !j->cc || !j->envp) {
+        if (!j->shard || !j->c_path || !j->version || !j->cc || !j->envp) {
             goto nomem;
         }
         goto flags;
@@ -793,9 +795,8 @@ flags:
     }
     if (pch && !j->pch_build) {
         char *inc = fmt("-I%s", pch);
-        j->pch_gch = fmt("%s/%s.gch", pch, FC_PCH_HEADER);
         j->pch_flag = (int)fc_disk_strv_len(j->flags);
-        int rc = inc && j->pch_gch ? fc_disk_strv_push(&j->flags, inc) : -1;
+        int rc = inc ? fc_disk_strv_push(&j->flags, inc) : -1;
         free(inc);
         if (rc < 0) {
             goto nomem;
