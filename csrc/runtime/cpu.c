@@ -739,29 +739,55 @@ job_free(FcJob *j)
     fc_str_free(&j->errmsg);
 }
 
-/* Copies what the job needs out of rt; pch: the precompiled header's folder
- * or NULL. A kernel job (source != NULL) puts it first on the include path;
- * a job with source NULL builds its .gch. GIL held. 0, or -1 with MemoryError. */
+/* What every job needs out of rt: the compiler, its environment and time
+ * limit, and its flags: FC_FLAGS, -I<pch> for a kernel job (pch: the
+ * precompiled header's folder, or NULL), -I<include_dir>, cflags; with pch,
+ * the .gch's path. GIL held. 0, or -1 when out of memory. */
+static int
+job_prepare_compiler(FcJob *j, const char *pch)
+{
+    j->cc = strdup(rt.cc_abs);
+    j->envp = fc_disk_scrubbed_env();
+    j->timeout_s = rt.timeout_s;
+    j->pch_flag = -1;
+    if (!j->cc || !j->envp || (pch && (j->pch_gch = fmt("%s/%s.gch", pch, FC_PCH_HEADER)) == NULL)) {
+        return -1;
+    }
+    for (int i = 0; i < FC_NFLAGS; i++) {
+        if (fc_disk_strv_push(&j->flags, FC_FLAGS[i]) < 0) {
+            return -1;
+        }
+    }
+    if (pch && !j->pch_build) {
+        char *inc = fmt("-I%s", pch);
+        j->pch_flag = (int)fc_disk_strv_len(j->flags);
+        int rc = inc ? fc_disk_strv_push(&j->flags, inc) : -1;
+        free(inc);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    if (rt.include_dir) {
+        char *inc = fmt("-I%s", rt.include_dir);
+        int rc = inc ? fc_disk_strv_push(&j->flags, inc) : -1;
+        free(inc);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    for (char **f = rt.cflags; f && *f; f++) {
+        if (fc_disk_strv_push(&j->flags, *f) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A kernel's job: copies what it needs out of rt; pch as for
+ * job_prepare_compiler. GIL held. 0, or -1 with MemoryError. */
 static int
 job_prepare(FcJob *j, const char *source, const char *symbol, const char *key, const char *pch)
 {
-    j->pch_flag = -1;
-    if (pch && (j->pch_gch = fmt("%s/%s.gch", pch, FC_PCH_HEADER)) == NULL) {
-        goto nomem;
-    }
-    if (source == NULL) {
-        j->pch_build = 1;
-        j->shard = strdup(pch);
-        j->c_path = fmt("%s/%s", rt.include_dir, FC_PCH_HEADER);   /* the input */
-        j->version = strdup(rt.version ? rt.version : "unknown");
-        j->cc = strdup(rt.cc_abs);
-        j->envp = fc_disk_scrubbed_env();
-        j->timeout_s = rt.timeout_s;
-        if (!j->shard || !j->c_path || !j->version || !j->cc || !j->envp) {
-            goto nomem;
-        }
-        goto flags;
-    }
     j->source = source;
     j->source_len = strlen(source);
     j->symbol = symbol;
@@ -771,10 +797,7 @@ job_prepare(FcJob *j, const char *source, const char *symbol, const char *key, c
     j->c_path = fmt("%s/%.2s/%s.c", rt.cache_dir, key, key);
     j->meta_path = fmt("%s/%.2s/%s.meta", rt.cache_dir, key, key);
     j->version = strdup(rt.version ? rt.version : "unknown");
-    j->cc = strdup(rt.cc_abs);
-    j->envp = fc_disk_scrubbed_env();
     j->read_disk = !rt.always_compile;
-    j->timeout_s = rt.timeout_s;
     for (FcEntry *e = rt.entries; e != NULL; e = e->next) {
         if (!e->via_alias && e->so_path && j->so_path && strcmp(e->so_path, j->so_path) == 0) {
             j->prev_loaded = 1;
@@ -783,42 +806,26 @@ job_prepare(FcJob *j, const char *source, const char *symbol, const char *key, c
             break;
         }
     }
-    if (!j->shard || !j->so_path || !j->c_path || !j->meta_path || !j->version || !j->cc
-        || !j->envp) {
-        goto nomem;
-    }
-flags:
-    for (int i = 0; i < FC_NFLAGS; i++) {
-        if (fc_disk_strv_push(&j->flags, FC_FLAGS[i]) < 0) {
-            goto nomem;
-        }
-    }
-    if (pch && !j->pch_build) {
-        char *inc = fmt("-I%s", pch);
-        j->pch_flag = (int)fc_disk_strv_len(j->flags);
-        int rc = inc ? fc_disk_strv_push(&j->flags, inc) : -1;
-        free(inc);
-        if (rc < 0) {
-            goto nomem;
-        }
-    }
-    if (rt.include_dir) {
-        char *inc = fmt("-I%s", rt.include_dir);
-        int rc = inc ? fc_disk_strv_push(&j->flags, inc) : -1;
-        free(inc);
-        if (rc < 0) {
-            goto nomem;
-        }
-    }
-    for (char **f = rt.cflags; f && *f; f++) {
-        if (fc_disk_strv_push(&j->flags, *f) < 0) {
-            goto nomem;
-        }
+    if (!j->shard || !j->so_path || !j->c_path || !j->meta_path || !j->version
+        || job_prepare_compiler(j, pch) < 0) {
+        PyErr_NoMemory();
+        return -1;
     }
     return 0;
-nomem:
-    PyErr_NoMemory();
-    return -1;
+}
+
+/* The job that builds pch's .gch from the shipped header (pch_build). GIL
+ * held. 0, or -1 with MemoryError. */
+static int
+pch_job_prepare(FcJob *j, const char *pch)
+{
+    j->pch_build = 1;
+    j->c_path = fmt("%s/%s", rt.include_dir, FC_PCH_HEADER);   /* the input */
+    if (j->c_path == NULL || job_prepare_compiler(j, pch) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
 }
 
 /* dlopen + dlsym. 0; -1 with why when the loader rejects the file (a bad
@@ -1601,7 +1608,7 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
         int nrun = 0;
         if (pch_wanted(jobs, njobs)) {
             pch_job = 1;
-            if (job_prepare(&jobs[njobs], NULL, NULL, NULL, pch) < 0) {
+            if (pch_job_prepare(&jobs[njobs], pch) < 0) {
                 goto cleanup;
             }
             order[nrun++] = &jobs[njobs];
