@@ -148,3 +148,128 @@ def test_layernorm_backward_reads_row_statistics_once_per_run():
     # column blocks take them with outer stride 0 (a non-zero operand mask), read once per row
     assert re.search(r"fc_use_cols\(L, 0x0*[1-9a-f][0-9a-f]*ULL\)", col), col
     assert re.search(r"= p\d+\[i \* s\d+\];", col), col
+
+
+# ---------------------------------------------------------------------------
+# lanes: a unit-stride run's whole blocks of 16 accumulate in 16 lanes, folded
+# pairwise at the run's end; the last len % 16 elements take the scalar loop
+# ---------------------------------------------------------------------------
+
+LANE_REFS = {
+    "sum": lambda x, ax: np.sum(x, axis=ax, dtype=np.float64 if x.dtype.kind == "f" else None),
+    "prod": lambda x, ax: np.prod(x, axis=ax, dtype=np.float64 if x.dtype.kind == "f" else None),
+    "amax": lambda x, ax: np.max(x, axis=ax),
+    "amin": lambda x, ax: np.min(x, axis=ax),
+    "any": lambda x, ax: np.any(x, axis=ax),
+    "all": lambda x, ax: np.all(x, axis=ax),
+    "mean": lambda x, ax: np.mean(x, axis=ax, dtype=np.float64),
+    "var": lambda x, ax: np.var(x, axis=ax, dtype=np.float64),
+    "logsumexp": lambda x, ax: np.log(np.sum(np.exp(x.astype(np.float64) - np.max(x, axis=ax, keepdims=True)),
+                                             axis=ax)) + np.max(x, axis=ax).astype(np.float64),
+}
+LANE_DTYPES = {
+    "sum": ("float32", "float64", "int32", "uint8"), "prod": ("float32", "int64"),
+    "amax": ("float32", "float64", "int16", "uint8"), "amin": ("float32", "int32"),
+    "any": ("bool", "float32"), "all": ("bool", "int8"),
+    "mean": ("float32",), "var": ("float32", "float64"), "logsumexp": ("float32",),
+}
+
+
+def _lane_input(dtype, shape, rng, op):
+    if dtype == "bool":
+        x = rng.random(shape) < (0.05 if op == "any" else 0.95)
+    elif np.dtype(dtype).kind == "f":
+        x = rng.standard_normal(shape)
+        if op == "prod":
+            x = 1.0 + 0.02 * x
+    else:
+        info = np.iinfo(dtype)
+        hi = 3 if op == "prod" else min(int(info.max), 100)
+        x = rng.integers(max(int(info.min), -hi) if op != "all" else 0, hi, size=shape, endpoint=True)
+        if op == "prod":
+            x = np.where(x == 0, 1, x)
+    return np.asarray(x).astype(dtype)
+
+
+@pytest.mark.parametrize("op,dtype", [(op, dt) for op in LANE_REFS for dt in LANE_DTYPES[op]],
+                         ids=lambda v: str(v))
+@pytest.mark.parametrize("n", [15, 16, 17, 33, 128, 131])
+def test_lane_reductions_by_row_length(op, dtype, n):
+    """Rows shorter than a lane block (scalar only), exactly whole blocks, and blocks plus a
+    tail; 7 rows, so row ends fall anywhere in memory. NaN (floats) goes in a lane block of
+    row 1 and in the tail of row 2; row 3 is all -inf and row 4 all +inf for amax/amin."""
+    rng = np.random.default_rng(n * 7 + len(op))
+    x = _lane_input(dtype, (7, n), rng, op)
+    if np.dtype(dtype).kind == "f" and op not in ("prod",):
+        x[1, min(5, n - 1)] = np.nan
+        x[2, n - 1] = np.nan
+        if op in ("amax", "amin"):
+            x[3, :] = -np.inf
+            x[4, :] = np.inf
+    g = Graph()
+    a = g.input(dtype, 2)
+    g.output(g.call(op, a, axis=1))
+    f = g.compile()
+    (got,) = f(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = LANE_REFS[op](x, 1)
+    if got.dtype.kind == "f":
+        assert_close_np(got, ref.astype(got.dtype) if ref.dtype != np.float64 else ref, dtype=got.dtype,
+                        rtol=1e-5 if got.dtype == np.float32 else 1e-12, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, ref.astype(got.dtype))
+    src = f.kernels[0].source
+    assert "_l[16];" in src, "a unit-stride reduction kernel has lane arrays"
+
+
+@pytest.mark.parametrize("op", ["sum", "amax", "var", "any"])
+def test_lane_reductions_over_several_runs(op):
+    """Inner space of two dims that do not collapse (a slice of the last axis): runs of 20 (a
+    lane block and a tail of 4), five runs per row, folded into one accumulator; also the
+    transposed view (strided runs: the scalar loop only) and few long rows shared by threads."""
+    rng = np.random.default_rng(11)
+    base = rng.standard_normal((6, 5, 40)).astype(np.float32)
+    base[2, 3, 17] = np.nan
+    views = [base[:, :, :20], base.transpose(0, 2, 1)[:, :20, :]]
+    if op == "any":
+        views = [(v > 2.2) for v in views]
+    g = Graph()
+    a = g.input(views[0].dtype.name, 3)
+    g.output(g.call(op, a, axis=(1, 2)))
+    f = g.compile()
+    for v in views:
+        (got,) = f(v)
+        ref = LANE_REFS[op](v, (1, 2))
+        if got.dtype.kind == "f":
+            assert_close_np(got, ref, dtype=got.dtype, rtol=1e-5, atol=1e-6)
+        else:
+            np.testing.assert_array_equal(got, ref)
+    long = rng.standard_normal((2, 300001)).astype(np.float32)
+    long[1, 123457] = np.nan
+    if op == "any":
+        long = long > 4.5
+    g = Graph()
+    a = g.input(long.dtype.name, 2)
+    g.output(g.call(op, a, axis=1))
+    (got,) = g.compile()(long)
+    ref = LANE_REFS[op](long, 1)
+    if got.dtype.kind == "f":
+        assert_close_np(got, ref, dtype=got.dtype, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, ref)
+
+
+def test_arg_reductions_keep_the_scalar_first_index_loop():
+    """argmax needs the first of equal maxima: no lanes, and ties are still first-index."""
+    x = np.zeros((3, 40), np.float32)
+    x[0, [3, 20, 35]] = 5.0
+    x[1, [37, 38]] = 7.0
+    x[2, [9, 25]] = np.nan
+    g = Graph()
+    a = g.input("float32", 2)
+    g.output(g.call("argmax", a, axis=1), g.call("sum", a, axis=1))
+    f = g.compile()
+    got, s = f(x)
+    np.testing.assert_array_equal(got, np.argmax(x, axis=1))
+    assert_close_np(s, x.sum(1, dtype=np.float64).astype(np.float32))
+    assert "_l[16];" not in f.kernels[0].source

@@ -628,7 +628,7 @@ fc_expr_accumulate(FcExprGen *E, int v, const char *x, const char *j)
 {
     int op = E->s->g->nodes[v].op;
     const char *ty = fc_expr_ctype(E, fc_expr_acc_dtype(E->s, v));
-    const char *b = E->cols ? "[b]" : "";
+    const char *b = E->cols ? "[b]" : E->lane ? E->lane : "";
     switch (op) {
     case FC_OP_SUM: FC_LINE(E, "acc%d%s += (%s)%s;", v, b, ty, x); break;
     case FC_OP_PROD: FC_LINE(E, "acc%d%s *= (%s)%s;", v, b, ty, x); break;

@@ -1,13 +1,13 @@
-/* fastcompile 0.1.0: kernel fc_c4e9eff75f640e2c
- * graph 041c6accd2b0ecce
- * 6 ops, reduction, 3 sweeps per row */
+/* fastcompile 0.1.0: kernel fc_3343a612f2b77f9b
+ * graph f2870a10aed5ddf8
+ * 7 ops, reduction, 3 sweeps per row */
 #include "fc_cuda_kernel.h"
 
-typedef fc_cu_launch<2, 2> fc_c4e9eff75f640e2c_launch;
+typedef fc_cu_launch<2, 2> fc_3343a612f2b77f9b_launch;
 
 template <typename I>
 static __device__ __forceinline__ void
-fc_c4e9eff75f640e2c_body(const fc_c4e9eff75f640e2c_launch &L)
+fc_3343a612f2b77f9b_body(const fc_3343a612f2b77f9b_launch &L)
 {
     __shared__ float sm2[32];
     __shared__ int smn2[32];
@@ -46,6 +46,7 @@ fc_c4e9eff75f640e2c_body(const fc_c4e9eff75f640e2c_launch &L)
         }
         acc5 = fc_cu_block_reduce(acc5, fc_cu_sum(), sm5);
         const float t5 = (float)acc5;
+        const float t6 = fc_reciprocal_f32(t5);
         /* final sweep: write full-size results */
         for (I j = threadIdx.x; j < (I)L.n_inner; j += FC_CU_THREADS) {
             I ib[2];
@@ -54,21 +55,21 @@ fc_c4e9eff75f640e2c_body(const fc_c4e9eff75f640e2c_launch &L)
             const float t1 = x1;
             const float t3 = (t1 - t2);
             const float t4 = fc_exp_f32(t3);
-            const float t6 = (t4 / t5);
-            out0[ob[0] + ib[0]] = t6;
+            const float t7 = (t4 * t6);
+            out0[ob[0] + ib[0]] = t7;
         }
     }
     fc_cu_report(L.err, fc_err);
 }
 
 extern "C" __global__ void __launch_bounds__(FC_CU_THREADS)
-fc_c4e9eff75f640e2c_i32(const fc_c4e9eff75f640e2c_launch L)
+fc_3343a612f2b77f9b_i32(const fc_3343a612f2b77f9b_launch L)
 {
-    fc_c4e9eff75f640e2c_body<int32_t>(L);
+    fc_3343a612f2b77f9b_body<int32_t>(L);
 }
 
 extern "C" __global__ void __launch_bounds__(FC_CU_THREADS)
-fc_c4e9eff75f640e2c_i64(const fc_c4e9eff75f640e2c_launch L)
+fc_3343a612f2b77f9b_i64(const fc_3343a612f2b77f9b_launch L)
 {
-    fc_c4e9eff75f640e2c_body<int64_t>(L);
+    fc_3343a612f2b77f9b_body<int64_t>(L);
 }
