@@ -41,7 +41,7 @@ struct FcExprGen {
                                    * accumulators are arrays over b (else 0) */
     const char *lane;             /* gen_c's lane loops: the accumulators are
                                    * arrays acc<v>_l[16] and this their subscript
-                                   * ("_l[i - i0]"); NULL: plain scalars */
+                                   * ("_l[l]"); NULL: plain scalars */
     char *loaded;                 /* per operand: a local x<o> holds its value in this body */
     char opname[FC_MAXOPS][16];   /* in0.., out0.. */
 };

@@ -317,7 +317,7 @@ fc_graph_add_composite(FcGraph *g, int op, int x, const FcNode *a)
         s = add_red(g, FC_OP_SUM, e, a, 1);
         if (op == FC_OP_SOFTMAX) {
             /* e * (1 / s), as torch's CPU and CUDA softmax do: one division per
-             * row instead of one per element (at most 1 ulp from e / s) */
+             * row instead of one per element (about 1 ulp from e / s) */
             return add2(g, FC_OP_MUL, e, add1(g, FC_OP_RECIPROCAL, s));
         }
         return add2(g, FC_OP_SUB, d, s < 0 ? -1 : add1(g, FC_OP_LOG, s));
