@@ -168,8 +168,8 @@ LANE_REFS = {
                                              axis=ax)) + np.max(x, axis=ax).astype(np.float64),
 }
 LANE_DTYPES = {
-    "sum": ("float32", "float64", "int32", "uint8"), "prod": ("float32", "int64"),
-    "amax": ("float32", "float64", "int16", "uint8"), "amin": ("float32", "int32"),
+    "sum": ("float32", "float64", "float16", "int32", "uint8"), "prod": ("float32", "int64"),
+    "amax": ("float32", "float64", "float16", "int16", "uint8"), "amin": ("float32", "int32"),
     "any": ("bool", "float32"), "all": ("bool", "int8"),
     "mean": ("float32",), "var": ("float32", "float64"), "logsumexp": ("float32",),
 }
