@@ -1,6 +1,5 @@
-/* Graph API: fastcompile.graph.Graph, Value and Compiled.
- * In: Python calls (ops, attributes, arrays). Out: an FcGraph; at call time,
- * plans per segment and per input key, run from C. */
+/* Graph API: fastcompile.graph.Graph and Value (Compiled: compiledobj.c).
+ * In: Python calls (ops, attributes). Out: an FcGraph, handed to compile(). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
@@ -13,6 +12,7 @@
 #include "../runtime/cuda.h"
 #include "../runtime/plan.h"
 #include "api.h"
+#include "objects.h"
 
 /* ========================================================================
  * types
@@ -20,39 +20,12 @@
 
 typedef struct {
     PyObject_HEAD
-    FcGraph g;
-    PyObject *externs;        /* list of callables; extern nodes index it */
-    PyObject *origin;         /* str "file:line" where the graph was made */
-} GraphObject;
-
-typedef struct {
-    PyObject_HEAD
     GraphObject *graph;       /* owned */
     int node;
 } ValueObject;
 
-typedef struct {
-    int level;                /* 0: before any extern */
-    FcSegment seg;
-} SegmentSlot;
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    FcGraph g;                /* a private copy */
-    PyObject *externs;        /* owned list */
-    PyObject *origin;         /* owned str */
-    PyObject *kernels;        /* owned list of kernel records */
-    int *level;               /* per node */
-    int nlevels;
-    SegmentSlot *segs;        /* one per level */
-    int nplans;
-    double compile_ms;
-} CompiledObject;
-
 static PyTypeObject Graph_Type;
 static PyTypeObject Value_Type;
-static PyTypeObject Compiled_Type;
 
 /* ========================================================================
  * Value
@@ -160,8 +133,8 @@ static PyTypeObject Value_Type = {
  * Graph
  * ====================================================================== */
 
-static PyObject *
-caller_origin(void)
+PyObject *
+fc_api_caller_origin(void)
 {
     PyFrameObject *f = PyEval_GetFrame();   /* borrowed */
     PyCodeObject *co;
@@ -189,7 +162,7 @@ Graph_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     fc_graph_init(&self->g);
     self->externs = PyList_New(0);
-    self->origin = caller_origin();
+    self->origin = fc_api_caller_origin();
     if (self->externs == NULL || self->origin == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -221,9 +194,8 @@ Graph_dealloc(GraphObject *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* obj: borrowed; dtype as a name, a NumPy dtype or a scalar type. -1 + TypeError */
-static int
-parse_dtype(PyObject *obj)
+int
+fc_api_parse_dtype(PyObject *obj)
 {
     PyObject *np = NULL, *d = NULL, *name = NULL;
     int dt = -1;
@@ -274,7 +246,7 @@ Graph_input(GraphObject *self, PyObject *args, PyObject *kwargs)
     }
     memset(&n, 0, sizeof(n));
     n.op = FC_OP_INPUT;
-    if ((n.dtype = parse_dtype(dtype)) < 0) {
+    if ((n.dtype = fc_api_parse_dtype(dtype)) < 0) {
         return NULL;
     }
     n.ndim = ndim;
@@ -307,7 +279,7 @@ add_constant(GraphObject *self, PyObject *value)
         if (dt == NULL) {
             return -1;
         }
-        n.dtype = parse_dtype(dt);
+        n.dtype = fc_api_parse_dtype(dt);
         Py_DECREF(dt);
         if (n.dtype < 0) {
             return -1;
@@ -487,7 +459,7 @@ parse_attrs(int op, PyObject *kwargs, FcNode *a, int *opout)
             }
         }
         else if (op == FC_OP_CAST && strcmp(k, "dtype") == 0) {
-            if ((a->cast_to = parse_dtype(val)) < 0) {
+            if ((a->cast_to = fc_api_parse_dtype(val)) < 0) {
                 return -1;
             }
         }
@@ -690,8 +662,8 @@ Graph_output(GraphObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-dump_graph(const FcGraph *g)
+PyObject *
+fc_api_dump_graph(const FcGraph *g)
 {
     FcStr b = {0};
     char *text;
@@ -733,15 +705,13 @@ dump_graph(const FcGraph *g)
 static PyObject *
 Graph_dump(GraphObject *self, PyObject *unused)
 {
-    return dump_graph(&self->g);
+    return fc_api_dump_graph(&self->g);
 }
-
-static PyObject *compiled_new(GraphObject *graph);
 
 static PyObject *
 Graph_compile(GraphObject *self, PyObject *unused)
 {
-    return compiled_new(self);
+    return fc_api_compiled_new(self);
 }
 
 static PyMethodDef Graph_methods[] = {
@@ -771,713 +741,6 @@ static PyTypeObject Graph_Type = {
     .tp_doc = "A graph of array ops: build with input/constant/call/extern/output, then compile().",
     .tp_methods = Graph_methods,
     .tp_new = Graph_new,
-};
-
-/* ========================================================================
- * Compiled
- * ====================================================================== */
-
-static int
-add_unique(int **arr, int *n, int v)
-{
-    int *p;
-    for (int i = 0; i < *n; i++) {
-        if ((*arr)[i] == v) {
-            return 0;
-        }
-    }
-    p = PyMem_Realloc(*arr, (*n + 1) * sizeof(int));
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    *arr = p;
-    (*arr)[(*n)++] = v;
-    return 0;
-}
-
-/* Levels are first as early as the inputs allow. A core op then moves down to
- * the earliest level that reads it (the level before, for an extern reader),
- * so it lands in its readers' segment and fuses with them instead of being
- * stored in an early segment and read back later: the backward of unbind,
- * masks made from an arange extern and applied after six more externs, wrote
- * three full-size bool arrays that way. Graph outputs stay where they are.
- * GIL held; 0, or -1 with MemoryError. */
-static int
-sink_levels(CompiledObject *c, const char *live)
-{
-    const FcGraph *g = &c->g;
-    int *bound = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
-    if (bound == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        bound[i] = INT_MAX;
-    }
-    for (int k = 0; k < g->noutputs; k++) {
-        bound[g->outputs[k]] = c->level[g->outputs[k]];
-    }
-    for (int i = g->nnodes - 1; i >= 0; i--) {      /* readers come after what they read */
-        const FcNode *n = &g->nodes[i];
-        int calls = n->op == FC_OP_EXTERN || n->op == FC_OP_ITEM;   /* runs before its level's kernels */
-        int movable = !calls && n->op != FC_OP_INPUT && n->op != FC_OP_CONST;
-        if (!live[i]) {
-            continue;
-        }
-        if (movable && bound[i] != INT_MAX && bound[i] > c->level[i]) {
-            c->level[i] = bound[i];
-        }
-        for (int j = 0; j < n->nin; j++) {
-            int u = n->in[j], b = calls ? c->level[i] - 1 : c->level[i];
-            bound[u] = b < bound[u] ? b : bound[u];
-        }
-    }
-    PyMem_Free(bound);
-    return 0;
-}
-
-/* Levels: externs split the graph; segment L runs after the externs of level L.
- * Dead nodes get level -1: neither computed nor called. A node is live when an
- * output needs it, or it is an extern not declared pure (it may act). */
-static int
-build_segments(CompiledObject *c)
-{
-    const FcGraph *g = &c->g;
-    int maxl = 0;
-    char *live;
-    c->level = PyMem_Calloc(g->nnodes + 1, sizeof(int));
-    live = PyMem_Calloc(g->nnodes + 1, 1);
-    if (c->level == NULL || live == NULL) {
-        PyMem_Free(live);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int k = 0; k < g->noutputs; k++) {
-        live[g->outputs[k]] = 1;
-    }
-    for (int i = g->nnodes - 1; i >= 0; i--) {      /* nodes are in topological order */
-        const FcNode *n = &g->nodes[i];
-        if (n->op == FC_OP_EXTERN && !n->pure) {
-            live[i] = 1;
-        }
-        for (int j = 0; live[i] && j < n->nin; j++) {
-            live[n->in[j]] = 1;
-        }
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        const FcNode *n = &g->nodes[i];
-        int l = 0;
-        for (int j = 0; j < n->nin; j++) {
-            l = c->level[n->in[j]] > l ? c->level[n->in[j]] : l;
-        }
-        if (n->op == FC_OP_EXTERN) {
-            l += 1;
-        }
-        c->level[i] = live[i] ? l : -1;       /* a live node's inputs are live */
-        maxl = live[i] && l > maxl ? l : maxl;
-    }
-    if (sink_levels(c, live) < 0) {
-        PyMem_Free(live);
-        return -1;
-    }
-    PyMem_Free(live);
-    c->nlevels = maxl + 1;
-    c->segs = PyMem_Calloc(c->nlevels, sizeof(SegmentSlot));
-    if (c->segs == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int L = 0; L < c->nlevels; L++) {
-        FcSegment *seg = &c->segs[L].seg;
-        c->segs[L].level = L;
-        seg->in_seg = PyMem_Calloc(g->nnodes + 1, 1);
-        if (seg->in_seg == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (int i = 0; i < g->nnodes; i++) {
-            int op = g->nodes[i].op;
-            seg->in_seg[i] = c->level[i] == L && op != FC_OP_INPUT && op != FC_OP_EXTERN && op != FC_OP_ITEM;
-        }
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        const FcNode *n = &g->nodes[i];
-        for (int j = 0; j < n->nin && c->level[i] >= 0; j++) {
-            int u = n->in[j];
-            int op_u = g->nodes[u].op;
-            if (op_u == FC_OP_CONST) {
-                continue;
-            }
-            /* i reads u: u enters i's segment from outside, or leaves u's segment */
-            if (op_u != FC_OP_INPUT && op_u != FC_OP_EXTERN && op_u != FC_OP_ITEM) {
-                FcSegment *su = &c->segs[c->level[u]].seg;
-                int same = n->op != FC_OP_EXTERN && n->op != FC_OP_ITEM && c->level[i] == c->level[u];
-                if (!same && add_unique(&su->outputs, &su->noutputs, u) < 0) {
-                    return -1;
-                }
-            }
-            if (n->op != FC_OP_EXTERN && n->op != FC_OP_ITEM) {
-                FcSegment *si = &c->segs[c->level[i]].seg;
-                if (!si->in_seg[u] && add_unique(&si->inputs, &si->ninputs, u) < 0) {
-                    return -1;
-                }
-            }
-        }
-    }
-    for (int k = 0; k < g->noutputs; k++) {
-        int v = g->outputs[k];
-        int op = g->nodes[v].op;
-        if (op != FC_OP_INPUT && op != FC_OP_EXTERN && op != FC_OP_ITEM && op != FC_OP_CONST) {
-            FcSegment *sv = &c->segs[c->level[v]].seg;
-            if (add_unique(&sv->outputs, &sv->noutputs, v) < 0) {
-                return -1;
-            }
-        }
-    }
-    return 0;
-}
-
-static PyObject *Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw);
-
-static PyObject *
-compiled_new(GraphObject *graph)
-{
-    CompiledObject *c;
-    if (graph->externs == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "fastcompile: this Graph was cleared by the garbage collector");
-        return NULL;
-    }
-    if (graph->g.noutputs == 0) {
-        PyErr_SetString(PyExc_ValueError, "fastcompile: the graph has no outputs; call Graph.output(...) first");
-        return NULL;
-    }
-    if (fc_graph_verify(&graph->g) < 0) {
-        return NULL;
-    }
-    c = PyObject_GC_New(CompiledObject, &Compiled_Type);
-    if (c == NULL) {
-        return NULL;
-    }
-    c->vectorcall = Compiled_vectorcall;
-    memset(&c->g, 0, sizeof(c->g));
-    c->externs = NULL;
-    c->origin = NULL;
-    c->kernels = NULL;
-    c->level = NULL;
-    c->segs = NULL;
-    c->nlevels = 0;
-    c->nplans = 0;
-    c->compile_ms = 0;
-    PyObject_GC_Track(c);
-    if (fc_graph_copy(&c->g, &graph->g) < 0) {
-        Py_DECREF(c);
-        return NULL;
-    }
-    c->externs = PyList_GetSlice(graph->externs, 0, PyList_GET_SIZE(graph->externs));
-    c->origin = caller_origin();
-    c->kernels = PyList_New(0);
-    if (c->externs == NULL || c->origin == NULL || c->kernels == NULL || build_segments(c) < 0) {
-        Py_DECREF(c);
-        return NULL;
-    }
-    return (PyObject *)c;
-}
-
-static int
-Compiled_traverse(CompiledObject *c, visitproc visit, void *arg)
-{
-    Py_VISIT(c->externs);
-    Py_VISIT(c->kernels);
-    return 0;
-}
-
-static int
-Compiled_clear(CompiledObject *c)
-{
-    Py_CLEAR(c->externs);
-    Py_CLEAR(c->kernels);
-    return 0;
-}
-
-static void
-Compiled_dealloc(CompiledObject *c)
-{
-    PyObject_GC_UnTrack(c);
-    Compiled_clear(c);
-    Py_XDECREF(c->origin);
-    for (int L = 0; L < c->nlevels && c->segs; L++) {
-        FcSegment *seg = &c->segs[L].seg;
-        FcPlan *p = seg->plans;
-        while (p != NULL) {
-            FcPlan *next = p->next;
-            fc_plan_free(p);
-            p = next;
-        }
-        PyMem_Free(seg->in_seg);
-        PyMem_Free(seg->inputs);
-        PyMem_Free(seg->outputs);
-    }
-    PyMem_Free(c->segs);
-    PyMem_Free(c->level);
-    fc_graph_free(&c->g);
-    PyObject_GC_Del(c);
-}
-
-/* a record for Compiled.kernels; returns a new reference */
-static PyObject *
-kernel_record(const FcPlanKernel *pk, const FcPlan *p)
-{
-    PyObject *types = PyImport_ImportModule("types"), *ns = NULL, *kw = NULL, *empty = NULL;
-    if (types == NULL) {
-        return NULL;
-    }
-    kw = Py_BuildValue("{s:s,s:s,s:s,s:s,s:s,s:s}", "name", pk->name, "source", pk->source,
-                       "path", pk->loaded.c_path, "so_path", pk->loaded.so_path,
-                       "key", pk->loaded.key, "fused", p->dump);
-    ns = PyObject_GetAttrString(types, "SimpleNamespace");
-    empty = PyTuple_New(0);
-    if (kw != NULL && ns != NULL && empty != NULL) {
-        PyObject *r = PyObject_Call(ns, empty, kw);
-        Py_DECREF(kw);
-        Py_DECREF(ns);
-        Py_DECREF(empty);
-        Py_DECREF(types);
-        return r;
-    }
-    Py_XDECREF(kw);
-    Py_XDECREF(ns);
-    Py_XDECREF(empty);
-    Py_DECREF(types);
-    return NULL;
-}
-
-static FcPlan *
-find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals)
-{
-    FcMeta stack[16], *metas = stack;
-    FcPlan *p, *prev = NULL;
-    if (seg->ninputs > 16) {
-        metas = PyMem_Malloc(seg->ninputs * sizeof(FcMeta));
-        if (metas == NULL) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-    }
-    memset(metas, 0, (seg->ninputs ? seg->ninputs : 1) * sizeof(FcMeta));
-    for (int k = 0; k < seg->ninputs; k++) {
-        PyObject *a = vals[seg->inputs[k]];
-        if (fc_plan_meta(a, &metas[k]) < 0) {
-            p = NULL;
-            goto done;
-        }
-    }
-    for (p = seg->plans; p != NULL; prev = p, p = p->next) {
-        if (memcmp(p->metas, metas, seg->ninputs * sizeof(FcMeta)) == 0) {
-            if (prev != NULL) {   /* most recently used first */
-                prev->next = p->next;
-                p->next = seg->plans;
-                seg->plans = p;
-            }
-            goto done;
-        }
-    }
-    p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin));
-    if (p != NULL) {
-        p->next = seg->plans;
-        seg->plans = p;
-        seg->nplans++;
-        c->nplans++;
-        c->compile_ms += p->compile_ms;
-        for (int k = 0; k < p->nkernels; k++) {
-            PyObject *rec = kernel_record(&p->kernels[k], p);
-            if (rec == NULL || PyList_Append(c->kernels, rec) < 0) {
-                Py_XDECREF(rec);
-                p = NULL;   /* the plan stays cached; this call fails */
-                goto done;
-            }
-            Py_DECREF(rec);
-        }
-    }
-done:
-    if (metas != stack) {
-        PyMem_Free(metas);
-    }
-    return p;
-}
-
-static PyObject *
-as_array(PyObject *obj)
-{
-    if (PyArray_Check(obj)) {
-        PyArrayObject *a = (PyArrayObject *)obj;
-        if (PyArray_ISALIGNED(a)) {
-            Py_INCREF(obj);
-            return obj;
-        }
-        return PyArray_NewCopy(a, NPY_CORDER);
-    }
-    return PyArray_FROM_O(obj);
-}
-
-static PyObject *
-const_array(const FcNode *n)
-{
-    PyObject *v, *r;
-    if (n->ckind == FC_CONST_FLOAT) {
-        v = PyFloat_FromDouble(n->fval);
-    }
-    else if (n->ckind == FC_CONST_BOOL) {
-        v = PyBool_FromLong((long)n->ival);
-    }
-    else {
-        v = PyLong_FromLongLong(n->ival);
-    }
-    if (v == NULL) {
-        return NULL;
-    }
-    r = PyArray_FROM_O(v);
-    Py_DECREF(v);
-    if (r != NULL && !n->weak) {
-        PyObject *cast = PyArray_Cast((PyArrayObject *)r, fc_plan_typenum(n->dtype));
-        Py_DECREF(r);
-        r = cast;
-    }
-    return r;
-}
-
-static int
-run_extern(CompiledObject *c, int e, PyObject **vals)
-{
-    const FcNode *n = &c->g.nodes[e];
-    PyObject *args = PyTuple_New(n->nin), *res = NULL;
-    int rc = -1;
-    if (args == NULL) {
-        return -1;
-    }
-    for (int j = 0; j < n->nin; j++) {
-        int u = n->in[j];
-        PyObject *a = vals[u];
-        if (a == NULL && c->g.nodes[u].op == FC_OP_CONST) {
-            if ((vals[u] = const_array(&c->g.nodes[u])) == NULL) {
-                goto done;
-            }
-            a = vals[u];
-        }
-        Py_INCREF(a);
-        PyTuple_SET_ITEM(args, j, a);
-    }
-    res = PyObject_Call(PyList_GET_ITEM(c->externs, n->extern_index), args, NULL);
-    if (res == NULL) {
-        goto done;
-    }
-    if (n->item < 0) {
-        Py_XSETREF(vals[e], as_array(res));
-        rc = vals[e] ? 0 : -1;
-        goto done;
-    }
-    if (!PyTuple_Check(res) && !PyList_Check(res)) {
-        PyErr_Format(PyExc_TypeError, "fastcompile: extern %R was declared nout=%d but returned %.100s",
-                     PyList_GET_ITEM(c->externs, n->extern_index), n->item, Py_TYPE(res)->tp_name);
-        goto done;
-    }
-    if (PySequence_Size(res) != n->item) {
-        PyErr_Format(PyExc_ValueError, "fastcompile: extern %R was declared nout=%d but returned %zd values",
-                     PyList_GET_ITEM(c->externs, n->extern_index), n->item, PySequence_Size(res));
-        goto done;
-    }
-    /* the items are the nodes right after the extern */
-    for (int i = e + 1; i < c->g.nnodes; i++) {
-        const FcNode *it = &c->g.nodes[i];
-        if (it->op == FC_OP_ITEM && it->in[0] == e) {
-            PyObject *x = PySequence_GetItem(res, it->item);
-            if (x == NULL) {
-                goto done;
-            }
-            Py_XSETREF(vals[i], as_array(x));
-            Py_DECREF(x);
-            if (vals[i] == NULL) {
-                goto done;
-            }
-        }
-    }
-    rc = 0;
-done:
-    Py_XDECREF(res);
-    Py_DECREF(args);
-    return rc;
-}
-
-static int
-check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot)
-{
-    const FcNode *n = &c->g.nodes[c->g.inputs[k]];
-    FcMeta m;
-    PyObject *a;
-    if (!PyArray_Check(arg)) {
-        if (fc_cuda_check_host(arg) < 0) {   /* a CUDA array: say why it cannot run */
-            return -1;
-        }
-        PyErr_Format(PyExc_TypeError, "fastcompile: argument %d must be a numpy.ndarray, got %.100s",
-                     k, Py_TYPE(arg)->tp_name);
-        return -1;
-    }
-    if ((a = as_array(arg)) == NULL) {
-        return -1;
-    }
-    if (fc_plan_meta(a, &m) < 0) {
-        Py_DECREF(a);
-        return -1;
-    }
-    if (m.dtype != n->dtype) {
-        PyErr_Format(PyExc_TypeError, "fastcompile: argument %d was declared %s but is an array of %s",
-                     k, fc_dtypes[n->dtype].name, fc_dtypes[m.dtype].name);
-        Py_DECREF(a);
-        return -1;
-    }
-    if (m.ndim != n->ndim) {
-        PyErr_Format(PyExc_ValueError, "fastcompile: argument %d was declared with ndim=%d but has ndim=%d",
-                     k, n->ndim, m.ndim);
-        Py_DECREF(a);
-        return -1;
-    }
-    *slot = a;
-    return 0;
-}
-
-#define FC_STACK_VALS 128
-
-static PyObject *
-Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
-{
-    CompiledObject *c = (CompiledObject *)self;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
-    int nn = c->g.nnodes;
-
-    if (kw != NULL && PyTuple_GET_SIZE(kw) != 0) {
-        PyErr_SetString(PyExc_TypeError, "fastcompile: a compiled graph takes positional arrays only");
-        return NULL;
-    }
-    if (nargs != c->g.ninputs) {
-        PyErr_Format(PyExc_TypeError, "fastcompile: the compiled graph takes %d array%s, got %zd",
-                     c->g.ninputs, c->g.ninputs == 1 ? "" : "s", nargs);
-        return NULL;
-    }
-    if (nn > FC_STACK_VALS) {
-        vals = PyMem_Malloc(nn * sizeof(PyObject *));
-        if (vals == NULL) {
-            return PyErr_NoMemory();
-        }
-    }
-    memset(vals, 0, nn * sizeof(PyObject *));
-    for (int k = 0; k < c->g.ninputs; k++) {
-        if (check_input(c, k, args[k], &vals[c->g.inputs[k]]) < 0) {
-            goto done;
-        }
-    }
-    for (int L = 0; L < c->nlevels; L++) {
-        FcSegment *seg = &c->segs[L].seg;
-        FcPlan *p;
-        if (L > 0) {
-            for (int i = 0; i < nn; i++) {
-                if (c->g.nodes[i].op == FC_OP_EXTERN && c->level[i] == L && run_extern(c, i, vals) < 0) {
-                    goto done;
-                }
-            }
-        }
-        if (seg->noutputs == 0) {
-            continue;
-        }
-        if ((p = find_plan(c, seg, vals)) == NULL || fc_plan_run(p, vals) < 0) {
-            goto done;
-        }
-    }
-    result = PyTuple_New(c->g.noutputs);
-    if (result == NULL) {
-        goto done;
-    }
-    for (int k = 0; k < c->g.noutputs; k++) {
-        int v = c->g.outputs[k];
-        PyObject *o = vals[v];
-        if (o == NULL && c->g.nodes[v].op == FC_OP_CONST) {
-            o = const_array(&c->g.nodes[v]);
-        }
-        else {
-            Py_XINCREF(o);
-        }
-        if (o == NULL) {
-            if (!PyErr_Occurred()) {
-                PyErr_Format(PyExc_SystemError, "fastcompile: output %d was never computed", k);
-            }
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyTuple_SET_ITEM(result, k, o);
-    }
-done:
-    for (int i = 0; i < nn; i++) {
-        Py_XDECREF(vals[i]);
-    }
-    if (vals != stack) {
-        PyMem_Free(vals);
-    }
-    return result;
-}
-
-static PyObject *
-Compiled_get_kernels(CompiledObject *c, void *closure)
-{
-    return PyList_GetSlice(c->kernels, 0, PyList_GET_SIZE(c->kernels));
-}
-
-static PyObject *
-Compiled_get_graph(CompiledObject *c, void *closure)
-{
-    return dump_graph(&c->g);
-}
-
-static PyObject *
-Compiled_get_fused(CompiledObject *c, void *closure)
-{
-    PyObject *out = PyList_New(0);
-    if (out == NULL) {
-        return NULL;
-    }
-    for (int L = 0; L < c->nlevels; L++) {
-        for (FcPlan *p = c->segs[L].seg.plans; p != NULL; p = p->next) {
-            PyObject *s = PyUnicode_FromString(p->dump);
-            if (s == NULL || PyList_Append(out, s) < 0) {
-                Py_XDECREF(s);
-                Py_DECREF(out);
-                return NULL;
-            }
-            Py_DECREF(s);
-        }
-    }
-    return out;
-}
-
-static PyObject *
-Compiled_get_nplans(CompiledObject *c, void *closure)
-{
-    return PyLong_FromLong(c->nplans);
-}
-
-static PyObject *
-Compiled_get_compile_ms(CompiledObject *c, void *closure)
-{
-    return PyFloat_FromDouble(c->compile_ms);
-}
-
-static PyObject *
-Compiled_get_origin(CompiledObject *c, void *closure)
-{
-    Py_INCREF(c->origin);
-    return c->origin;
-}
-
-/* Compiled._cuda_render(*arrays) -> [{name, source, ...}]: the CUDA source
- * of every kernel of the specialization the arrays (NumPy, any device-free
- * stand-ins with the wanted dtype, rank, size-1 dims and contiguity) select.
- * Renders only: no compile, no device. Graphs with extern calls are refused.
- * args: borrowed; returns: new reference. */
-static PyObject *
-Compiled_cuda_render(CompiledObject *c, PyObject *args)
-{
-    FcSegment *seg;
-    FcMeta *metas = NULL;
-    PyObject **arrs = NULL, *r = NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(args);
-    if (c->nlevels != 1) {
-        PyErr_SetString(PyExc_NotImplementedError, "fastcompile: _cuda_render takes graphs without extern calls");
-        return NULL;
-    }
-    if (n != c->g.ninputs) {
-        PyErr_Format(PyExc_TypeError, "fastcompile: the graph takes %d inputs, got %zd", c->g.ninputs, n);
-        return NULL;
-    }
-    seg = &c->segs[0].seg;
-    metas = PyMem_Calloc(seg->ninputs + 1, sizeof(FcMeta));
-    arrs = PyMem_Calloc(c->g.nnodes + 1, sizeof(PyObject *));
-    if (metas == NULL || arrs == NULL) {
-        PyErr_NoMemory();
-        goto cleanup;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int node = c->g.inputs[i];
-        PyObject *arg = PyTuple_GET_ITEM(args, i);
-        if (PyTuple_Check(arg)) {
-            /* (dtype, ndim[, size-1 mask[, contiguous]]): no array needed (bfloat16) */
-            Py_INCREF(arg);
-            arrs[node] = arg;
-        }
-        else if ((arrs[node] = as_array(arg)) == NULL) {
-            goto cleanup;
-        }
-    }
-    for (int k = 0; k < seg->ninputs; k++) {
-        PyObject *a = arrs[seg->inputs[k]];
-        if (a != NULL && PyTuple_Check(a)) {
-            PyObject *dt;
-            unsigned int ones = 0;
-            int contig = 1;
-            if (!PyArg_ParseTuple(a, "Oi|Ip", &dt, &metas[k].ndim, &ones, &contig) ||
-                    (metas[k].dtype = parse_dtype(dt)) < 0) {
-                goto cleanup;
-            }
-            metas[k].ones = ones;
-            metas[k].contig = contig;
-            continue;
-        }
-        if (a == NULL) {
-            PyErr_SetString(PyExc_NotImplementedError, "fastcompile: _cuda_render: a segment input is not a graph input");
-            goto cleanup;
-        }
-        if (fc_plan_meta(a, &metas[k]) < 0) {
-            goto cleanup;
-        }
-    }
-    r = fc_plan_render_cuda(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin));
-cleanup:
-    for (int i = 0; arrs != NULL && i < c->g.nnodes; i++) {
-        Py_XDECREF(arrs[i]);
-    }
-    PyMem_Free(arrs);
-    PyMem_Free(metas);
-    return r;
-}
-
-static PyMethodDef Compiled_methods[] = {
-    {"_cuda_render", (PyCFunction)Compiled_cuda_render, METH_VARARGS,
-     "_cuda_render(*arrays) -> list of {name, source, ...}: CUDA source per kernel (tests)"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef Compiled_getset[] = {
-    {"kernels", (getter)Compiled_get_kernels, NULL,
-     "kernels built so far: name, source, path (.c), so_path, key, fused", NULL},
-    {"graph", (getter)Compiled_get_graph, NULL, "the graph as text", NULL},
-    {"fused", (getter)Compiled_get_fused, NULL, "each plan's fused kernels as text", NULL},
-    {"nplans", (getter)Compiled_get_nplans, NULL, "specializations built (one per input key and segment)", NULL},
-    {"compile_ms", (getter)Compiled_get_compile_ms, NULL, "total time spent building plans", NULL},
-    {"origin", (getter)Compiled_get_origin, NULL, "file:line where compile() was called", NULL},
-    {NULL},
-};
-
-static PyTypeObject Compiled_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "fastcompile.graph.Compiled",
-    .tp_basicsize = sizeof(CompiledObject),
-    .tp_dealloc = (destructor)Compiled_dealloc,
-    .tp_vectorcall_offset = offsetof(CompiledObject, vectorcall),
-    .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "A compiled graph: call it with NumPy arrays; returns a tuple of arrays.",
-    .tp_traverse = (traverseproc)Compiled_traverse,
-    .tp_clear = (inquiry)Compiled_clear,
-    .tp_methods = Compiled_methods,
-    .tp_getset = Compiled_getset,
 };
 
 /* ========================================================================
@@ -1517,13 +780,11 @@ static PyMethodDef api_methods[] = {
 int
 fc_api_init(PyObject *m)
 {
-    if (PyType_Ready(&Value_Type) < 0 || PyType_Ready(&Graph_Type) < 0 ||
-            PyType_Ready(&Compiled_Type) < 0) {
+    if (PyType_Ready(&Value_Type) < 0 || PyType_Ready(&Graph_Type) < 0 || fc_api_compiled_init(m) < 0) {
         return -1;
     }
     if (PyModule_AddObjectRef(m, "Graph", (PyObject *)&Graph_Type) < 0 ||
-            PyModule_AddObjectRef(m, "Value", (PyObject *)&Value_Type) < 0 ||
-            PyModule_AddObjectRef(m, "Compiled", (PyObject *)&Compiled_Type) < 0) {
+            PyModule_AddObjectRef(m, "Value", (PyObject *)&Value_Type) < 0) {
         return -1;
     }
     return PyModule_AddFunctions(m, api_methods);

@@ -1,0 +1,27 @@
+/* Graph API internals shared by graphobj.c (Graph, Value) and compiledobj.c (Compiled).
+ * In: nothing. Out: the Graph object's layout and the helpers both files use. */
+#ifndef FC_API_OBJECTS_H
+#define FC_API_OBJECTS_H
+
+#include <Python.h>
+#include "../core/ir.h"
+
+typedef struct {
+    PyObject_HEAD
+    FcGraph g;
+    PyObject *externs;        /* list of callables; extern nodes index it */
+    PyObject *origin;         /* str "file:line" where the graph was made */
+} GraphObject;
+
+/* "file:line" of the Python code calling us. Returns: new reference. */
+FC_INTERNAL PyObject *fc_api_caller_origin(void);
+/* obj: borrowed; a dtype name, NumPy dtype or scalar type. Returns the FcDType, or -1 + TypeError. */
+FC_INTERNAL int fc_api_parse_dtype(PyObject *obj);
+/* The graph as text, one node per line. Returns: new reference. */
+FC_INTERNAL PyObject *fc_api_dump_graph(const FcGraph *g);
+/* Graph.compile(): a Compiled over a private copy of graph. graph: borrowed; returns: new reference. */
+FC_INTERNAL PyObject *fc_api_compiled_new(GraphObject *graph);
+/* Readies the Compiled type and adds it to module m (borrowed). 0, or -1 with an exception set. */
+FC_INTERNAL int fc_api_compiled_init(PyObject *m);
+
+#endif
