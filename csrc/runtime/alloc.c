@@ -204,14 +204,17 @@ fc_alloc_set_cap(size_t bytes)
 }
 
 PyObject *
-fc_alloc_empty(int ndim, const npy_intp *shape, int typenum)
+fc_alloc_empty(int ndim, const npy_intp *shape, int typenum, int itemsize)
 {
     PyObject *old, *arr;
-    npy_intp n = 1;
+    npy_intp n = itemsize;
     for (int d = 0; d < ndim; d++) {
         n *= shape[d];
     }
-    if (pool.cap == 0 || pool.handler == NULL || n * 8 < FC_POOL_MIN / 2) {
+    /* Only blocks the pool keeps go through it: a smaller one would be mapped
+     * and unmapped on every call (pool_put returns it to the OS), paying page
+     * faults that malloc's heap, which reuses it, does not. */
+    if (pool.cap == 0 || pool.handler == NULL || n < FC_POOL_MIN) {
         return PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum);
     }
     old = PyDataMem_SetHandler(pool.handler);

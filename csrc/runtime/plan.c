@@ -727,7 +727,8 @@ fc_plan_run(FcPlan *p, PyObject **vals)
                 PyErr_SetString(PyExc_TypeError, "fastcompile: bfloat16 results need torch tensors");
                 goto cleanup;
             }
-            arrs[i] = (PyArrayObject *)fc_alloc_empty(sl->ndim, shape, fc_plan_typenum(sl->dtype));
+            arrs[i] = (PyArrayObject *)fc_alloc_empty(sl->ndim, shape, fc_plan_typenum(sl->dtype),
+                                                          fc_dtypes[sl->dtype].size);
             if (arrs[i] == NULL) {
                 goto cleanup;
             }
