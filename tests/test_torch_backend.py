@@ -486,6 +486,31 @@ def test_modes(mode):
         torch.testing.assert_close(cm(x), m(x), **TOL)
 
 
+@pytest.mark.parametrize("mode", ["default", "max-autotune"])
+def test_max_autotune_tunes_each_kernel(mode):
+    """max-autotune: every kernel of the graph times thread counts (and column blocks where the
+    launch is strided) per launch shape on its first call, then runs the fastest (tune.c)."""
+    torch.manual_seed(0)
+    m = MLP().eval()
+    x = torch.randn(512, 32)
+    record = []
+    cm = compile_fc(m, record=record, mode=mode)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), m(x), **TOL)
+    runners = [r for r in record if r.compiled is not None]
+    assert runners
+    for r in runners:
+        if mode == "default":
+            assert r.compiled.autotune is None and r.compiled.tuning == []
+            continue
+        assert r.compiled.autotune is True
+        tuned = {e["kernel"] for e in r.compiled.tuning}
+        big = [k.name for k in r.kernels]
+        assert tuned and tuned <= set(big)
+        assert all(e["uses"] == 2 for e in r.compiled.tuning)      # calls 2 and 3 reuse the choice
+
+
 def test_options_set_knobs():
     from fastcompile import config
     old = config.get("serial_below")

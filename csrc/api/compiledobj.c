@@ -31,6 +31,7 @@ typedef struct {
     SegmentSlot *segs;        /* one per level */
     int nplans;
     double compile_ms;
+    int autotune;             /* -1: as fastcompile.config.autotune; 0/1: this graph's own choice */
 } CompiledObject;
 
 static PyTypeObject Compiled_Type;
@@ -231,6 +232,7 @@ fc_api_compiled_new(GraphObject *graph)
     c->nlevels = 0;
     c->nplans = 0;
     c->compile_ms = 0;
+    c->autotune = -1;
     PyObject_GC_Track(c);
     if (fc_graph_copy(&c->g, &graph->g) < 0) {
         Py_DECREF(c);
@@ -516,6 +518,7 @@ Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
     int nn = c->g.nnodes;
+    int tune = c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune;
 
     if (kw != NULL && PyTuple_GET_SIZE(kw) != 0) {
         PyErr_SetString(PyExc_TypeError, "fastcompile: a compiled graph takes positional arrays only");
@@ -551,7 +554,7 @@ Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
         if (seg->noutputs == 0) {
             continue;
         }
-        if ((p = find_plan(c, seg, vals)) == NULL || fc_plan_run(p, vals) < 0) {
+        if ((p = find_plan(c, seg, vals)) == NULL || fc_plan_run(p, vals, tune) < 0) {
             goto done;
         }
     }
@@ -639,6 +642,45 @@ Compiled_get_origin(CompiledObject *c, void *closure)
     return c->origin;
 }
 
+static PyObject *
+Compiled_get_autotune(CompiledObject *c, void *closure)
+{
+    if (c->autotune < 0) {
+        Py_RETURN_NONE;
+    }
+    return PyBool_FromLong(c->autotune);
+}
+
+static int
+Compiled_set_autotune(CompiledObject *c, PyObject *v, void *closure)
+{
+    if (v == NULL || v == Py_None) {
+        c->autotune = -1;
+        return 0;
+    }
+    if (!PyBool_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "fastcompile: Compiled.autotune is True, False or None");
+        return -1;
+    }
+    c->autotune = v == Py_True;
+    return 0;
+}
+
+static PyObject *
+Compiled_get_tuning(CompiledObject *c, void *closure)
+{
+    PyObject *out = PyList_New(0);
+    for (int L = 0; out != NULL && L < c->nlevels; L++) {
+        for (FcPlan *p = c->segs[L].seg.plans; p != NULL; p = p->next) {
+            if (fc_plan_tuning(p, out) < 0) {
+                Py_CLEAR(out);
+                break;
+            }
+        }
+    }
+    return out;
+}
+
 /* Compiled._cuda_render(*arrays) -> [{name, source, ...}]: the CUDA source
  * of every kernel of the specialization the arrays (NumPy, any device-free
  * stand-ins with the wanted dtype, rank, size-1 dims and contiguity) select.
@@ -724,6 +766,12 @@ static PyGetSetDef Compiled_getset[] = {
     {"nplans", (getter)Compiled_get_nplans, NULL, "specializations built (one per input key and segment)", NULL},
     {"compile_ms", (getter)Compiled_get_compile_ms, NULL, "total time spent building plans", NULL},
     {"origin", (getter)Compiled_get_origin, NULL, "file:line where compile() was called", NULL},
+    {"autotune", (getter)Compiled_get_autotune, (setter)Compiled_set_autotune,
+     "time launch settings per kernel and launch shape and keep the fastest: True, False, "
+     "or None (the default) to follow fastcompile.config.autotune", NULL},
+    {"tuning", (getter)Compiled_get_tuning, NULL,
+     "what autotuning chose: one dict per kernel and launch shape (kernel, outer, inner, threads, "
+     "block, us, candidates)", NULL},
     {NULL},
 };
 

@@ -11,12 +11,13 @@
 #include "../fc_numpy.h"
 #include "alloc.h"
 #include "plan.h"
+#include "tune.h"
 
 static struct {
     FcPlanConfig c;
     char version[32];
     char dump_dir[1024];   /* empty: no dumps */
-} plan_rt = {{1, 32768, 0, 0, NULL}, "0", ""};
+} plan_rt = {{1, 32768, 0, 0, 0, NULL}, "0", ""};
 
 const FcPlanConfig *
 fc_plan_config(void)
@@ -41,6 +42,9 @@ fc_plan_configure(PyObject *cfg)
     }
     if ((v = PyDict_GetItemString(cfg, "verify")) != NULL) {
         plan_rt.c.verify = PyObject_IsTrue(v) == 1;
+    }
+    if ((v = PyDict_GetItemString(cfg, "autotune")) != NULL) {
+        plan_rt.c.autotune = PyObject_IsTrue(v) == 1;
     }
     if ((v = PyDict_GetItemString(cfg, "dump_dir")) != NULL) {
         snprintf(plan_rt.dump_dir, sizeof(plan_rt.dump_dir), "%s",
@@ -420,6 +424,7 @@ fc_plan_free(FcPlan *p)
     for (int k = 0; k < p->nkernels; k++) {
         PyMem_Free(p->kernels[k].name);
         fc_str_release(p->kernels[k].source);
+        fc_tune_free(&p->kernels[k].tune);
     }
     PyMem_Free(p->kernels);
     PyMem_Free(p->dump);
@@ -583,11 +588,44 @@ run_launch(fc_kernel_fn fn, fc_launch *L, int64_t bw, const int64_t *elsize)
     return err;
 }
 
+/* Launch settings a tuner may choose: nthreads, and serial_below so that the
+ * kernel's own threshold neither overrides a choice of 1 thread nor of more. */
+static void
+set_threads(fc_launch *L, int nthreads)
+{
+    L->nthreads = nthreads;
+    L->serial_below = nthreads > 1 ? 0 : INT64_MAX;
+}
+
+typedef struct {
+    fc_kernel_fn fn;
+    fc_launch *L;
+    const int64_t *elsize;
+} TuneCtx;
+
+/* FcTuneRun: one run of the launch being tuned (no GIL; L restored after) */
 static int
-launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes)
+tune_launch(void *ctx, int nthreads, int64_t block)
+{
+    TuneCtx *c = ctx;
+    const int nthreads0 = c->L->nthreads;
+    const int64_t serial_below0 = c->L->serial_below;
+    int err;
+    set_threads(c->L, nthreads);
+    err = run_launch(c->fn, c->L, block, c->elsize);
+    c->L->nthreads = nthreads0;
+    c->L->serial_below = serial_below0;
+    return err;
+}
+
+/* Runs kernel o of p over arrs. autotune: time the settings tune.c offers for
+ * a launch shape not seen before and use the fastest from then on. */
+static int
+launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotune)
 {
     const FcSpec *s = &p->spec;
-    int k = p->kernels[o].kernel;
+    FcPlanKernel *pk = &p->kernels[o];
+    int k = pk->kernel;
     const FcKernelIR *K = &s->kernels[k];
     fc_launch L;
     int64_t fsz[FC_MAXDIM], st[FC_MAXOPS][FC_MAXDIM], elsize[FC_MAXOPS], bw = 0;
@@ -653,14 +691,29 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes)
     if (L.n_outer == 0 && !(K->mask != 0 && L.n_inner == 0)) {
         return 0;
     }
+    if (autotune && L.n_outer * L.n_inner >= FC_TUNE_MIN_ELEMS) {
+        FcTuneEntry *e = fc_tune_find(&pk->tune, &L);
+        if (e == NULL) {
+            TuneCtx ctx = {pk->loaded.fn, &L, elsize};
+            err = fc_tune_run(&pk->tune, &L, plan_rt.c.num_threads, bw, tune_launch, &ctx);
+            if (err < 0) {
+                return -1;
+            }
+            goto done;      /* the fastest setting ran last: its outputs stand */
+        }
+        set_threads(&L, e->cands[e->best].nthreads);
+        bw = e->cands[e->best].block;
+        e->uses++;
+    }
     if (L.n_outer * L.n_inner >= L.serial_below) {
         Py_BEGIN_ALLOW_THREADS
-        err = run_launch(p->kernels[o].loaded.fn, &L, bw, elsize);
+        err = run_launch(pk->loaded.fn, &L, bw, elsize);
         Py_END_ALLOW_THREADS
     }
     else {
-        err = run_launch(p->kernels[o].loaded.fn, &L, bw, elsize);
+        err = run_launch(pk->loaded.fn, &L, bw, elsize);
     }
+done:
     if (err) {
         raise_kernel_error(s, k, err);
         return -1;
@@ -672,7 +725,7 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes)
 #define FC_STACK_CLASSES 64
 
 int
-fc_plan_run(FcPlan *p, PyObject **vals)
+fc_plan_run(FcPlan *p, PyObject **vals, int autotune)
 {
     const FcSpec *s = &p->spec;
     PyArrayObject *stack_arrs[FC_STACK_SLOTS], **arrs = stack_arrs;
@@ -736,7 +789,7 @@ fc_plan_run(FcPlan *p, PyObject **vals)
         }
     }
     for (int o = 0; o < p->nkernels; o++) {
-        if (launch(p, o, arrs, sizes) < 0) {
+        if (launch(p, o, arrs, sizes, autotune) < 0) {
             goto cleanup;
         }
     }
@@ -760,4 +813,15 @@ cleanup:
         PyMem_Free(sizes);
     }
     return rc;
+}
+
+int
+fc_plan_tuning(const FcPlan *p, PyObject *list)
+{
+    for (int o = 0; o < p->nkernels; o++) {
+        if (fc_tune_report(&p->kernels[o].tune, p->kernels[o].name, list) < 0) {
+            return -1;
+        }
+    }
+    return 0;
 }

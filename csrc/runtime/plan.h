@@ -8,12 +8,14 @@
 
 #include "../core/spec.h"
 #include "cpu.h"
+#include "tune.h"
 
 typedef struct {
     char *name;          /* fc_<hash> */
     char *source;        /* the C text */
     FcLoaded loaded;     /* function, .so/.c paths */
     int kernel;          /* index into spec.kernels */
+    FcTuneTable tune;    /* settings chosen per launch shape when autotuning */
 } FcPlanKernel;
 
 typedef struct FcPlan {
@@ -39,6 +41,7 @@ typedef struct {
     int64_t serial_below;
     int debug;
     int verify;
+    int autotune;             /* fastcompile.config.autotune: Compiled objects that do not say */
     const char *origin;       /* "file:line" of the graph, for kernel headers (borrowed) */
 } FcPlanConfig;
 
@@ -65,7 +68,12 @@ FC_INTERNAL PyObject *fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg
                                           const char *origin);
 
 /* Run: vals[node] holds a new reference to each available array; the
- * segment's outputs are stored there (new references). Returns 0 or -1. */
-FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals);
+ * segment's outputs are stored there (new references). autotune: choose each
+ * kernel's launch settings by timing (tune.h). Returns 0 or -1. */
+FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals, int autotune);
+
+/* Appends the tuning table of each kernel of p to list (borrowed), as
+ * fc_tune_report. Returns 0, or -1 with an exception set. */
+FC_INTERNAL int fc_plan_tuning(const FcPlan *p, PyObject *list);
 
 #endif

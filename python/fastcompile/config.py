@@ -51,6 +51,9 @@ KNOBS = [
     Knob("always_compile", "FASTCOMPILE_ALWAYS_COMPILE", _bool, False,
          "ignore the disk cache (still writes it)"),
     Knob("verify", "FASTCOMPILE_VERIFY", _bool, False, "run fc_graph_verify after every pass (tests turn it on)"),
+    Knob("autotune", "FASTCOMPILE_AUTOTUNE", _bool, False,
+         "time a few thread counts and column-block widths per kernel and launch shape on first use; "
+         "keep the fastest (torch.compile mode='max-autotune' turns it on for its graphs)"),
     Knob("cache_size_limit", "FASTCOMPILE_CACHE_SIZE_LIMIT", int, 8,
          "compiled variants kept per function (code object); past it the function runs uncompiled, with a warning"),
     Knob("suppress_errors", "FASTCOMPILE_SUPPRESS_ERRORS", _bool, True,

@@ -40,7 +40,7 @@ import torch.fx
 # load, so this reaches it when set before; an explicit OMP_WAIT_POLICY wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .. import _C, config          # noqa: E402
+from .. import config              # noqa: E402
 from ..graph import Graph          # noqa: E402
 
 log = logging.getLogger("fastcompile.backends.torch")
@@ -1076,7 +1076,6 @@ def _dims(L, node, x, dim):
 
 
 def _reduce(L, node, core, x, dim, keepdim, in_dtype=None, **attrs):
-    meta = _meta(node)
     dims = _dims(L, node, x, dim)
     r = L.rec(x)
     v, cshape = L.exact(x)
@@ -1201,7 +1200,6 @@ class FxGraphRunner:
         self.compiled = None
         self.core_ops = self.extern_nodes = self.extern_calls = 0
         self.lowered_targets = []
-        self.threads = None
         t0 = time.perf_counter()
         try:
             self._lower(gm, example_inputs)
@@ -1243,6 +1241,8 @@ class FxGraphRunner:
         if core_values:
             L.g.output(*core_values)
             self.compiled = L.g.compile()
+            if self.mode == "max-autotune":
+                self.compiled.autotune = True     # per kernel and launch shape (Compiled.tuning)
         self.plan = plan
         self.single = single
         self.inputs = L.inputs
@@ -1283,12 +1283,7 @@ class FxGraphRunner:
             arrays = self._arrays
             for j, i in self._arg_slots:
                 arrays[j] = self._convert(i, args[i])
-            if self.threads is not None:
-                res = self._call_threads(arrays)
-            elif self.mode == "max-autotune":
-                res = self._autotune(arrays)
-            else:
-                res = self.compiled(*arrays)
+            res = self.compiled(*arrays)
             for j, _ in self._arg_slots:
                 arrays[j] = None
         out = []
@@ -1311,46 +1306,6 @@ class FxGraphRunner:
             else:
                 out.append(p[1])
         return out
-
-    # -- max-autotune: per graph, the fastest of a few thread counts ------------------------------
-    def _call_threads(self, arrays):
-        cfg = _thread_config(self.threads)
-        _C._configure(cfg)
-        try:
-            return self.compiled(*arrays)
-        finally:
-            _C._configure(_thread_config(None))
-
-    def _autotune(self, arrays):
-        res = self.compiled(*arrays)           # compiles and warms the kernels
-        ncores = config.resolved()["num_threads"]
-        cands = sorted({1, 2, 4, 8, 16, 32, 64, ncores} & set(range(1, ncores + 1)))
-        best = None
-        for n in cands:
-            _C._configure(_thread_config(n))
-            try:
-                ts = []
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    res = self.compiled(*arrays)
-                    ts.append(time.perf_counter() - t0)
-            finally:
-                _C._configure(_thread_config(None))
-            t = sorted(ts)[1]
-            if best is None or t < best[0]:
-                best = (t, n)
-        self.threads = best[1] if best[1] != ncores else None
-        self.mode = "default" if self.threads is None else self.mode
-        log.info("fastcompile: max-autotune picked %d threads", best[1])
-        return res
-
-
-def _thread_config(n):
-    from .. import __version__
-    cfg = dict(config.resolved(), version=__version__)
-    if n is not None:
-        cfg["num_threads"] = n
-    return cfg
 
 
 def fx_to_graph(gm, example_inputs, mode="default"):
@@ -1387,8 +1342,9 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
     """``torch.compile(model, backend="fastcompile", mode=..., options={...})``.
 
     mode: "default"; "reduce-overhead" (inputs seen before are not re-wrapped, extern results
-    reuse their buffers is left to the core's pool); "max-autotune" (each graph times a few thread
-    counts on its first call and keeps the fastest). options: any ``fastcompile.config`` knob
+    reuse their buffers is left to the core's pool); "max-autotune" (each kernel times a few
+    thread counts and column-block widths per launch shape on first use and keeps the fastest:
+    ``Compiled.autotune``, see ``runner.compiled.tuning``). options: any ``fastcompile.config`` knob
     (``num_threads``, ``serial_below``, ``pool_mb``, ``cflags``, ...), set process-wide.
     record: a list that receives every ``FxGraphRunner`` built (forward and backward graphs)."""
     from torch._dynamo.backends.common import aot_autograd
