@@ -19,6 +19,11 @@ Columns:
               first model's figures are comparable with the second's
   warm s      first call again after torch._dynamo.reset() / fastcompile.reset(), on-disk caches
               warm
+  async s     torch.compile(backend="fastcompile") with async_compile on (FASTCOMPILE_ASYNC_COMPILE),
+              empty kernel caches: the first call, which runs the graphs as plain torch while
+              their kernels compile in a background thread
+  ready s     the same, until every graph runs its compiled kernels (steps keep coming meanwhile,
+              as in a training loop; each of them runs as plain torch)
   peak MB     peak resident set over the warm-up steps above the resident set before them
               (Linux: VmHWM after resetting it through /proc/self/clear_refs)
 """
@@ -164,7 +169,7 @@ def bench(name, make_model, x, train, iters, warmup):
         rss0 = peak_reset()
         for _ in range(warmup):
             step(run, x)
-        info[cfg] = (cold, warm, peak_since(rss0))
+        info[cfg] = (cold, warm, peak_since(rss0)) + (async_first_call(base, train, x) if cfg == "fastcompile" else (None, None))
     torch._dynamo.reset()
     fastcompile.reset()
     runs = {}
@@ -182,9 +187,34 @@ def bench(name, make_model, x, train, iters, warmup):
     eager = statistics.median(ts["eager"]) * 1e3
     for cfg in CONFIGS:
         med = statistics.median(ts[cfg]) * 1e3
-        cold, warm, peak = info[cfg]
-        rows.append([name, "train" if train else "infer", cfg, med, eager / med, cold, warm, peak])
+        cold, warm, peak, first, ready = info[cfg]
+        rows.append([name, "train" if train else "infer", cfg, med, eager / med, cold, warm, first, ready, peak])
     return rows
+
+
+def async_first_call(base, train, x):
+    """(first call s, ready s) of torch.compile(backend="fastcompile") with async_compile on and
+    empty kernel caches: steps keep coming until every graph runs its kernels."""
+    torch._dynamo.reset()
+    fastcompile.reset()
+    fastcompile.cache_clear(disk=True)
+    model = copy.deepcopy(base).train(train)
+    step = make_step(model, train)
+    record = []
+    fastcompile.config.set(async_compile=True)
+    try:
+        run = torch.compile(model, backend=functools.partial(fc_backend, record=record), dynamic=False)
+        t0 = time.perf_counter()
+        step(run, x)
+        first = time.perf_counter() - t0
+        while not all(r.ready for r in record):
+            step(run, x)
+        ready = time.perf_counter() - t0
+    finally:
+        fastcompile.config.set(async_compile=False)
+    torch._dynamo.reset()
+    fastcompile.reset()
+    return first, ready
 
 
 def main():
@@ -207,10 +237,11 @@ def main():
     for name, make, x in cases:
         for train in (False, True):
             rows += bench(name, make, x, train, iters, warmup)
-    hdr = ("model", "mode", "backend", "ms/iter", "speedup", "cold s", "warm s", "peak MB")
-    print("%-12s %-6s %-12s %9s %8s %8s %8s %8s" % hdr)
+    hdr = ("model", "mode", "backend", "ms/iter", "speedup", "cold s", "warm s", "async s", "ready s", "peak MB")
+    print("%-12s %-6s %-12s %9s %8s %8s %8s %8s %8s %8s" % hdr)
     for r in rows:
-        print("%-12s %-6s %-12s %9.3f %7.2fx %8.2f %8.2f %8.1f" % tuple(r))
+        r = r[:7] + ["%8.2f" % v if v is not None else "%8s" % "-" for v in r[7:9]] + r[9:]
+        print("%-12s %-6s %-12s %9.3f %7.2fx %8.2f %8.2f %s %s %8.1f" % tuple(r))
 
 
 if __name__ == "__main__":

@@ -685,3 +685,119 @@ def test_pushed_views_in_training_match_eager():
     torch.testing.assert_close(x.grad, x2.grad, **TOL)
     torch.testing.assert_close(w.grad, w2.grad, **TOL)
     assert len(record) == 2 and all(r.fallback is None for r in record)
+
+
+# ----------------------------------------------------------------------------------------------
+# async compile (config.async_compile): plain torch while the kernels build in the background
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def async_compile():
+    from fastcompile import config
+    old = config.get("async_compile")
+    config.set(async_compile=True)
+    yield
+    config.set(async_compile=old)
+
+
+def _wait_all(record, timeout=300):
+    runners = [r for r in record if r.compiled is not None]
+    assert runners
+    for r in runners:
+        assert r.wait(timeout), "background compile still running after %d s" % timeout
+    return runners
+
+
+def test_async_compile_serves_torch_first_then_the_kernels(async_compile):
+    torch.manual_seed(0)
+    m = Block().eval()
+    x = torch.randn(2, 16, 64)
+    record = []
+    cm = compile_fc(m, record=record)
+    with torch.no_grad():
+        ref = m(x)
+        torch.testing.assert_close(cm(x), ref, **TOL)     # plain torch (the decomposed graph)
+        runners = _wait_all(record)
+        assert all(r.ready and r.ready_s is not None and r.ready_s > 0 for r in runners)
+        plans = [r.compiled.nplans for r in runners]
+        kernels = [len(r.kernels) for r in runners]
+        assert all(kernels)                                # built in the background, not run yet
+        for _ in range(2):
+            torch.testing.assert_close(cm(x), ref, **TOL)
+    # the stand-ins had the layouts real calls bring: no plan was built again
+    assert [r.compiled.nplans for r in runners] == plans
+    assert [len(r.kernels) for r in runners] == kernels
+
+
+def test_async_compile_is_off_by_default():
+    record = []
+    cm = compile_fc(lambda x: (x * 2).exp() + 1, record=record)
+    x = torch.randn(64)
+    torch.testing.assert_close(cm(x), (x * 2).exp() + 1)
+    (r,) = record
+    assert r.ready and r.ready_s is None and len(r.kernels) == 1
+
+
+def test_async_compile_training_draws_random_numbers_as_eager(async_compile):
+    """Dropout runs as aten.native_dropout, an extern: the background build must not call it
+    (that would move the generator on), so every step's mask matches eager's under one seed,
+    before and after the kernels take over."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 8)
+
+        def forward(self, x):
+            return self.fc2(F.dropout(F.gelu(self.fc1(x)), p=0.3, training=self.training))
+
+    torch.manual_seed(0)
+    base = Net().train()
+    x = torch.randn(16, 32)
+
+    def steps(model, run, n, record=None):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        outs = []
+        torch.manual_seed(123)
+        for i in range(n):
+            out = run(x)
+            loss = out.square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            outs.append(out.detach().clone())
+            if record is not None and i == 0:
+                _wait_all(record)                  # step 2 on runs the kernels
+        return outs
+
+    eager_model, comp_model = copy.deepcopy(base), copy.deepcopy(base)
+    ref = steps(eager_model, eager_model, 4)
+    record = []
+    got = steps(comp_model, compile_fc(comp_model, record=record), 4, record)
+    assert len([r for r in record if r.compiled is not None]) == 2      # forward and backward
+    for a, b in zip(got, ref):
+        assert torch.equal(a == 0, b == 0), "a dropout mask differs from eager's"
+        torch.testing.assert_close(a, b, **TOL)
+    for p, q in zip(comp_model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(p, q, **TOL)
+
+
+def test_async_compile_failure_builds_on_the_next_call(async_compile, monkeypatch, caplog):
+    import fastcompile.backends.torch as fbt_mod
+
+    def broken(values, nodes):
+        def stand_in(*a):
+            raise RuntimeError("stand-in broke")
+        return stand_in
+    monkeypatch.setattr(fbt_mod, "_replay", broken)
+    m = MLP().eval()
+    x = torch.randn(16, 32)
+    record = []
+    cm = compile_fc(m, record=record)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), **TOL)
+        runners = _wait_all(record)
+        assert all(r.compiled.nplans == 0 for r in runners)     # the build stopped at the extern
+        with caplog.at_level("WARNING", logger="fastcompile"):
+            torch.testing.assert_close(cm(x), m(x), **TOL)
+    assert "background compile failed" in caplog.text and "stand-in broke" in caplog.text
+    assert all(r.compiled.nplans > 0 for r in runners)

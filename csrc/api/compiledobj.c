@@ -410,8 +410,10 @@ const_array(const FcNode *n)
     return r;
 }
 
+/* calls extern node e: externs is the list of callables (the graph's own, or
+ * _warm's stand-ins), borrowed */
 static int
-run_extern(CompiledObject *c, int e, PyObject **vals)
+run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
 {
     const FcNode *n = &c->g.nodes[e];
     PyObject *args = PyTuple_New(n->nin), *res = NULL;
@@ -431,7 +433,7 @@ run_extern(CompiledObject *c, int e, PyObject **vals)
         Py_INCREF(a);
         PyTuple_SET_ITEM(args, j, a);
     }
-    res = PyObject_Call(PyList_GET_ITEM(c->externs, n->extern_index), args, NULL);
+    res = PyObject_Call(PyList_GET_ITEM(externs, n->extern_index), args, NULL);
     if (res == NULL) {
         goto done;
     }
@@ -442,12 +444,12 @@ run_extern(CompiledObject *c, int e, PyObject **vals)
     }
     if (!PyTuple_Check(res) && !PyList_Check(res)) {
         PyErr_Format(PyExc_TypeError, "fastcompile: extern %R was declared nout=%d but returned %.100s",
-                     PyList_GET_ITEM(c->externs, n->extern_index), n->item, Py_TYPE(res)->tp_name);
+                     PyList_GET_ITEM(externs, n->extern_index), n->item, Py_TYPE(res)->tp_name);
         goto done;
     }
     if (PySequence_Size(res) != n->item) {
         PyErr_Format(PyExc_ValueError, "fastcompile: extern %R was declared nout=%d but returned %zd values",
-                     PyList_GET_ITEM(c->externs, n->extern_index), n->item, PySequence_Size(res));
+                     PyList_GET_ITEM(externs, n->extern_index), n->item, PySequence_Size(res));
         goto done;
     }
     /* the items are the nodes right after the extern */
@@ -511,19 +513,15 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot)
 
 #define FC_STACK_VALS 128
 
+/* One run of the graph: externs are the callables extern nodes call
+ * (borrowed list); tune: autotune the launches. Returns a new tuple of the
+ * outputs, or NULL with an exception set. */
 static PyObject *
-Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *externs, int tune)
 {
-    CompiledObject *c = (CompiledObject *)self;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
     int nn = c->g.nnodes;
-    int tune = c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune;
 
-    if (kw != NULL && PyTuple_GET_SIZE(kw) != 0) {
-        PyErr_SetString(PyExc_TypeError, "fastcompile: a compiled graph takes positional arrays only");
-        return NULL;
-    }
     if (nargs != c->g.ninputs) {
         PyErr_Format(PyExc_TypeError, "fastcompile: the compiled graph takes %d array%s, got %zd",
                      c->g.ninputs, c->g.ninputs == 1 ? "" : "s", nargs);
@@ -546,7 +544,7 @@ Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
         FcPlan *p;
         if (L > 0) {
             for (int i = 0; i < nn; i++) {
-                if (c->g.nodes[i].op == FC_OP_EXTERN && c->level[i] == L && run_extern(c, i, vals) < 0) {
+                if (c->g.nodes[i].op == FC_OP_EXTERN && c->level[i] == L && run_extern(c, externs, i, vals) < 0) {
                     goto done;
                 }
             }
@@ -588,6 +586,45 @@ done:
         PyMem_Free(vals);
     }
     return result;
+}
+
+static PyObject *
+Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
+{
+    CompiledObject *c = (CompiledObject *)self;
+    if (kw != NULL && PyTuple_GET_SIZE(kw) != 0) {
+        PyErr_SetString(PyExc_TypeError, "fastcompile: a compiled graph takes positional arrays only");
+        return NULL;
+    }
+    return run_graph(c, args, PyVectorcall_NARGS(nargsf), c->externs,
+                     c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune);
+}
+
+/* Compiled._warm(arrays, externs): one run of the graph with the callables in
+ * `externs` standing in for its extern calls (same order and count), without
+ * autotuning; the outputs are dropped. It builds (compiles) every plan the
+ * same call would need, so that a later real call finds them: the torch
+ * backend's async compile runs it in a background thread with the results
+ * an eager run recorded, so no extern (matmul, a random op) runs twice.
+ * args: borrowed; returns: None (new reference). */
+static PyObject *
+Compiled_warm(CompiledObject *c, PyObject *args)
+{
+    PyObject *arrays, *externs, *r;
+    if (!PyArg_ParseTuple(args, "O!O!:_warm", &PyTuple_Type, &arrays, &PyList_Type, &externs)) {
+        return NULL;
+    }
+    if (PyList_GET_SIZE(externs) != PyList_GET_SIZE(c->externs)) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: _warm takes %zd extern stand-ins, got %zd",
+                     PyList_GET_SIZE(c->externs), PyList_GET_SIZE(externs));
+        return NULL;
+    }
+    r = run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs, 0);
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -753,6 +790,8 @@ cleanup:
 }
 
 static PyMethodDef Compiled_methods[] = {
+    {"_warm", (PyCFunction)Compiled_warm, METH_VARARGS,
+     "_warm(arrays, externs): run once with stand-in extern callables, building every plan; outputs dropped"},
     {"_cuda_render", (PyCFunction)Compiled_cuda_render, METH_VARARGS,
      "_cuda_render(*arrays) -> list of {name, source, ...}: CUDA source per kernel (tests)"},
     {NULL, NULL, 0, NULL},

@@ -51,6 +51,9 @@ KNOBS = [
     Knob("always_compile", "FASTCOMPILE_ALWAYS_COMPILE", _bool, False,
          "ignore the disk cache (still writes it)"),
     Knob("verify", "FASTCOMPILE_VERIFY", _bool, False, "run fc_graph_verify after every pass (tests turn it on)"),
+    Knob("async_compile", "FASTCOMPILE_ASYNC_COMPILE", _bool, False,
+         "torch backend: a graph's first calls run as plain torch while its kernels compile in a "
+         "background thread; the kernels take over once built"),
     Knob("autotune", "FASTCOMPILE_AUTOTUNE", _bool, False,
          "time a few thread counts and column-block widths per kernel and launch shape on first use; "
          "keep the fastest (torch.compile mode='max-autotune' turns it on for its graphs)"),

@@ -28,6 +28,7 @@ import functools
 import logging
 import operator
 import os
+import threading
 import time
 
 import numpy as np
@@ -225,6 +226,7 @@ class _RecordingGraph:
         self.leaf_shape = {}    # node -> array shape, for inputs and extern results
         self.leaf_strides = {}  # node -> element strides the leaf is expected to have, where known
         self.view_of = {}       # node of a view extern -> (base Value, numpy view functions)
+        self.replays = []       # per extern, in the graph's order: (fn, the FX nodes it returns or None)
 
     def input(self, dtype, ndim):
         return self.g.input(dtype, ndim)
@@ -239,7 +241,11 @@ class _RecordingGraph:
         self.made[v.node] = ("call", op, args, attrs)
         return v
 
-    def extern(self, fn, *args, **kwargs):
+    def extern(self, fn, *args, replay=None, **kwargs):
+        """replay: the FX nodes whose values fn returns (an extern cluster), so that an eager run's
+        values can stand in for it (FxGraphRunner's async compile); None: fn itself stands in
+        (a NumPy view, cheap and without side effects)."""
+        self.replays.append((fn, replay))
         return self.g.extern(fn, *args, **kwargs)
 
     def output(self, *values):
@@ -378,9 +384,9 @@ class _Lowering:
         fn = _make_cluster_fn(self.gm, members, specs, consts, outs)
         self.extern_calls += 1
         if len(outs) == 1:
-            res = [self.g.extern(fn, *values)]
+            res = [self.g.extern(fn, *values, replay=outs)]
         else:
-            res = list(self.g.extern(fn, *values, nout=len(outs)))
+            res = list(self.g.extern(fn, *values, nout=len(outs), replay=outs))
         for m, v in zip(outs, res):
             self.extern_values.add(v.node)
             meta = _meta(m)
@@ -1200,6 +1206,7 @@ class FxGraphRunner:
         self.compiled = None
         self.core_ops = self.extern_nodes = self.extern_calls = 0
         self.lowered_targets = []
+        self._warming = None      # async compile: the background build (_Warming), once started
         t0 = time.perf_counter()
         try:
             self._lower(gm, example_inputs)
@@ -1210,6 +1217,7 @@ class FxGraphRunner:
             self.fallback = "%s: %s" % (type(e).__name__, e)
             log.warning("fastcompile: graph runs as plain torch: %s", self.fallback, exc_info=True)
         self.lower_s = time.perf_counter() - t0
+        self._async = self.compiled is not None and bool(config.get("async_compile"))
 
     def _lower(self, gm, example_inputs):
         L = _Lowering(gm, example_inputs)
@@ -1255,6 +1263,7 @@ class FxGraphRunner:
         self._arrays = [p if k == "const" else None for k, p in L.inputs]
         self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg"]
         self._cache = {}
+        self._replays = L.g.replays
 
     @property
     def kernels(self):
@@ -1274,10 +1283,86 @@ class FxGraphRunner:
             self._cache[i] = (key, a, t)
         return a
 
+    # -- async compile (config.async_compile) ------------------------------------------------------
+    @property
+    def ready(self):
+        """Whether calls run the compiled kernels: always, except while an async compile runs."""
+        w = self._warming
+        return not self._async or (w is not None and w.done)
+
+    @property
+    def ready_s(self):
+        """Async compile: seconds from the first call until the background build ended (None
+        before, and without async compile)."""
+        w = self._warming
+        return w.ready_s if w is not None and w.done else None
+
+    def wait(self, timeout=None):
+        """Async compile: wait for the background build (at most `timeout` s); returns ready."""
+        w = self._warming
+        if w is not None and w.pid == os.getpid():
+            w.thread.join(timeout)
+        return self.ready
+
+    def _call_async(self, args):
+        """The graph's outputs computed as plain torch while the kernels build in a background
+        thread; None once they are built (the caller runs them)."""
+        w = self._warming
+        if w is None or w.pid != os.getpid():          # the first call (or the first in a fork)
+            return self._start_warming(args)
+        if not w.done:
+            out = self.gm(*args)
+            return list(out) if isinstance(out, (tuple, list)) else [out]
+        self._async = False
+        if w.error is not None:
+            log.warning("fastcompile: the background compile failed (%s: %s); compiling on this call",
+                        type(w.error).__name__, w.error)
+        return None
+
+    def _start_warming(self, args):
+        """Runs the graph as plain torch, keeping what each extern cluster returned, and starts a
+        thread that runs the compiled graph once with those values standing in for the clusters
+        (Compiled._warm): every segment's plan is built for the layouts a real call will bring,
+        and no torch op (a matmul, a random op drawing from the generator) runs a second time."""
+        t0 = time.perf_counter()
+        keep = {n for _, nodes in self._replays if nodes for n in nodes}
+        rec = _Recorder(self.gm, keep)
+        out = rec.run(*args)
+        out = list(out) if isinstance(out, (tuple, list)) else [out]
+        arrays = list(self._arrays)
+        for j, i in self._arg_slots:
+            arrays[j] = self._convert(i, args[i])
+        stand_ins = [fn if nodes is None else _replay(rec.values, nodes) for fn, nodes in self._replays]
+        w = _Warming(t0)
+
+        def build(arrays=tuple(arrays), stand_ins=stand_ins):
+            try:
+                self.compiled._warm(arrays, stand_ins)
+            except BaseException as e:         # reported by the next call, which builds again
+                w.error = e
+            finally:
+                w.ready_s = time.perf_counter() - t0
+                w.done = True
+
+        w.thread = threading.Thread(target=build, name="fastcompile-build")
+        try:
+            w.thread.start()
+        except RuntimeError as e:               # no thread to be had: build on the next call
+            log.warning("fastcompile: no background compile (%s)", e)
+            w.error, w.done = e, True
+        self._warming = w
+        log.info("fastcompile: %d core ops compiling in the background; plain torch until then",
+                 self.core_ops)
+        return out
+
     def __call__(self, *args):
         if self.fallback is not None:
             out = self.gm(*args)
             return list(out) if isinstance(out, (tuple, list)) else [out]
+        if self._async:
+            out = self._call_async(args)
+            if out is not None:
+                return out
         res = ()
         if self.compiled is not None:
             arrays = self._arrays
@@ -1306,6 +1391,42 @@ class FxGraphRunner:
             else:
                 out.append(p[1])
         return out
+
+
+class _Warming:
+    """One runner's background build (async compile): its thread, and how and when it ended."""
+
+    def __init__(self, t0):
+        self.pid = os.getpid()
+        self.t0 = t0
+        self.thread = None
+        self.done = False
+        self.error = None
+        self.ready_s = None
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs an FX graph as plain torch, keeping the values of the nodes in `keep`."""
+
+    def __init__(self, gm, keep):
+        super().__init__(gm)
+        self.keep = keep
+        self.values = {}
+
+    def run_node(self, n):
+        r = super().run_node(n)
+        if n in self.keep:
+            self.values[n] = r
+        return r
+
+
+def _replay(values, nodes):
+    """An extern stand-in returning, as an extern cluster would, the arrays of recorded values."""
+    res = [_to_numpy(values[n]) for n in nodes]
+    if len(res) == 1:
+        return lambda *a: res[0]
+    res = tuple(res)
+    return lambda *a: res
 
 
 def fx_to_graph(gm, example_inputs, mode="default"):
