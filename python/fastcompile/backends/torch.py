@@ -1270,16 +1270,20 @@ class FxGraphRunner:
         return self.compiled.kernels if self.compiled is not None else []
 
     def _convert(self, i, t):
+        """Input i as the array the core reads. Parameters (any input, in reduce-overhead mode)
+        are converted once per tensor, storage and version: the cache holds the tensor, so its
+        id cannot be reused while the entry stands, and an in-place update moves the version."""
         if not isinstance(t, torch.Tensor):
             raise TypeError("fastcompile: input %d is a %s, the graph was compiled for a tensor" % (i, type(t)))
-        if self.mode == "reduce-overhead":
+        cached = type(t) is torch.nn.Parameter or self.mode == "reduce-overhead"
+        if cached:
             key = (id(t), t.data_ptr(), t._version)
             hit = self._cache.get(i)
             if hit is not None and hit[0] == key:
                 return hit[1]
         d = t.detach()
         a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
-        if self.mode == "reduce-overhead":
+        if cached:
             self._cache[i] = (key, a, t)
         return a
 
@@ -1365,12 +1369,10 @@ class FxGraphRunner:
                 return out
         res = ()
         if self.compiled is not None:
-            arrays = self._arrays
+            arrays = list(self._arrays)        # per call: threads may call one graph at once
             for j, i in self._arg_slots:
                 arrays[j] = self._convert(i, args[i])
             res = self.compiled(*arrays)
-            for j, _ in self._arg_slots:
-                arrays[j] = None
         out = []
         for p in self.plan:
             kind = p[0]
