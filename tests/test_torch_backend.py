@@ -834,3 +834,40 @@ def test_concurrent_calls_from_threads_get_their_own_results():
     finally:
         sys.setswitchinterval(old)
     assert errors == []
+
+
+def test_open_extern_clusters_merge_into_one_call():
+    """Two extern clusters that meet at one node (each weight's transpose, then a matmul of both;
+    two cumsums, then their product's cumsum) run as one extern call, members in graph order,
+    not as one call per cluster."""
+    def f(x, w, v):
+        a = torch.cumsum(x, 0)                         # cluster 1
+        b = torch.cumsum(w.t(), 1)                     # cluster 2, independent of 1
+        c = torch.cumsum(a @ b, 1)                     # reads both: they merge
+        return c * 2, v + 1
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+    args = (torch.randn(4, 8), torch.randn(5, 8), torch.randn(3))
+    gm = make_fx(f, decomposition_table=fbt.decompositions())(*args)
+    run = fbt.fx_to_graph(gm, list(args))
+    out = run(*args)
+    for a, b in zip(out, f(*args)):
+        torch.testing.assert_close(a, b, **TOL)
+    assert run.extern_calls == 1, run.extern_calls
+
+
+def test_merged_clusters_draw_random_numbers_in_eager_order():
+    """Two random draws in separate clusters that merge at a matmul draw in the graph's order:
+    the same numbers as eager (flushing the second cluster on its own ran it first)."""
+    def f(x):
+        a = torch.rand(5, 6)
+        b = torch.rand(6, 7)
+        return torch.cumsum(a @ b, 1) * x
+
+    c = torch.compile(f, backend=fbt.backend)
+    x = torch.randn(5, 7)
+    for step in range(3):
+        torch.manual_seed(step)
+        got = c(x)
+        torch.manual_seed(step)
+        torch.testing.assert_close(got, f(x), **TOL)

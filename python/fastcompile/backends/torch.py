@@ -339,7 +339,7 @@ class _Lowering:
 
     # -- externs -----------------------------------------------------------------------------
     def pending(self, node):
-        """Add ``node`` to an extern cluster (a new one or its producer's)."""
+        """Add ``node`` to an extern cluster (a new one or its producers', merged)."""
         cluster = None
         for a in node.all_input_nodes:
             v = self.env.get(a)
@@ -347,7 +347,7 @@ class _Lowering:
                 if cluster is None:
                     cluster = v
                 elif v is not cluster:
-                    self.flush(v)
+                    self.merge(cluster, v)
         if cluster is None:
             cluster = _Cluster()
         for a in node.all_input_nodes:
@@ -359,6 +359,18 @@ class _Lowering:
         cluster.members.append(node)
         self.env[node] = cluster
         self.extern_nodes += 1
+
+    def merge(self, into, other):
+        """Moves the members of open cluster ``other`` into open cluster ``into``: one extern call
+        instead of two (a weight's transpose joins its matmul, the q, k and v selects their
+        attention). Two open clusters never depend on each other, since a core op that reads a
+        member closes its cluster first, so graph order within each is all the merged one needs."""
+        into.members = sorted(into.members + other.members, key=self.order.__getitem__)
+        inside = set(into.members)
+        into.inputs = [a for a in dict.fromkeys(into.inputs + other.inputs) if a not in inside]
+        for m in other.members:
+            self.env[m] = into
+        other.members, other.inputs, other.closed = [], [], True
 
     def flush(self, cluster):
         if cluster.closed:
@@ -401,6 +413,7 @@ class _Lowering:
     # -- the walk ----------------------------------------------------------------------------
     def run(self):
         nodes = list(self.gm.graph.nodes)
+        self.order = {n: i for i, n in enumerate(nodes)}
         n_arg = 0
         for node in nodes:
             if node.op == "placeholder":
