@@ -12,6 +12,10 @@ Columns:
               interleaved (one iteration each, in alternating order), so a drift of this shared
               machine's speed reaches them alike
   speedup     eager median / this median
+  vs ind      per-iteration ratio inductor time / this time (the configurations run one after
+              another within an iteration, so a pair shares the machine's state of the moment):
+              the median, and a 95% bootstrap interval of that median. Above 1.00: faster than
+              inductor; an interval that holds 1.00: a tie this run cannot settle
   cold s      first call (trace + compile) with empty compiler caches: a fresh
               TORCHINDUCTOR_CACHE_DIR for this process, fastcompile.cache_clear(disk=True) before
               each fastcompile configuration. Each framework's one-time costs (lazy imports,
@@ -188,8 +192,19 @@ def bench(name, make_model, x, train, iters, warmup):
     for cfg in CONFIGS:
         med = statistics.median(ts[cfg]) * 1e3
         cold, warm, peak, first, ready = info[cfg]
-        rows.append([name, "train" if train else "infer", cfg, med, eager / med, cold, warm, first, ready, peak])
+        vs = paired(ts["inductor"], ts[cfg])
+        rows.append([name, "train" if train else "infer", cfg, med, eager / med, vs, cold, warm, first, ready, peak])
     return rows
+
+
+def paired(base, other, resamples=2000):
+    """(median, low, high) of base[i] / other[i]: the median ratio of paired samples and a 95%
+    percentile-bootstrap interval of it (fixed seed: the same samples give the same interval)."""
+    import random
+    ratios = [b / o for b, o in zip(base, other)]
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return statistics.median(ratios), meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
 
 
 def async_first_call(base, train, x):
@@ -227,7 +242,7 @@ def main():
         cases = [("transformer", lambda: Block(64, 4), torch.randn(4, 32, 64)),
                  ("mlp", lambda: mlp(64), torch.randn(64, 64))]
     else:
-        iters, warmup = 30, 5
+        iters, warmup = 60, 5
         cases = [("transformer", lambda: Block(256, 8), torch.randn(8, 128, 256)),
                  ("mlp", lambda: mlp(512), torch.randn(512, 512))]
     print("torch %s, %d threads, %s" % (torch.__version__, torch.get_num_threads(),
@@ -237,11 +252,13 @@ def main():
     for name, make, x in cases:
         for train in (False, True):
             rows += bench(name, make, x, train, iters, warmup)
-    hdr = ("model", "mode", "backend", "ms/iter", "speedup", "cold s", "warm s", "async s", "ready s", "peak MB")
-    print("%-12s %-6s %-12s %9s %8s %8s %8s %8s %8s %8s" % hdr)
+    hdr = ("model", "mode", "backend", "ms/iter", "speedup", "vs ind (95% CI)", "cold s", "warm s", "async s",
+           "ready s", "peak MB")
+    print("%-12s %-6s %-12s %9s %8s %-19s %8s %8s %8s %8s %8s" % hdr)
     for r in rows:
-        r = r[:7] + ["%8.2f" % v if v is not None else "%8s" % "-" for v in r[7:9]] + r[9:]
-        print("%-12s %-6s %-12s %9.3f %7.2fx %8.2f %8.2f %s %s %8.1f" % tuple(r))
+        vs = "%.3f (%.3f-%.3f)" % r[5]
+        r = r[:5] + [vs] + r[6:8] + ["%8.2f" % v if v is not None else "%8s" % "-" for v in r[8:10]] + r[10:]
+        print("%-12s %-6s %-12s %9.3f %7.2fx %-19s %8.2f %8.2f %s %s %8.1f" % tuple(r))
 
 
 if __name__ == "__main__":
