@@ -629,7 +629,6 @@ def main():
 
     # ------------------------------------------------------------------ contenders
     import numpy as np
-    t_imp = time.perf_counter()
     torch = None
     F = None
     torch_reason = None
@@ -639,7 +638,6 @@ def main():
         torch.set_num_threads(ncpu)
     except Exception as e:  # noqa: BLE001
         torch_reason = "import torch failed: %s" % e
-    torch_import_s = time.perf_counter() - t_imp
     ne = None
     ne_reason = None
     try:

@@ -20,7 +20,6 @@ import importlib.metadata
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 

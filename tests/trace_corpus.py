@@ -1,7 +1,6 @@
 """Small functions for tests/test_trace.py: each entry is
 Case(fn, args_factory, graphs, breaks, torch) -- the expected number of graphs
 and breaks of the first trace of fn(*args)."""
-import functools
 import math
 
 import numpy as np

@@ -6,7 +6,6 @@ compiled graph raises the clear not-wired-yet error. When plan execution on the
 GPU lands (csrc/runtime/cuda.c: fc_cuda_load / fc_cuda_launch are written for
 it), the xfail below turns into the NumPy/torch-eager comparison.
 """
-import numpy as np
 import pytest
 
 import fastcompile

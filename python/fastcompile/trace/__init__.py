@@ -10,7 +10,7 @@ import inspect
 import sys
 
 from . import guards
-from .interp import NeedAutograd, Stop, Tracer, localsplus_names
+from .interp import NeedAutograd, Tracer, localsplus_names
 from .variables import Unsupported
 
 SUPPORTED_PYTHONS = ((3, 11), (3, 12))    # bytecode the interpreter loop knows

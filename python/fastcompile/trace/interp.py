@@ -249,7 +249,6 @@ class Tracer:
         names = localsplus_names(code)
         nfree = len(code.co_freevars)
         for i, name in enumerate(code.co_freevars):
-            slot = len(names) - nfree + i
             cell_src = S.ClosureSource(name, i)
             frame.cells[name] = CellVar(external=True, loader=self._loader(name, cell_src))
         for name in names[:len(names) - nfree]:

@@ -1,12 +1,11 @@
 """Trace stage, torch mapping: torch functions, Tensor methods/operators and
 torch.nn.functional -> core ops (with casts so results keep torch's dtypes) or
 extern torch calls. In: a torch callable and traced arguments; out: a Var."""
-import operator
 
 import torch
 import torch.nn.functional as F
 
-from .variables import ArrayVar, PyVar, ShapeVar, TupleVar
+from .variables import ArrayVar, PyVar, ShapeVar
 
 UNARY = {
     torch.exp: "exp", torch.log: "log", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt", torch.tanh: "tanh",
