@@ -25,6 +25,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch backend is not tested")
 
+import numpy as np                                            # noqa: E402
 import torch.nn as nn                                         # noqa: E402
 import torch.nn.functional as F                               # noqa: E402
 
@@ -870,3 +871,19 @@ def test_merged_clusters_draw_random_numbers_in_eager_order():
         got = c(x)
         torch.manual_seed(step)
         torch.testing.assert_close(got, f(x), **TOL)
+
+
+@pytest.mark.parametrize("xs,shape", [((1, 64), (4, 32, 64)), ((64,), (4, 32, 64)), ((4, 1, 64), (4, 32, 64)),
+                                      ((), (2, 3)), ((3, 1), (3, 0)), ((0,), (2, 0)), ("T", (2, 4, 3))])
+def test_fast_broadcast_is_numpys(xs, shape):
+    """_broadcast (the leaves of views pushed through pointwise ops) gives np.broadcast_to's
+    values, shape and read-only flag, for C-contiguous and other arrays, and keeps its source
+    alive; a shape that does not broadcast raises NumPy's ValueError."""
+    x = np.arange(12.0).reshape(3, 4).T[None, :, :1] if xs == "T" else np.asarray(np.random.randn(*xs))
+    ref = np.broadcast_to(x, shape).copy()
+    r = fbt._broadcast(x, shape)
+    del x
+    assert r.shape == ref.shape and not r.flags.writeable
+    np.testing.assert_array_equal(r, ref)
+    with pytest.raises(ValueError):
+        fbt._broadcast(np.zeros(3), (4,))

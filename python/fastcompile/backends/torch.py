@@ -914,6 +914,24 @@ def _feeds_core(node):
     return _uses_end_in(node, _VIEW_PACKETS, _LOWER)
 
 
+def _broadcast(x, shape):
+    """np.broadcast_to(x, shape) (read-only), in about 1 us instead of 7 where x is C-contiguous:
+    an ndarray over x's buffer with the broadcast dimensions' strides 0."""
+    if not x.flags.c_contiguous or x.ndim > len(shape):
+        return np.broadcast_to(x, shape)
+    pad = len(shape) - x.ndim
+    strides = [0] * pad
+    for d, (n, s) in enumerate(zip(x.shape, x.strides)):
+        if n != shape[pad + d]:
+            if n != 1:
+                return np.broadcast_to(x, shape)    # raises NumPy's own error
+            s = 0
+        strides.append(s)
+    r = np.ndarray(shape, x.dtype, x, 0, strides)
+    r.flags.writeable = False
+    return r
+
+
 def _np_view(node, shape, new):
     """The view ``node`` does (on an input of torch ``shape``) as a NumPy function, or None."""
     pk = node.target.overloadpacket
@@ -1019,7 +1037,7 @@ def _push_view(L, node, r, new):
     def bcast(x):
         if x.ndim > nd:             # the core's extra leading dims are 1
             x = x.reshape(x.shape[x.ndim - nd:])
-        return np.broadcast_to(x, tshape)
+        return x if x.shape == tshape else _broadcast(x, tshape)
     order, seen, leaves = [], set(), []
     stack = [(r.value, False)]
     while stack:
