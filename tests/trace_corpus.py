@@ -1,6 +1,7 @@
 """Small functions for tests/test_trace.py: each entry is
 Case(fn, args_factory, graphs, breaks, torch) -- the expected number of graphs
 and breaks of the first trace of fn(*args)."""
+# (tests/golden/explain/*.txt quote line numbers of this file: FASTCOMPILE_UPDATE_GOLDEN=1 rewrites them)
 import math
 
 import numpy as np
