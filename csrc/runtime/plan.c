@@ -5,11 +5,11 @@
 #include <Python.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include "../core/strbuf.h"
 #include "../fc_numpy.h"
 #include "alloc.h"
+#include "disk.h"
 #include "plan.h"
 #include "tune.h"
 
@@ -188,14 +188,6 @@ dump_stage(const char *ghash, const char *stage, const char *text)
     }
 }
 
-static double
-now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int
 copy_ints(int **dst, const int *src, int n)
 {
@@ -254,7 +246,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
     FcPlan *p = NULL;
     FcSpec *s;
     char ghash[24];
-    double t0 = now_ms();
+    double t0 = fc_disk_now_ms();
 
     p = PyMem_Calloc(1, sizeof(FcPlan));
     if (p == NULL) {
@@ -341,7 +333,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
     if (load_kernels(p) < 0) {           /* the compiler runs for all of them at once */
         goto error;
     }
-    p->compile_ms = now_ms() - t0;
+    p->compile_ms = fc_disk_now_ms() - t0;
     if (plan_rt.c.debug >= 1) {
         char msg[256];
         snprintf(msg, sizeof(msg), "built plan for graph %s (%s): %d kernel%s in %.1f ms",

@@ -4,8 +4,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
-#include <time.h>
 
+#include "disk.h"
 #include "tune.h"
 
 /* Each candidate runs once untimed (caches, page faults of fresh outputs,
@@ -14,14 +14,6 @@
 #define FC_TUNE_MIN_REPS 3
 #define FC_TUNE_MAX_REPS 25
 #define FC_TUNE_BUDGET_US 3000.0
-
-static double
-now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
-}
 
 static int
 same_shape(const FcTuneEntry *e, const fc_launch *L)
@@ -107,11 +99,11 @@ time_cand(FcTuneCand *c, FcTuneRun run, void *ctx)
         return err;
     }
     for (int r = 0; r < reps; r++) {
-        double t0 = now_us();
+        double t0 = 1e3 * fc_disk_now_ms();
         if ((err = run(ctx, c->nthreads, c->block)) != 0) {
             return err;
         }
-        ts[r] = now_us() - t0;
+        ts[r] = 1e3 * fc_disk_now_ms() - t0;
         if (r == 0) {
             /* as many runs as the budget allows, between the bounds */
             double fit = FC_TUNE_BUDGET_US / (ts[0] > 1.0 ? ts[0] : 1.0);
