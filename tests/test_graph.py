@@ -957,3 +957,70 @@ def test_unused_values_are_not_computed_and_pure_externs_not_called():
     assert "exp" not in "".join(f.fused) and all("exp" not in k.source for k in f.kernels)
     with pytest.raises(TypeError, match="nout= and pure="):
         g.extern(view, x, pur=True)
+
+
+def test_warm_runs_stand_in_externs_and_survives_a_list_changed_mid_call():
+    """Compiled._warm (the torch backend's async compile) calls the stand-ins, not the graph's
+    externs, and builds the plans; a stand-in that empties the list it came in raises a
+    RuntimeError for the next extern (the list was read past its end before) and no crash."""
+    called = []
+
+    def real(a):
+        called.append("real")
+        return a * 2
+
+    g = Graph()
+    x = g.input("float64", 1)
+    y = g.extern(real, g.call("add", x, 1.0))
+    z = g.extern(real, g.call("mul", y, 3.0))
+    g.output(g.call("sub", z, 1.0))
+    c = g.compile()
+    a = np.arange(5.0)
+    seen = []
+    c._warm((a,), [lambda v: seen.append(1) or v + 0, lambda v: seen.append(2) or v + 0])
+    assert seen == [1, 2] and called == [] and len(c.kernels) >= 1
+    nk = len(c.kernels)
+    np.testing.assert_array_equal(c(a)[0], ((a + 1) * 2 * 3) * 2 - 1)
+    assert called == ["real", "real"] and len(c.kernels) == nk      # the plans were built by _warm
+
+    stand = []
+
+    def clearing(v):
+        stand.clear()
+        return v + 0
+    stand.extend([clearing, lambda v: v + 0])
+    with pytest.raises(RuntimeError, match="extern 1 is gone"):
+        c._warm((a,), stand)
+    with pytest.raises(ValueError, match="takes 2 extern stand-ins"):
+        c._warm((a,), [clearing])
+
+
+def test_threads_first_calling_together_add_one_plan():
+    """Threads that make a graph's first call at once all build its plan (the compiler runs
+    without the GIL), but one plan is kept: Compiled.kernels lists each kernel once."""
+    import threading
+    g = Graph()
+    x = g.input("float64", 2)
+    g.output(g.call("exp", g.call("mul", x, 2.0)))
+    c = g.compile()
+    a = np.random.default_rng(0).standard_normal((4, 5))
+    barrier, errors = threading.Barrier(3), []
+
+    def work():
+        try:
+            barrier.wait()
+            np.testing.assert_allclose(c(a)[0], np.exp(a * 2.0), rtol=1e-15)
+        except Exception as e:                 # pragma: no cover - reported below
+            errors.append(repr(e))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        ts = [threading.Thread(target=work) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+    assert len(c.kernels) == 1, [k.name for k in c.kernels]

@@ -1575,3 +1575,18 @@ def test_pool_serves_only_blocks_it_keeps(dtype, n, pooled):
         assert after["pool_hits"] - before["pool_hits"] == 4
     else:
         assert (after["pool_hits"], after["pool_misses"]) == (before["pool_hits"], before["pool_misses"])
+
+
+def test_output_too_big_raises_numpys_error():
+    """Inputs broadcast (zero strides, no memory) to an output of 2**62 float64s: its byte size
+    overflows; the same ValueError as NumPy, no wrap-around (UB) in the allocator's size."""
+    g = Graph()
+    x, y = g.input("float64", 2), g.input("float64", 2)
+    g.output(g.call("add", x, y))
+    c = g.compile()
+    a, b = np.broadcast_to(np.float64(1), (2**31, 1)), np.broadcast_to(np.float64(2), (1, 2**31))
+    with pytest.raises(ValueError) as ref:
+        np.add(a, b)
+    with pytest.raises(ValueError) as got:
+        c(a, b)
+    assert str(got.value) == str(ref.value)

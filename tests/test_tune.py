@@ -219,3 +219,56 @@ def test_tuning_report_and_tuned_calls_do_not_leak():
     finally:
         tracemalloc.stop()
     assert after - base < 64 * 1024, "grew by %d bytes over 2,000 calls" % (after - base)
+
+
+def test_threads_tuning_one_shape_at_once_record_it_once():
+    """Calls from several threads that meet an untuned launch shape together (tuning runs
+    without the GIL) each time it, but the table keeps one entry for the shape, not one per
+    thread (which filled slots of the 8-entry ring and evicted other shapes)."""
+    import sys
+    import threading
+    f = mul_graph(autotune=False)
+    a = np.ones((256, 512), np.float32)
+    b = lay_transposed(np.full((256, 512), 2, np.float32))
+    f(a[:8], b[:8])                 # the plan (layouts, not sizes) exists: only tuning is left
+    nk = len(f.kernels)
+    f.autotune = True
+    barrier, errors = threading.Barrier(3), []
+
+    def work():
+        try:
+            barrier.wait()
+            np.testing.assert_array_equal(f(a, b)[0], a * b)
+        except Exception as e:                 # pragma: no cover - reported below
+            errors.append(repr(e))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        ts = [threading.Thread(target=work) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+    assert len(f.kernels) == nk
+    assert len(f.tuning) == 1, [(e["outer"], e["inner"], e["uses"]) for e in f.tuning]
+
+
+def test_threads_offered_cover_every_count_and_block(monkeypatch):
+    """With 256 threads allowed, every thread count 1, 2, ... 256 is offered with every block
+    width (the candidate table held 48, and the widest blocks at high counts were dropped)."""
+    old = fastcompile.config.resolved()["num_threads"]
+    fastcompile.config.set(num_threads=256)
+    try:
+        f = mul_graph()
+        a = np.ones((64, 1024), np.float32)
+        f(a, lay_transposed(a))
+        (e,) = f.tuning
+    finally:
+        fastcompile.config.set(num_threads=old)
+    threads = {t for t, _, _ in e["candidates"]}
+    blocks = {b for _, b, _ in e["candidates"]}
+    assert threads == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert len(blocks) >= 7 and len(e["candidates"]) == len(threads) * len(blocks)

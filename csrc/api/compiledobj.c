@@ -348,6 +348,15 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals)
     }
     p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin));
     if (p != NULL) {
+        /* the build lets other threads in (the compiler runs without the GIL):
+         * one of them may have built and added the same plan meanwhile */
+        for (FcPlan *q = seg->plans; q != NULL; q = q->next) {
+            if (memcmp(q->metas, metas, seg->ninputs * sizeof(FcMeta)) == 0) {
+                fc_plan_free(p);
+                p = q;
+                goto done;
+            }
+        }
         p->next = seg->plans;
         seg->plans = p;
         seg->nplans++;
@@ -411,12 +420,14 @@ const_array(const FcNode *n)
 }
 
 /* calls extern node e: externs is the list of callables (the graph's own, or
- * _warm's stand-ins), borrowed */
+ * _warm's stand-ins), borrowed. Python code may change the list meanwhile (an
+ * extern, another thread while a kernel runs): the callable is looked up with
+ * a bounds check and held for the call. */
 static int
 run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
 {
     const FcNode *n = &c->g.nodes[e];
-    PyObject *args = PyTuple_New(n->nin), *res = NULL;
+    PyObject *args = PyTuple_New(n->nin), *res = NULL, *fn = NULL;   /* args, res, fn: owned */
     int rc = -1;
     if (args == NULL) {
         return -1;
@@ -433,7 +444,14 @@ run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
         Py_INCREF(a);
         PyTuple_SET_ITEM(args, j, a);
     }
-    res = PyObject_Call(PyList_GET_ITEM(externs, n->extern_index), args, NULL);
+    if (n->extern_index >= PyList_GET_SIZE(externs)) {
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: extern %d is gone: the list of extern callables "
+                     "shrank during the call", n->extern_index);
+        goto done;
+    }
+    fn = PyList_GET_ITEM(externs, n->extern_index);
+    Py_INCREF(fn);
+    res = PyObject_Call(fn, args, NULL);
     if (res == NULL) {
         goto done;
     }
@@ -444,12 +462,12 @@ run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
     }
     if (!PyTuple_Check(res) && !PyList_Check(res)) {
         PyErr_Format(PyExc_TypeError, "fastcompile: extern %R was declared nout=%d but returned %.100s",
-                     PyList_GET_ITEM(externs, n->extern_index), n->item, Py_TYPE(res)->tp_name);
+                     fn, n->item, Py_TYPE(res)->tp_name);
         goto done;
     }
     if (PySequence_Size(res) != n->item) {
         PyErr_Format(PyExc_ValueError, "fastcompile: extern %R was declared nout=%d but returned %zd values",
-                     PyList_GET_ITEM(externs, n->extern_index), n->item, PySequence_Size(res));
+                     fn, n->item, PySequence_Size(res));
         goto done;
     }
     /* the items are the nodes right after the extern */
@@ -470,6 +488,7 @@ run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
     rc = 0;
 done:
     Py_XDECREF(res);
+    Py_XDECREF(fn);
     Py_DECREF(args);
     return rc;
 }

@@ -209,6 +209,9 @@ fc_alloc_empty(int ndim, const npy_intp *shape, int typenum, int itemsize)
     PyObject *old, *arr;
     npy_intp n = itemsize;
     for (int d = 0; d < ndim; d++) {
+        if (shape[d] != 0 && n > NPY_MAX_INTP / shape[d]) {
+            return PyArray_SimpleNew(ndim, (npy_intp *)shape, typenum);   /* raises: too big */
+        }
         n *= shape[d];
     }
     /* Only blocks the pool keeps go through it: a smaller one would be mapped

@@ -683,6 +683,9 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
     if (L.n_outer == 0 && !(K->mask != 0 && L.n_inner == 0)) {
         return 0;
     }
+    /* whether the launch is big enough to let other threads in while it runs:
+     * decided before a tuned setting changes serial_below (1 thread: never) */
+    const int release_gil = L.n_outer * L.n_inner >= L.serial_below;
     if (autotune && L.n_outer * L.n_inner >= FC_TUNE_MIN_ELEMS) {
         FcTuneEntry *e = fc_tune_find(&pk->tune, &L);
         if (e == NULL) {
@@ -697,7 +700,7 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
         bw = e->cands[e->best].block;
         e->uses++;
     }
-    if (L.n_outer * L.n_inner >= L.serial_below) {
+    if (release_gil) {
         Py_BEGIN_ALLOW_THREADS
         err = run_launch(pk->loaded.fn, &L, bw, elsize);
         Py_END_ALLOW_THREADS

@@ -141,6 +141,9 @@ fc_tune_run(FcTuneTable *t, const fc_launch *L, int max_threads, int64_t block0,
     if (err != 0) {
         return err;
     }
+    if (fc_tune_find(t, L) != NULL) {
+        return 0;       /* another thread tuned this shape meanwhile: one entry per shape */
+    }
     if (t->entries == NULL) {
         t->entries = PyMem_Calloc(FC_TUNE_MAXENTRIES, sizeof(FcTuneEntry));
         if (t->entries == NULL) {

@@ -9,7 +9,8 @@
 #include "../core/ir.h"
 #include "../../python/fastcompile/include/fc_launch.h"
 
-#define FC_TUNE_MAXCANDS 48      /* settings timed per launch shape */
+#define FC_TUNE_MAXCANDS 80      /* settings timed per launch shape: up to 8 block widths x
+                                  * 10 thread counts (1, 2, 4, ... 256, FC_MAX_THREADS) */
 #define FC_TUNE_MAXENTRIES 8     /* launch shapes remembered per kernel (oldest replaced) */
 #define FC_TUNE_MIN_ELEMS 4096   /* smaller launches run as configured, untimed */
 
