@@ -55,10 +55,13 @@ Tolerance table (rtol, atol)::
   own float32 semantics, e.g. overflow of squares in var, are the contract).
 * bool and integer results are always exact.
 """
+import gc
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -144,6 +147,50 @@ def run_graph(build, arrays):
     ins = [g.input(a.dtype.name, a.ndim) for a in arrays]
     g.output(*build(g, *ins))
     return g.compile()(*arrays)
+
+
+def run_threads(work, n, switch=1e-5):
+    """Runs work(i) for i in range(n), each in its own thread, all released together from a
+    barrier, with CPython switching threads every `switch` seconds; returns the repr of each
+    exception a thread raised (an empty list: every call went through)."""
+    barrier, errors = threading.Barrier(n), []
+
+    def target(i):
+        try:
+            barrier.wait()
+            work(i)
+        except Exception as e:                 # pragma: no cover - the caller asserts on them
+            errors.append(repr(e))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(switch)
+    try:
+        threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    return errors
+
+
+def traced_growth(step, warm, n):
+    """Bytes of Python-traced memory that n calls of step() add after warm calls of it (the
+    first traced calls fill caches and free lists, so they are not counted)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for _ in range(warm):
+            step()
+        gc.collect()
+        base, _ = tracemalloc.get_traced_memory()
+        for _ in range(n):
+            step()
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return after - base
 
 
 # Prepended to the code of child interpreters that only use the core (graphs, C runtime, disk

@@ -8,7 +8,6 @@ import gc
 import os
 import re
 import sys
-import tracemalloc
 import warnings
 import weakref
 
@@ -17,6 +16,7 @@ import pytest
 
 import fastcompile
 from fastcompile import graph as fcg
+from conftest import run_threads, traced_growth
 from fastcompile.graph import Compiled, Graph, Value
 
 OPS_DEF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "core", "ops.def")
@@ -801,20 +801,8 @@ def test_no_memory_growth_over_many_calls():
     x = np.ones((8, 8))
     for _ in range(200):
         c(x)
-    gc.collect()
-    tracemalloc.start()
-    try:
-        for _ in range(1_000):
-            c(x)
-        gc.collect()
-        base, _ = tracemalloc.get_traced_memory()
-        for _ in range(10_000):
-            c(x)
-        gc.collect()
-        after, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert after - base < 64 * 1024, "grew by %d bytes over 10,000 calls" % (after - base)
+    grew = traced_growth(lambda: c(x), 1_000, 10_000)
+    assert grew < 64 * 1024, "grew by %d bytes over 10,000 calls" % grew
 
 
 def test_deleting_compiled_frees_it():
@@ -998,29 +986,13 @@ def test_warm_runs_stand_in_externs_and_survives_a_list_changed_mid_call():
 def test_threads_first_calling_together_add_one_plan():
     """Threads that make a graph's first call at once all build its plan (the compiler runs
     without the GIL), but one plan is kept: Compiled.kernels lists each kernel once."""
-    import threading
     g = Graph()
     x = g.input("float64", 2)
     g.output(g.call("exp", g.call("mul", x, 2.0)))
     c = g.compile()
     a = np.random.default_rng(0).standard_normal((4, 5))
-    barrier, errors = threading.Barrier(3), []
 
-    def work():
-        try:
-            barrier.wait()
-            np.testing.assert_allclose(c(a)[0], np.exp(a * 2.0), rtol=1e-15)
-        except Exception as e:                 # pragma: no cover - reported below
-            errors.append(repr(e))
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        ts = [threading.Thread(target=work) for _ in range(3)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    assert errors == []
+    def work(i):
+        np.testing.assert_allclose(c(a)[0], np.exp(a * 2.0), rtol=1e-15)
+    assert run_threads(work, 3) == []
     assert len(c.kernels) == 1, [k.name for k in c.kernels]

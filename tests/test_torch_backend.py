@@ -29,6 +29,7 @@ import numpy as np                                            # noqa: E402
 import torch.nn as nn                                         # noqa: E402
 import torch.nn.functional as F                               # noqa: E402
 
+from conftest import run_threads                              # noqa: E402
 from fastcompile.backends import torch as fbt                 # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -807,33 +808,15 @@ def test_concurrent_calls_from_threads_get_their_own_results():
     """One compiled graph called from several threads at once (an inference server): each call
     must compute on its own inputs. The runner filled one shared argument list per call, so a
     thread switch between filling it and calling the core could run a call on another's input."""
-    import threading
     f = compile_fc(lambda x, y: (x * y).sin() + y)
     xs = [torch.full((64,), float(i)) for i in range(4)]
     y = torch.linspace(0, 1, 64)
     f(xs[0], y)
-    errors = []
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)                # switch threads as often as CPython allows
 
     def work(i):
-        try:
-            for _ in range(300):
-                got = f(xs[i], y)
-                if not torch.allclose(got, (xs[i] * y).sin() + y, rtol=1e-5, atol=1e-6):
-                    errors.append(i)
-                    return
-        except Exception as e:                 # pragma: no cover - reported below
-            errors.append(repr(e))
-    try:
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    assert errors == []
+        for _ in range(300):
+            torch.testing.assert_close(f(xs[i], y), (xs[i] * y).sin() + y, rtol=1e-5, atol=1e-6)
+    assert run_threads(work, 4, switch=1e-6) == []      # switch as often as CPython allows
 
 
 def test_open_extern_clusters_merge_into_one_call():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastcompile
-from conftest import assert_close_np, lay_transposed
+from conftest import assert_close_np, lay_transposed, run_threads, traced_growth
 from fastcompile.graph import Graph
 
 NCORES = fastcompile.config.resolved()["num_threads"]
@@ -192,9 +192,7 @@ def test_environment_turns_it_on(monkeypatch):
 def test_tuning_report_and_tuned_calls_do_not_leak():
     """Compiled.tuning builds new dicts each time; tuned launches take the table's entry. Neither
     may keep references to the inputs or grow traced memory."""
-    import gc
     import sys
-    import tracemalloc
     f = mul_graph()
     a = np.ones((200, 100), np.float32)
     f(a, a)
@@ -203,60 +201,33 @@ def test_tuning_report_and_tuned_calls_do_not_leak():
         f(a, a)
         assert f.tuning[0]["uses"] > 0
     assert sys.getrefcount(a) == refs
-    gc.collect()
-    tracemalloc.start()
-    try:
-        for _ in range(200):
-            f.tuning
-            f(a, a)
-        gc.collect()
-        base, _ = tracemalloc.get_traced_memory()
-        for _ in range(2000):
-            f.tuning
-            f(a, a)
-        gc.collect()
-        after, _ = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert after - base < 64 * 1024, "grew by %d bytes over 2,000 calls" % (after - base)
+
+    def step():
+        f.tuning
+        f(a, a)
+    grew = traced_growth(step, 200, 2000)
+    assert grew < 64 * 1024, "grew by %d bytes over 2,000 calls" % grew
 
 
 def test_threads_tuning_one_shape_at_once_record_it_once():
     """Calls from several threads that meet an untuned launch shape together (tuning runs
     without the GIL) each time it, but the table keeps one entry for the shape, not one per
     thread (which filled slots of the 8-entry ring and evicted other shapes)."""
-    import sys
-    import threading
     f = mul_graph(autotune=False)
     a = np.ones((256, 512), np.float32)
     b = lay_transposed(np.full((256, 512), 2, np.float32))
     f(a[:8], b[:8])                 # the plan (layouts, not sizes) exists: only tuning is left
     nk = len(f.kernels)
     f.autotune = True
-    barrier, errors = threading.Barrier(3), []
 
-    def work():
-        try:
-            barrier.wait()
-            np.testing.assert_array_equal(f(a, b)[0], a * b)
-        except Exception as e:                 # pragma: no cover - reported below
-            errors.append(repr(e))
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        ts = [threading.Thread(target=work) for _ in range(3)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    assert errors == []
+    def work(i):
+        np.testing.assert_array_equal(f(a, b)[0], a * b)
+    assert run_threads(work, 3) == []
     assert len(f.kernels) == nk
     assert len(f.tuning) == 1, [(e["outer"], e["inner"], e["uses"]) for e in f.tuning]
 
 
-def test_threads_offered_cover_every_count_and_block(monkeypatch):
+def test_threads_offered_cover_every_count_and_block():
     """With 256 threads allowed, every thread count 1, 2, ... 256 is offered with every block
     width (the candidate table held 48, and the widest blocks at high counts were dropped)."""
     old = fastcompile.config.resolved()["num_threads"]

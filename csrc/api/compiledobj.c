@@ -316,11 +316,30 @@ kernel_record(const FcPlanKernel *pk, const FcPlan *p)
     return NULL;
 }
 
+/* seg's plan for metas, moved to the front of its list (most recently used
+ * first), or NULL. Returns: borrowed (seg owns its plans). */
+static FcPlan *
+cached_plan(FcSegment *seg, const FcMeta *metas)
+{
+    FcPlan *p, *prev = NULL;
+    for (p = seg->plans; p != NULL; prev = p, p = p->next) {
+        if (memcmp(p->metas, metas, seg->ninputs * sizeof(FcMeta)) == 0) {
+            if (prev != NULL) {
+                prev->next = p->next;
+                p->next = seg->plans;
+                seg->plans = p;
+            }
+            return p;
+        }
+    }
+    return NULL;
+}
+
 static FcPlan *
 find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals)
 {
     FcMeta stack[16], *metas = stack;
-    FcPlan *p, *prev = NULL;
+    FcPlan *p;
     if (seg->ninputs > 16) {
         metas = PyMem_Malloc(seg->ninputs * sizeof(FcMeta));
         if (metas == NULL) {
@@ -336,26 +355,18 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals)
             goto done;
         }
     }
-    for (p = seg->plans; p != NULL; prev = p, p = p->next) {
-        if (memcmp(p->metas, metas, seg->ninputs * sizeof(FcMeta)) == 0) {
-            if (prev != NULL) {   /* most recently used first */
-                prev->next = p->next;
-                p->next = seg->plans;
-                seg->plans = p;
-            }
-            goto done;
-        }
+    if ((p = cached_plan(seg, metas)) != NULL) {
+        goto done;
     }
     p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin));
     if (p != NULL) {
         /* the build lets other threads in (the compiler runs without the GIL):
          * one of them may have built and added the same plan meanwhile */
-        for (FcPlan *q = seg->plans; q != NULL; q = q->next) {
-            if (memcmp(q->metas, metas, seg->ninputs * sizeof(FcMeta)) == 0) {
-                fc_plan_free(p);
-                p = q;
-                goto done;
-            }
+        FcPlan *q = cached_plan(seg, metas);
+        if (q != NULL) {
+            fc_plan_free(p);
+            p = q;
+            goto done;
         }
         p->next = seg->plans;
         seg->plans = p;

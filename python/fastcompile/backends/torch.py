@@ -1318,6 +1318,14 @@ class FxGraphRunner:
             self._cache[i] = (key, a, t)
         return a
 
+    def _core_args(self, args):
+        """The compiled graph's arguments for a call with ``args``: a new list per call, since
+        threads may call one graph at once."""
+        arrays = list(self._arrays)
+        for j, i in self._arg_slots:
+            arrays[j] = self._convert(i, args[i])
+        return arrays
+
     # -- async compile (config.async_compile) ------------------------------------------------------
     @property
     def ready(self):
@@ -1364,11 +1372,9 @@ class FxGraphRunner:
         rec = _Recorder(self.gm, keep)
         out = rec.run(*args)
         out = list(out) if isinstance(out, (tuple, list)) else [out]
-        arrays = list(self._arrays)
-        for j, i in self._arg_slots:
-            arrays[j] = self._convert(i, args[i])
+        arrays = self._core_args(args)
         stand_ins = [fn if nodes is None else _replay(rec.values, nodes) for fn, nodes in self._replays]
-        w = _Warming(t0)
+        w = _Warming()
 
         def build(arrays=tuple(arrays), stand_ins=stand_ins):
             try:
@@ -1400,10 +1406,7 @@ class FxGraphRunner:
                 return out
         res = ()
         if self.compiled is not None:
-            arrays = list(self._arrays)        # per call: threads may call one graph at once
-            for j, i in self._arg_slots:
-                arrays[j] = self._convert(i, args[i])
-            res = self.compiled(*arrays)
+            res = self.compiled(*self._core_args(args))
         out = []
         for p in self.plan:
             kind = p[0]
@@ -1429,9 +1432,8 @@ class FxGraphRunner:
 class _Warming:
     """One runner's background build (async compile): its thread, and how and when it ended."""
 
-    def __init__(self, t0):
+    def __init__(self):
         self.pid = os.getpid()
-        self.t0 = t0
         self.thread = None
         self.done = False
         self.error = None
