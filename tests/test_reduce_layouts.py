@@ -151,8 +151,8 @@ def test_layernorm_backward_reads_row_statistics_once_per_run():
 
 
 # ---------------------------------------------------------------------------
-# lanes: a unit-stride run's whole blocks of 16 accumulate in 16 lanes, folded
-# pairwise at the run's end; the last len % 16 elements take the scalar loop
+# lanes: a unit-stride run's whole blocks of 8 accumulate in 8 lanes, folded
+# pairwise at the run's end; the last len % 8 elements take the scalar loop
 # ---------------------------------------------------------------------------
 
 LANE_REFS = {
@@ -193,7 +193,7 @@ def _lane_input(dtype, shape, rng, op):
 
 @pytest.mark.parametrize("op,dtype", [(op, dt) for op in LANE_REFS for dt in LANE_DTYPES[op]],
                          ids=lambda v: str(v))
-@pytest.mark.parametrize("n", [15, 16, 17, 33, 128, 131])
+@pytest.mark.parametrize("n", [7, 8, 9, 15, 16, 17, 33, 128, 131])
 def test_lane_reductions_by_row_length(op, dtype, n):
     """Rows shorter than a lane block (scalar only), exactly whole blocks, and blocks plus a
     tail; 7 rows, so row ends fall anywhere in memory. NaN (floats) goes in a lane block of
@@ -219,13 +219,13 @@ def test_lane_reductions_by_row_length(op, dtype, n):
     else:
         np.testing.assert_array_equal(got, ref.astype(got.dtype))
     src = f.kernels[0].source
-    assert "_l[16];" in src, "a unit-stride reduction kernel has lane arrays"
+    assert "_l[8];" in src, "a unit-stride reduction kernel has lane arrays"
 
 
 @pytest.mark.parametrize("op", ["sum", "amax", "var", "any"])
 def test_lane_reductions_over_several_runs(op):
-    """Inner space of two dims that do not collapse (a slice of the last axis): runs of 20 (a
-    lane block and a tail of 4), five runs per row, folded into one accumulator; also the
+    """Inner space of two dims that do not collapse (a slice of the last axis): runs of 20
+    (two lane blocks and a tail of 4), five runs per row, folded into one accumulator; also the
     transposed view (strided runs: the scalar loop only) and few long rows shared by threads."""
     rng = np.random.default_rng(11)
     base = rng.standard_normal((6, 5, 40)).astype(np.float32)
@@ -272,4 +272,4 @@ def test_arg_reductions_keep_the_scalar_first_index_loop():
     got, s = f(x)
     np.testing.assert_array_equal(got, np.argmax(x, axis=1))
     assert_close_np(s, x.sum(1, dtype=np.float64).astype(np.float32))
-    assert "_l[16];" not in f.kernels[0].source
+    assert "_l[8];" not in f.kernels[0].source

@@ -152,7 +152,7 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
 }
 
 /* Reductions over unit-stride runs accumulate in LANES independent lanes
- * (arrays acc<v>_l and nan<v>_l, one vector register's worth of float32),
+ * (arrays acc<v>_l and nan<v>_l, see below),
  * folded in a fixed pairwise order when the run ends; the run's last
  * len % LANES elements go through the scalar loop. GCC's own lowering of
  * "omp simd reduction" keeps the partials in a stack array it fills with 16
@@ -160,8 +160,13 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
  * of 128, softmax spent a third of its time there. With fc_unravel's inline
  * 1-d case (fc_kernel.h) and softmax's reciprocal (graph.c), 2 threads, min
  * of 6 interleaved runs: softmax over 8192 rows of 128 1.01 -> 0.73 ms,
- * layernorm over 1024 rows of 256 125 -> 101 us. */
-#define LANES 16
+ * layernorm over 1024 rows of 256 125 -> 101 us.
+ * LANES is one 256-bit register of float32 (the kernels' vector width, see
+ * FC_FLAGS in runtime/cpu.c): the lane loop then vectorizes to one
+ * iteration and GCC keeps the lanes in registers. With 16 (two registers) it
+ * kept them on the stack and stored them every block: on Zen 1, 2 threads,
+ * softmax over 97 rows of 1024 119 -> 108 us, layernorm 57 -> 44 us. */
+#define LANES 8
 
 /* the statements of one element of a run: nodes, the stash, reductions, stores */
 static int
@@ -291,7 +296,7 @@ emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store)
     G->e.lane = NULL;
     CLOSE(G);
     CLOSE(G);
-    /* pairwise, 16 -> 8 -> 4 -> 2 in constant-bound loops GCC vectorizes
+    /* pairwise, LANES -> ... -> 2 in constant-bound loops GCC vectorizes
      * (out-of-line helpers instead were as costly to compile, and slower:
      * the call spills the lanes; one sequential loop was slower still) */
     for (int w = LANES / 2; w > 1; w /= 2) {
