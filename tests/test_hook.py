@@ -16,6 +16,7 @@ import weakref
 import numpy as np
 import pytest
 
+from conftest import run_threads
 from fastcompile import _C
 
 
@@ -820,40 +821,19 @@ def test_two_threads():
         return _C.CacheEntry([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,))
 
     h = _C.Hooked(f, cb)
-    barrier = threading.Barrier(3)
-    errors = []
 
-    def hooked_worker():
-        try:
-            barrier.wait()
-            for i in range(3000):
-                r = h(i)
-                assert r == -i or (r == i + 1 and i == 0), (i, r)   # 0 -> neg(0) == 0 anyway
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+    def work(i):
+        if i < 2:
+            for j in range(3000):
+                r = h(j)
+                assert r == -j or (r == j + 1 and j == 0), (j, r)   # 0 -> neg(0) == 0 anyway
+        else:
+            # this thread's mode is None: the hook may be installed by the others,
+            # but f must run as written here
+            for j in range(3000):
+                assert f(j) == j + 1
 
-    def plain_worker():
-        # this thread's mode is None: the hook may be installed by the others,
-        # but f must run as written here
-        try:
-            barrier.wait()
-            for i in range(3000):
-                assert f(i) == i + 1
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=hooked_worker), threading.Thread(target=hooked_worker),
-               threading.Thread(target=plain_worker)]
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(old)
-    assert errors == []
+    assert run_threads(work, 3) == []     # two hooked threads, one plain
     assert 1 <= len(calls) <= 2
     assert not _C._eval_frame_installed()
 
