@@ -212,6 +212,29 @@ def test_fresh_process_warm_start_spawns_nothing(tmp_path):
     assert log.read_text().splitlines() == calls
 
 
+def expected_vector_width():
+    """What the compile line should carry on this machine: 512 on an AMD CPU
+    with AVX-512 (full clock at 512 bits), 256 on any other x86-64 CPU."""
+    if os.uname().machine != "x86_64":
+        return None
+    text = open("/proc/cpuinfo").read()
+    flags = re.search(r"^flags\s*:(.*)$", text, re.M).group(1).split()
+    amd = re.search(r"^vendor_id\s*:\s*AuthenticAMD\s*$", text, re.M) is not None
+    return 512 if amd and "avx512f" in flags else 256
+
+
+def test_vector_width_on_the_compile_line(tmp_path):
+    log = tmp_path / "cc.log"
+    cc = fake_cc(tmp_path, f'echo "$@" >> {log}\nexec {CC} "$@"\n')
+    _C._configure(make_cfg(tmp_path / "cache", cc=cc, pch=False))
+    assert call(_C._cpu_load(kernel(3), "fc_k")) == 3
+    line = [c for c in log.read_text().splitlines() if c != "--version"]
+    assert len(line) == 1
+    widths = re.findall(r"-mprefer-vector-width=(\d+)", line[0])
+    want = expected_vector_width()
+    assert widths == ([] if want is None else [str(want)])
+
+
 def test_always_compile_skips_disk_reads(tmp_path):
     cfg = make_cfg(tmp_path / "cache")
     src = kernel(3)
