@@ -23,7 +23,8 @@
 #include "disk.h"
 #include "sha256.h"
 
-/* The kernel compile line: cc FC_FLAGS [-mprefer-vector-width=N] [-I<pch dir>] -I<include_dir> <cflags> -o OUT SRC FC_LIBS.
+/* The kernel compile line:
+ *     cc FC_FLAGS [-mprefer-vector-width=N] [-I<pch dir>] -I<include_dir> <cflags> -o OUT SRC FC_LIBS
  * Never -ffast-math/-Ofast: they link crtfastmath.o, which sets FTZ/DAZ in MXCSR
  * for the whole process when the .so is loaded. -nostartfiles leaves out the
  * crt*.o files altogether (crtfastmath.o is one; kernels need none of them):
