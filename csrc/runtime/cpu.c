@@ -574,8 +574,9 @@ ensure_identity(void)
     for (int i = 0; i < FC_NFLAGS; i++) {
         key_str(&s, "flag", FC_FLAGS[i]);
     }
-    if (vector_width_flag() != NULL) {
-        key_str(&s, "flag", vector_width_flag());
+    const char *width = vector_width_flag();
+    if (width != NULL) {
+        key_str(&s, "flag", width);
     }
     if (rt.include_dir) {
         key_str(&s, "include", rt.include_dir);
@@ -789,7 +790,8 @@ job_prepare_compiler(FcJob *j, const char *pch)
             return -1;
         }
     }
-    if (vector_width_flag() != NULL && fc_disk_strv_push(&j->flags, vector_width_flag()) < 0) {
+    const char *width = vector_width_flag();
+    if (width != NULL && fc_disk_strv_push(&j->flags, width) < 0) {
         return -1;
     }
     if (pch && !j->pch_build) {
