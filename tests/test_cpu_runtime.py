@@ -231,8 +231,18 @@ def test_vector_width_on_the_compile_line(tmp_path):
     line = [c for c in log.read_text().splitlines() if c != "--version"]
     assert len(line) == 1
     widths = re.findall(r"-mprefer-vector-width=(\d+)", line[0])
+    bits = re.findall(r"-DFC_VECTOR_BITS=(\d+)", line[0])
     want = expected_vector_width()
     assert widths == ([] if want is None else [str(want)])
+    assert bits == widths, "fc_kernel.h is told the same width the compiler is"
+
+
+def test_reduction_lanes_follow_the_vector_width(tmp_path):
+    """fc_kernel.h's FC_LANES, as a kernel built here sees it: one vector of float32."""
+    _C._configure(make_cfg(tmp_path / "cache"))
+    src = kernel(3).replace('#include "fc_launch.h"', '#include "fc_kernel.h"').replace("return 3;", "return FC_LANES;")
+    want = expected_vector_width()
+    assert call(_C._cpu_load(src, "fc_k")) == (8 if want is None else want // 32)
 
 
 def test_always_compile_skips_disk_reads(tmp_path):

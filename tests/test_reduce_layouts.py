@@ -1,8 +1,11 @@
 """Reductions in every loop order the runtime picks: rows owned by a thread,
 rows shared by all threads (few long rows), and column blocks (reduced with a
 stride while outer neighbours are adjacent, e.g. sum over axis 0)."""
+import re
+
 import numpy as np
 import pytest
+import fastcompile
 
 from fastcompile.graph import Graph
 
@@ -151,8 +154,9 @@ def test_layernorm_backward_reads_row_statistics_once_per_run():
 
 
 # ---------------------------------------------------------------------------
-# lanes: a unit-stride run's whole blocks of 8 accumulate in 8 lanes, folded
-# pairwise at the run's end; the last len % 8 elements take the scalar loop
+# lanes: a unit-stride run's whole blocks of FC_LANES (8 or 16: one vector of float32)
+# accumulate in that many lanes, folded pairwise at the run's end; the last
+# len % FC_LANES elements take the scalar loop. Sweeps with 8-byte values keep 8 lanes.
 # ---------------------------------------------------------------------------
 
 LANE_REFS = {
@@ -191,13 +195,30 @@ def _lane_input(dtype, shape, rng, op):
     return np.asarray(x).astype(dtype)
 
 
+@pytest.fixture(params=[8, 16], ids=lambda v: "lanes%d" % v)
+def lanes(request):
+    """FC_LANES forced through the compile line, so both lane counts run on any machine
+    (kernels are built for 512-bit vectors only on AMD CPUs with AVX-512)."""
+    fastcompile.config.set(cflags="-DFC_LANES=%d" % request.param)
+    try:
+        yield request.param
+    finally:
+        fastcompile.config.set(cflags="")
+
+
+def _lane_decl(dtype):
+    """The lane arrays' size in the source: 8 for 8-byte values, else FC_LANES."""
+    return "_l[8];" if np.dtype(dtype).itemsize == 8 else "_l[FC_LANES];"
+
+
 @pytest.mark.parametrize("op,dtype", [(op, dt) for op in LANE_REFS for dt in LANE_DTYPES[op]],
                          ids=lambda v: str(v))
-@pytest.mark.parametrize("n", [7, 8, 9, 15, 16, 17, 33, 128, 131])
-def test_lane_reductions_by_row_length(op, dtype, n):
+@pytest.mark.parametrize("n", [7, 8, 9, 15, 16, 17, 31, 33, 128, 131])
+def test_lane_reductions_by_row_length(op, dtype, n, lanes):
     """Rows shorter than a lane block (scalar only), exactly whole blocks, and blocks plus a
-    tail; 7 rows, so row ends fall anywhere in memory. NaN (floats) goes in a lane block of
-    row 1 and in the tail of row 2; row 3 is all -inf and row 4 all +inf for amax/amin."""
+    tail, for 8 and 16 lanes; 7 rows, so row ends fall anywhere in memory. NaN (floats) goes
+    in a lane block of row 1 and in the tail of row 2; row 3 is all -inf and row 4 all +inf
+    for amax/amin."""
     rng = np.random.default_rng(n * 7 + len(op))
     x = _lane_input(dtype, (7, n), rng, op)
     if np.dtype(dtype).kind == "f" and op not in ("prod",):
@@ -219,7 +240,7 @@ def test_lane_reductions_by_row_length(op, dtype, n):
     else:
         np.testing.assert_array_equal(got, ref.astype(got.dtype))
     src = f.kernels[0].source
-    assert "_l[8];" in src, "a unit-stride reduction kernel has lane arrays"
+    assert _lane_decl(dtype) in src, "a unit-stride reduction kernel has lane arrays"
 
 
 @pytest.mark.parametrize("op", ["sum", "amax", "var", "any"])
@@ -259,6 +280,39 @@ def test_lane_reductions_over_several_runs(op):
         np.testing.assert_array_equal(got, ref)
 
 
+@pytest.mark.parametrize("case", ["f32_scaled", "f32_softmax", "f64_sum", "f64_cast_down", "f32_cast_up"])
+def test_lane_count_follows_the_widest_value(case, lanes):
+    """FC_LANES lanes where every value a sweep loads or computes is 4 bytes or less, 8 where
+    one is 8 bytes; neither a Python-float constant nor the double accumulator of a float32
+    sum counts. The results stay right either way."""
+    rng = np.random.default_rng(5)
+    g = Graph()
+    dt = "float64" if case.startswith("f64") else "float32"
+    a = g.input(dt, 2)
+    x = rng.standard_normal((5, 70)).astype(dt)
+    if case == "f32_scaled":
+        g.output(g.call("sum", g.call("mul", a, g.constant(0.5)), axis=1))
+        ref = (x.astype(np.float64) * 0.5).sum(1)
+    elif case == "f32_softmax":
+        g.output(g.call("softmax", a, axis=1))
+        e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+        ref = e / e.sum(1, keepdims=True)
+    elif case == "f64_sum":
+        g.output(g.call("sum", a, axis=1))
+        ref = x.sum(1)
+    elif case == "f64_cast_down":
+        g.output(g.call("sum", g.call("cast", a, dtype="float32"), axis=1))
+        ref = x.astype(np.float32).astype(np.float64).sum(1)
+    else:
+        g.output(g.call("sum", g.call("cast", a, dtype="float64"), axis=1))
+        ref = x.astype(np.float64).sum(1)
+    f = g.compile()
+    (got,) = f(x)
+    assert_close_np(got, ref.astype(got.dtype), dtype=got.dtype, rtol=1e-5, atol=1e-6)
+    decls = set(re.findall(r"^\s*\w+ (?:acc|nan)\d+_l\[(\w+)\];$", f.kernels[0].source, re.M))
+    assert decls == ({"FC_LANES"} if case.startswith("f32_s") else {"8"}), decls
+
+
 def test_arg_reductions_keep_the_scalar_first_index_loop():
     """argmax needs the first of equal maxima: no lanes, and ties are still first-index."""
     x = np.zeros((3, 40), np.float32)
@@ -272,4 +326,4 @@ def test_arg_reductions_keep_the_scalar_first_index_loop():
     got, s = f(x)
     np.testing.assert_array_equal(got, np.argmax(x, axis=1))
     assert_close_np(s, x.sum(1, dtype=np.float64).astype(np.float32))
-    assert "_l[8];" not in f.kernels[0].source
+    assert "_l[" not in f.kernels[0].source

@@ -151,24 +151,55 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
     }
 }
 
-/* Reductions over unit-stride runs accumulate in LANES independent lanes
- * (arrays acc<v>_l and nan<v>_l, see below),
- * folded in a fixed pairwise order when the run ends; the run's last
- * len % LANES elements go through the scalar loop. GCC's own lowering of
- * "omp simd reduction" keeps the partials in a stack array it fills with 16
- * scalar stores and folds with 16 dependent scalar loads per run: with rows
- * of 128, softmax spent a third of its time there. With fc_unravel's inline
- * 1-d case (fc_kernel.h) and softmax's reciprocal (graph.c), 2 threads, min
- * of 6 interleaved runs: softmax over 8192 rows of 128 1.01 -> 0.73 ms,
- * layernorm over 1024 rows of 256 125 -> 101 us.
- * LANES is one 256-bit register of float32: the lane loop then vectorizes
- * to one iteration and GCC keeps the lanes in registers. With 16 (two 256-bit
- * registers) it kept them on the stack and stored them every block: on Zen 1,
- * 2 threads, softmax over 97 rows of 1024 119 -> 108 us, layernorm 57 -> 44 us.
- * Where kernels are built for 512-bit vectors (vector_width_flag in
- * runtime/cpu.c), 16 lanes fit one register but were no better: on Zen 4,
- * softmax 44 -> 73 us, layernorm 23 -> 20 us. */
-#define LANES 8
+/* Reductions over unit-stride runs accumulate in lanes: independent
+ * partials (arrays acc<v>_l and nan<v>_l, see emit_lanes), folded in a fixed
+ * pairwise order when the run ends; the run's last len % lanes elements go
+ * through the scalar loop. GCC's own lowering of "omp simd reduction" keeps
+ * the partials in a stack array it fills with 16 scalar stores and folds
+ * with 16 dependent scalar loads per run: with rows of 128, softmax spent a
+ * third of its time there. With fc_unravel's inline 1-d case (fc_kernel.h)
+ * and softmax's reciprocal (graph.c), 2 threads, min of 6 interleaved runs:
+ * softmax over 8192 rows of 128 1.01 -> 0.73 ms, layernorm over 1024 rows of
+ * 256 125 -> 101 us.
+ * The lane count is one vector register of float32, FC_LANES in fc_kernel.h:
+ * 8 where kernels are built for 256-bit vectors, 16 for 512-bit ones
+ * (FC_VECTOR_BITS, from vector_width_flags in runtime/cpu.c). The lane loop
+ * then vectorizes to one iteration, GCC keeps the lanes in registers, and a
+ * libmvec call in it (softmax's exp) takes the full-width variant.
+ * - 256-bit (Zen 1): 16 lanes (two registers) were kept on the stack and
+ *   stored every block; 8 instead, 2 threads: softmax over 97 rows of 1024
+ *   119 -> 108 us, layernorm 57 -> 44 us.
+ * - 512-bit (Zen 4), 8 -> 16 lanes, 2 threads, paired runs in one process:
+ *   softmax over 9765 rows of 1024 3.9 -> 3.0 ms (8 lanes called the 256-bit
+ *   expf), logsumexp 2.9 -> 2.5 ms, row sums of 1000 x 1024 60 -> 49 us,
+ *   layernorm of 1000 x 1024 192 -> 156 us; layernorm of 9765 x 1024,
+ *   memory-bound, 0.98-1.07x (no clear change).
+ * A sweep that computes in an 8-byte type keeps 8 lanes (one 512-bit
+ * register of double): with 16, float64 layernorm over 4000 rows of 1024
+ * went 1.6 -> 1.9 ms. */
+#define LANES_MAX 16     /* FC_LANES at most: emit_lanes folds from here */
+
+/* The lane count of a sweep's unit runs, as C text: "8" where a value it
+ * loads or stores (use: sweep_operands) or computes (need) is 8 bytes wide,
+ * else "FC_LANES". A reduction's accumulator does not count (float32 sums in
+ * double lanes), nor does a constant: it is a literal of the type it meets,
+ * not a value of the loop (a Python float is a float64 node). */
+static const char *
+sweep_lanes(const Gen *G, const char *need, const char *use)
+{
+    const FcSpec *s = G->e.s;
+    for (int o = 0; o < G->e.K->nops; o++) {
+        if (use[o] && fc_dtypes[s->slots[G->e.K->ops[o].slot].dtype].size == 8) {
+            return "8";
+        }
+    }
+    for (int v = 0; v < s->g->nnodes; v++) {
+        if (need[v] && fc_dtypes[fc_dtype_compute(s->sn[v].dtype)].size == 8) {
+            return "8";
+        }
+    }
+    return "FC_LANES";
+}
 
 /* the statements of one element of a run: nodes, the stash, reductions, stores */
 static int
@@ -257,21 +288,23 @@ emit_lane_fold(Gen *G, int v, const char *dst, const char *src)
     }
 }
 
-/* A unit-stride run's whole blocks of LANES elements, reductions into lane
- * arrays; advances i0 past them (the caller's scalar loop does the rest). */
+/* A unit-stride run's whole blocks of `lanes` elements (sweep_lanes' C
+ * text), reductions into lane arrays; advances i0 past them (the caller's
+ * scalar loop does the rest). */
 static int
-emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store)
+emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store, const char *lanes)
 {
+    const int wide = strcmp(lanes, "8") != 0;   /* FC_LANES: 8 or 16 */
     const FcSpec *s = G->e.s;
     char init[EXPR], src[32];
     for (int r = 0; r < nreds; r++) {
         int v = reds[r];
-        LINE(G, "%s acc%d_l[%d];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v, LANES);
+        LINE(G, "%s acc%d_l[%s];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v, lanes);
         if (fc_expr_has_nan_flag(s, v)) {
-            LINE(G, "int nan%d_l[%d];", v, LANES);
+            LINE(G, "int nan%d_l[%s];", v, lanes);
         }
     }
-    LINE(G, "for (int l = 0; l < %d; l++) {", LANES);
+    LINE(G, "for (int l = 0; l < %s; l++) {", lanes);
     G->e.depth++;
     for (int r = 0; r < nreds; r++) {
         int v = reds[r];
@@ -282,12 +315,12 @@ emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store)
         }
     }
     CLOSE(G);
-    LINE(G, "for (; i0 + %d <= len; i0 += %d) {", LANES, LANES);
+    LINE(G, "for (; i0 + %s <= len; i0 += %s) {", lanes, lanes);
     G->e.depth++;
     /* l indexes the lanes, i = i0 + l the run: 3% less to compile than
      * subscripting the lanes with i - i0 */
     LINE(G, "#pragma omp simd");
-    LINE(G, "for (int l = 0; l < %d; l++) {", LANES);
+    LINE(G, "for (int l = 0; l < %s; l++) {", lanes);
     G->e.depth++;
     LINE(G, "const int64_t i = i0 + l;");
     G->e.lane = "_l[l]";
@@ -298,10 +331,14 @@ emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store)
     G->e.lane = NULL;
     CLOSE(G);
     CLOSE(G);
-    /* pairwise, LANES -> ... -> 2 in constant-bound loops GCC vectorizes
+    /* pairwise, lanes -> ... -> 2 in constant-bound loops GCC vectorizes
      * (out-of-line helpers instead were as costly to compile, and slower:
-     * the call spills the lanes; one sequential loop was slower still) */
-    for (int w = LANES / 2; w > 1; w /= 2) {
+     * the call spills the lanes; one sequential loop was slower still); the
+     * steps above 8 only where FC_LANES is wider */
+    for (int w = wide ? LANES_MAX / 2 : 4; w > 1; w /= 2) {
+        if (w >= 8) {
+            LINE(G, "#if FC_LANES > %d", w);
+        }
         LINE(G, "for (int l = 0; l < %d; l++) {", w);
         G->e.depth++;
         snprintf(src, sizeof(src), "_l[l + %d]", w);
@@ -309,6 +346,9 @@ emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store)
             emit_lane_fold(G, reds[r], "_l[l]", src);
         }
         CLOSE(G);
+        if (w >= 8) {
+            LINE(G, "#endif");
+        }
     }
     for (int r = 0; r < nreds; r++) {
         emit_lane_fold(G, reds[r], "_l[0]", "_l[1]");
@@ -392,14 +432,15 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
             goto cleanup;
         }
         if (lanes) {
-            /* whole blocks of LANES in lane arrays when unit-stride; the
+            /* whole blocks of lanes in lane arrays when unit-stride; the
              * scalar loop takes the rest (and whole strided runs) */
+            const char *nl = sweep_lanes(G, need, use);
             LINE(G, "int64_t i0 = 0;");
-            LINE(G, "if (%s%slen >= %d) {", c, c[0] ? " && " : "", LANES);
+            LINE(G, "if (%s%slen >= %s) {", c, c[0] ? " && " : "", nl);
             fc_str_release(c);
             G->e.depth++;
             G->unit = 1;
-            if (emit_lanes(G, need, reds, nreds, store) < 0) {
+            if (emit_lanes(G, need, reds, nreds, store, nl) < 0) {
                 goto cleanup;
             }
             CLOSE(G);

@@ -24,7 +24,8 @@
 #include "sha256.h"
 
 /* The kernel compile line:
- *     cc FC_FLAGS [-mprefer-vector-width=N] [-I<pch dir>] -I<include_dir> <cflags> -o OUT SRC FC_LIBS
+ *     cc FC_FLAGS [-mprefer-vector-width=N -DFC_VECTOR_BITS=N] [-I<pch dir>] -I<include_dir> <cflags>
+ *        -o OUT SRC FC_LIBS
  * Never -ffast-math/-Ofast: they link crtfastmath.o, which sets FTZ/DAZ in MXCSR
  * for the whole process when the .so is loaded. -nostartfiles leaves out the
  * crt*.o files altogether (crtfastmath.o is one; kernels need none of them):
@@ -36,7 +37,7 @@
  * several libraries) made linking take 20 ms instead of 12; FC_LIBS names
  * libgcc (static helpers) again, and libc's symbols (memcpy) resolve at load
  * time through libm's and libgomp's own dependency on it.
- * -mprefer-vector-width (x86-64, vector_width_flag): GCC's tuning for AMD Zen 1
+ * -mprefer-vector-width (x86-64, vector_width_flags): GCC's tuning for AMD Zen 1
  * (which runs 256-bit ops as two halves) prefers 128-bit vectors even with
  * AVX2, and then calls libmvec's SSE4 variants (_ZGVbN4v_expf), which have no
  * FMA; with 256-bit vectors the AVX2 variants are called: softmax and
@@ -45,7 +46,9 @@
  * clock under 512-bit work; AMD's (Zen 4 on) keep it, and there 512 bits
  * make arithmetic-heavy kernels faster: on Zen 4, 2 threads, GELU 1e5
  * 33 -> 26.5 us, x*sigmoid(x)*y 1e7 4.0 -> 3.4 ms, layernorm 1e7 2.9 -> 2.4 ms.
- * So AMD CPUs with AVX-512 get 512, every other x86-64 CPU 256. */
+ * So AMD CPUs with AVX-512 get 512, every other x86-64 CPU 256.
+ * -DFC_VECTOR_BITS tells fc_kernel.h the same width: reductions take one
+ * register of float32 as their lane count (FC_LANES; gen_c.c, sweep_lanes). */
 static const char *const FC_FLAGS[] = {
     "-O2", "-march=native", "-std=c11", "-fPIC", "-shared", "-fopenmp",
     "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",
@@ -56,18 +59,20 @@ static const char *const FC_LIBS[] = {"-lmvec", "-lm", "-lgcc"};
 #define FC_NFLAGS ((int)(sizeof(FC_FLAGS) / sizeof(FC_FLAGS[0])))
 #define FC_NLIBS ((int)(sizeof(FC_LIBS) / sizeof(FC_LIBS[0])))
 
-/* The -mprefer-vector-width flag for the CPU this process runs on (see the
- * compile line's comment above), or NULL where there is none to give. Static
- * string. */
-static const char *
-vector_width_flag(void)
+/* The vector-width flags for the CPU this process runs on (see the compile
+ * line's comment above): a NULL-terminated static array, or NULL where there
+ * are none to give. */
+static const char *const *
+vector_width_flags(void)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    static const char *const w512[] = {"-mprefer-vector-width=512", "-DFC_VECTOR_BITS=512", NULL};
+    static const char *const w256[] = {"-mprefer-vector-width=256", "-DFC_VECTOR_BITS=256", NULL};
     __builtin_cpu_init();
     if (__builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f")) {
-        return "-mprefer-vector-width=512";
+        return w512;
     }
-    return "-mprefer-vector-width=256";
+    return w256;
 #else
     return NULL;
 #endif
@@ -574,9 +579,9 @@ ensure_identity(void)
     for (int i = 0; i < FC_NFLAGS; i++) {
         key_str(&s, "flag", FC_FLAGS[i]);
     }
-    const char *width = vector_width_flag();
-    if (width != NULL) {
-        key_str(&s, "flag", width);
+    const char *const *width = vector_width_flags();
+    for (int i = 0; width != NULL && width[i] != NULL; i++) {
+        key_str(&s, "flag", width[i]);
     }
     if (rt.include_dir) {
         key_str(&s, "include", rt.include_dir);
@@ -790,9 +795,11 @@ job_prepare_compiler(FcJob *j, const char *pch)
             return -1;
         }
     }
-    const char *width = vector_width_flag();
-    if (width != NULL && fc_disk_strv_push(&j->flags, width) < 0) {
-        return -1;
+    const char *const *width = vector_width_flags();
+    for (int i = 0; width != NULL && width[i] != NULL; i++) {
+        if (fc_disk_strv_push(&j->flags, width[i]) < 0) {
+            return -1;
+        }
     }
     if (pch && !j->pch_build) {
         char *inc = fmt("-I%s", pch);

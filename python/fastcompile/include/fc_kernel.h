@@ -15,6 +15,24 @@
 #define FC_EXPORT __attribute__((visibility("default")))
 #define FC_MAX_THREADS 256     /* the runtime never asks for more */
 
+/* Reduction lanes (gen_c.c, sweep_lanes): one vector register of float32,
+ * from the vector width the runtime builds kernels for (FC_VECTOR_BITS:
+ * vector_width_flags in runtime/cpu.c passes it with -mprefer-vector-width).
+ * -DFC_LANES=8 or 16 in FASTCOMPILE_CFLAGS sets it directly (tests do). */
+#ifndef FC_VECTOR_BITS
+#define FC_VECTOR_BITS 256
+#endif
+#ifndef FC_LANES
+#if FC_VECTOR_BITS >= 512
+#define FC_LANES 16
+#else
+#define FC_LANES 8
+#endif
+#endif
+#if FC_LANES != 8 && FC_LANES != 16
+#error "FC_LANES must be 8 or 16 (gen_c.c folds the lanes from 16 at most)"
+#endif
+
 /* Software prefetch for flat kernels heavy in arithmetic (gen_c.c,
  * flat_is_heavy): the loop walks blocks of FC_PF_BLOCK elements and, before
  * each, touches every cache line of input p that lies FC_PF_BYTES further on
