@@ -242,3 +242,43 @@ def test_kernels_of_one_plan_compile_as_one_batch(cache_dir):
     f2 = g.compile()
     f2(a)
     assert compiles() - before == n and fastcompile.stats()["disk_hits"] - hits == n
+
+
+def test_kernels_equal_but_for_their_place_in_the_graph_compile_once(cache_dir):
+    """The same fused work at two places of a graph (a layer norm in every layer of a model):
+    the kernel text numbers its locals in order of appearance, not by graph node, so the two
+    kernels are one text, one name, one key and one compile, and both give the right results.
+    Work that differs (the third reduction: a sum, not a softmax) still gets its own kernel."""
+    g = Graph()
+    x = g.input("float32", 2)
+    a = g.call("softmax", x, axis=-1)
+    b = g.extern(lambda v: v * 2.0 + 1.0, a)          # splits the graph: a kernel on each side
+    c = g.call("softmax", g.call("mul", b, b), axis=-1)
+    d = g.extern(lambda v: v - 0.25, c)
+    g.output(c, g.call("sum", g.call("mul", d, d), axis=-1))
+    f = g.compile()
+    v = np.random.default_rng(3).standard_normal((9, 40), dtype=np.float32)
+    before = compiles()
+    got_c, got_s = f(v)
+    assert len(f.kernels) == 3
+    names = [k.name for k in f.kernels]
+    assert names[0] != names[2] and names[1] != names[2]
+    bodies = [k.source.split("*/", 1)[1] for k in f.kernels]
+    assert bodies[0] != bodies[1], "mul(b, b) is fused into the second softmax"
+    assert compiles() - before == 3
+    # the first kernel alone, at another place of another graph: the same text, no compile
+    g2 = Graph()
+    y = g2.input("float32", 2)
+    z = g2.extern(lambda v: v + 0.0, y)
+    g2.output(g2.call("softmax", z, axis=-1))
+    f2 = g2.compile()
+    (got2,) = f2(v)
+    assert f2.kernels[0].name == f.kernels[0].name
+    assert f2.kernels[0].source.split("*/", 1)[1] == bodies[0]
+    assert compiles() - before == 3
+    e = np.exp(v - v.max(-1, keepdims=True))
+    np.testing.assert_allclose(got2, e / e.sum(-1, keepdims=True), rtol=2e-6, atol=1e-7)
+    b_ = (2 * got2 + 1) ** 2
+    e = np.exp(b_ - b_.max(-1, keepdims=True))
+    np.testing.assert_allclose(got_c, e / e.sum(-1, keepdims=True), rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(got_s, ((got_c - 0.25) ** 2).sum(-1), rtol=2e-5)

@@ -470,6 +470,33 @@ def test_layernorm_is_one_kernel():
     assert len(r.kernels) == 1, [k.name for k in r.kernels]
 
 
+def test_repeated_layers_share_their_kernels():
+    """Identical layers, forward and backward: a third layer's kernels have the same text as the
+    second's (locals are numbered per kernel, not by graph node; the first layer differs, as its
+    input is no GELU), so three layers compile no more distinct kernels than two; results stay
+    as eager's."""
+    def layer():
+        return nn.Sequential(nn.LayerNorm(48), nn.Linear(48, 48), nn.GELU())
+
+    names = {}
+    for depth in (2, 3):
+        torch.manual_seed(0)
+        m = nn.Sequential(*[layer() for _ in range(depth)])
+        ref = copy.deepcopy(m)
+        x = torch.randn(6, 48)
+        record = []
+        out = compile_fc(m, record=record)(x)
+        out.sum().backward()
+        ref(x).sum().backward()
+        torch.testing.assert_close(out, ref(x), **TOL)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **TOL)
+        names[depth] = [k.name for r in record for k in r.kernels]
+        torch._dynamo.reset()
+    assert len(names[3]) > len(names[2]), "three layers run more kernels"
+    assert set(names[3]) == set(names[2]), (names[2], names[3])
+
+
 # ----------------------------------------------------------------------------------------------
 # modes, options, fallbacks
 # ----------------------------------------------------------------------------------------------
