@@ -245,6 +245,24 @@ def test_reduction_lanes_follow_the_vector_width(tmp_path):
     assert call(_C._cpu_load(src, "fc_k")) == (8 if want is None else want // 32)
 
 
+def test_thread_shares_of_rows_and_elements(tmp_path):
+    """fc_thread_range: a reduction's rows split evenly (97 rows on 2 threads: 49 + 48), elements
+    in whole 16-element steps (97: 64 + 33, so a share starts on a cache line of float32)."""
+    _C._configure(make_cfg(tmp_path / "cache"))
+    body = """
+        int64_t a0, a1, b0, b1, c0, c1, d0, d1;
+        fc_thread_range(97, 1, 0, 2, &a0, &a1);
+        fc_thread_range(97, 1, 1, 2, &b0, &b1);
+        fc_thread_range(97, 16, 0, 2, &c0, &c1);
+        fc_thread_range(97, 16, 1, 2, &d0, &d1);
+        if (a0 != 0 || b1 != 97 || c0 != 0 || d1 != 97) {
+            return -1;
+        }
+        return (int)(a1 * 1000000 + b0 * 10000 + c1 * 100 + d0);"""
+    src = kernel(3).replace('#include "fc_launch.h"', '#include "fc_kernel.h"').replace("return 3;", body)
+    assert call(_C._cpu_load(src, "fc_k")) == 49496464
+
+
 def test_always_compile_skips_disk_reads(tmp_path):
     cfg = make_cfg(tmp_path / "cache")
     src = kernel(3)

@@ -327,3 +327,21 @@ def test_arg_reductions_keep_the_scalar_first_index_loop():
     np.testing.assert_array_equal(got, np.argmax(x, axis=1))
     assert_close_np(s, x.sum(1, dtype=np.float64).astype(np.float32))
     assert "_l[" not in f.kernels[0].source
+
+
+def test_rows_are_shared_between_threads_without_rounding():
+    """A row reduction splits its rows between threads one by one (fc_thread_range's gran 1):
+    in 16-row steps, 2 threads got 64 and 33 of 97 rows. Pointwise ranges keep 16-element steps."""
+    g = Graph()
+    a = g.input("float32", 2)
+    g.output(g.call("softmax", a, axis=-1), g.call("exp", a))
+    f = g.compile()
+    x = np.random.default_rng(2).standard_normal((97, 300)).astype(np.float32)
+    s, e = f(x)
+    ref = np.exp(x - x.max(-1, keepdims=True))
+    assert_close_np(s, ref / ref.sum(-1, keepdims=True), dtype=np.float32, rtol=1e-5, atol=1e-7)
+    assert_close_np(e, np.exp(x), dtype=np.float32, rtol=1e-6, atol=0)
+    srcs = "\n".join(k.source for k in f.kernels)
+    assert re.search(r"FC_RUN_RANGES\(L, L->n_outer, 1, fc_\w+_rows", srcs), srcs
+    if len(f.kernels) > 1:
+        assert re.search(r"FC_RUN_RANGES\(L, L->n_outer, 16, fc_\w+_range", srcs)

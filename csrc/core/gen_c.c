@@ -633,7 +633,7 @@ emit_pointwise(Gen *G, const char *name)
     LINE(G, "{");
     G->e.depth++;
     LINE(G, "int err = 0;");
-    LINE(G, "FC_RUN_RANGES(L, L->n_outer, %s_range, &err);", name);
+    LINE(G, "FC_RUN_RANGES(L, L->n_outer, 16, %s_range, &err);", name);
     LINE(G, "return err;");
     CLOSE(G);
     return 0;
@@ -1031,7 +1031,7 @@ emit_reduction(Gen *G, const char *name)
     LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
     fc_expr_emit_operand_decls(&G->e);
     LINE(G, "if (P != NULL) {");
-    LINE(G, "    fc_thread_range(L->n_inner, tid, nth, &jlo, &jhi);");
+    LINE(G, "    fc_thread_range(L->n_inner, 16, tid, nth, &jlo, &jhi);");
     LINE(G, "}");
     LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
     LINE(G, "for (int64_t o = lo; o < hi; o++) {");
@@ -1067,7 +1067,7 @@ emit_reduction(Gen *G, const char *name)
     }
     if (cols) {
         LINE(G, "if (fc_use_cols(L, 0x%llxULL)) {", (unsigned long long)G->cols_zero);
-        LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %s_cols, &err);", name);
+        LINE(G, "    FC_RUN_RANGES(L, L->n_outer, 16, %s_cols, &err);", name);
         LINE(G, "    return err;");
         LINE(G, "}");
     }
@@ -1078,7 +1078,7 @@ emit_reduction(Gen *G, const char *name)
     LINE(G, "%s_body(L, 0, L->n_outer, &err, &P, omp_get_thread_num(), omp_get_num_threads());", name);
     CLOSE(G);
     LINE(G, "else {");
-    LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %s_rows, &err);", name);
+    LINE(G, "    FC_RUN_RANGES(L, L->n_outer, 1, %s_rows, &err);   /* rows: no rounding */", name);
     LINE(G, "}");
     LINE(G, "return err;");
     CLOSE(G);

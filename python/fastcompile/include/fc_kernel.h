@@ -115,13 +115,15 @@ fc_report(int *err, int e)
     }
 }
 
-/* thread tid's share [lo, hi) of n items, in 16-item steps (whole cache
- * lines of float32 for dense outputs) */
+/* thread tid's share [lo, hi) of n items, in steps of gran items: 16 for
+ * elements (whole cache lines of float32 for dense outputs), 1 for a
+ * reduction's rows. Rows in steps of 16 left 2 threads 64 and 33 of 97
+ * rows: softmax over 97 rows of 1024 took 38 us instead of 30 on Zen 4. */
 FC_OUTLINE void
-fc_thread_range(int64_t n, int tid, int nth, int64_t *lo, int64_t *hi)
+fc_thread_range(int64_t n, int64_t gran, int tid, int nth, int64_t *lo, int64_t *hi)
 {
     int64_t chunk = (n + nth - 1) / nth;
-    chunk = (chunk + 15) & ~(int64_t)15;
+    chunk = (chunk + gran - 1) / gran * gran;
     *lo = (int64_t)tid * chunk < n ? (int64_t)tid * chunk : n;
     *hi = *lo + chunk < n ? *lo + chunk : n;
 }
@@ -206,8 +208,9 @@ fc_use_cols(const fc_launch *L, uint64_t zero)
     return strided;
 }
 
-/* fn(L, lo, hi, err) over [0, n), on one thread below the serial threshold */
-#define FC_RUN_RANGES(L, n, fn, errp)                                              \
+/* fn(L, lo, hi, err) over [0, n) in shares of gran-item steps (fc_thread_range),
+ * on one thread below the serial threshold */
+#define FC_RUN_RANGES(L, n, gran, fn, errp)                                        \
     do {                                                                           \
         const int64_t n_ = (n);                                                    \
         if ((L)->nthreads <= 1 || n_ < 2 || n_ * (L)->n_inner < (L)->serial_below) { \
@@ -217,8 +220,8 @@ fc_use_cols(const fc_launch *L, uint64_t zero)
             _Pragma("omp parallel num_threads(L->nthreads)")                       \
             {                                                                      \
                 int64_t lo_, hi_;                                                  \
-                fc_thread_range(n_, omp_get_thread_num(), omp_get_num_threads(),   \
-                                &lo_, &hi_);                                       \
+                fc_thread_range(n_, (gran), omp_get_thread_num(),                  \
+                                omp_get_num_threads(), &lo_, &hi_);                \
                 if (lo_ < hi_) {                                                   \
                     fn((L), lo_, hi_, (errp));                                     \
                 }                                                                  \
