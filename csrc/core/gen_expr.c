@@ -5,6 +5,7 @@
  * gen_expr.h for what differs between them and how. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -690,4 +691,90 @@ fc_expr_emit_red_result(FcExprGen *E, int v)
         snprintf(e, EXPR, "(%s)acc%d%s", ct, v, b);
         emit_def(E, v, ct, e);
     }
+}
+
+/* Node-numbered locals (t<v>, acc<v>, nan<v>, part<v>, idx<v>; CUDA's
+ * shared arrays sm<v>, smn<v>, smi<v>; with any suffix such as _l) carry
+ * graph node indices, so two kernels that differ
+ * only in where their nodes sit in the graph (the same layer norm in every
+ * layer of a model, a bias gradient per linear layer) would differ in text,
+ * and in name and cache key with it. This renumbers them 0, 1, ... in order
+ * of first appearance, outside comments, so such kernels are one text, one
+ * name and one compile. Returns a new string (fc_str_release), or NULL +
+ * MemoryError. nnodes bounds the indices; a larger one is left as it is. */
+static int
+canon_prefix(const char *id, size_t n)
+{
+    static const char *const prefixes[] = {"t", "acc", "nan", "part", "idx", "sm", "smn", "smi"};
+    for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
+        size_t pl = strlen(prefixes[i]);
+        if (n > pl && memcmp(id, prefixes[i], pl) == 0 && id[pl] >= '0' && id[pl] <= '9') {
+            return (int)pl;
+        }
+    }
+    return 0;
+}
+
+char *
+fc_expr_canon_names(const char *src, int nnodes)
+{
+    FcStr b = {0};
+    int *map = PyMem_Malloc((size_t)(nnodes + 1) * sizeof(int));
+    int next = 0;
+    const char *p = src;
+    if (map == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (int v = 0; v <= nnodes; v++) {
+        map[v] = -1;
+    }
+    while (*p) {
+        if (p[0] == '/' && p[1] == '*') {                     /* a comment: as it is */
+            const char *end = strstr(p + 2, "*/");
+            size_t n = end ? (size_t)(end + 2 - p) : strlen(p);
+            fc_str_printf(&b, "%.*s", (int)n, p);
+            p += n;
+            continue;
+        }
+        if (isalpha((unsigned char)*p) || *p == '_') {       /* one identifier */
+            size_t n = 1, pl;
+            while (isalnum((unsigned char)p[n]) || p[n] == '_') {
+                n++;
+            }
+            pl = (size_t)canon_prefix(p, n);
+            if (pl > 0) {
+                size_t d = pl;
+                long v = 0;
+                while (d < n && p[d] >= '0' && p[d] <= '9' && v <= nnodes) {
+                    v = v * 10 + (p[d] - '0');
+                    d++;
+                }
+                if ((d == n || p[d] == '_') && v < nnodes && !(p[pl] == '0' && d > pl + 1)) {
+                    if (map[v] < 0) {
+                        map[v] = next++;
+                    }
+                    fc_str_printf(&b, "%.*s%d%.*s", (int)pl, p, map[v], (int)(n - d), p + d);
+                    p += n;
+                    continue;
+                }
+            }
+            fc_str_printf(&b, "%.*s", (int)n, p);
+            p += n;
+            continue;
+        }
+        if (isdigit((unsigned char)*p)) {                    /* a number: 1e5f is not an identifier */
+            size_t n = 1;
+            while (isalnum((unsigned char)p[n]) || p[n] == '_' || p[n] == '.') {
+                n++;
+            }
+            fc_str_printf(&b, "%.*s", (int)n, p);
+            p += n;
+            continue;
+        }
+        fc_str_printf(&b, "%c", *p);
+        p++;
+    }
+    PyMem_Free(map);
+    return fc_str_take(&b);
 }
