@@ -282,3 +282,29 @@ def test_kernels_equal_but_for_their_place_in_the_graph_compile_once(cache_dir):
     e = np.exp(b_ - b_.max(-1, keepdims=True))
     np.testing.assert_allclose(got_c, e / e.sum(-1, keepdims=True), rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(got_s, ((got_c - 0.25) ** 2).sum(-1), rtol=2e-5)
+
+
+def test_comment_end_in_the_callers_path_does_not_break_the_kernel(tmp_path):
+    """The kernel header names the file that built the graph, inside a C comment: a path with
+    "*/" in it must neither end the comment early (the kernel would not compile) nor be lost."""
+    d = tmp_path / "odd*"
+    d.mkdir()
+    script = d / "make.py"
+    script.write_text(textwrap.dedent("""\
+        import numpy as np
+        from fastcompile.graph import Graph
+        g = Graph()
+        x = g.input("float32", 1)
+        g.output(g.call("gelu", x))
+        f = g.compile()
+        (y,) = f(np.array([1.0, -2.0], np.float32))
+        print(repr(y.tolist()))
+        print(f.kernels[0].source.splitlines()[1])
+        """))
+    env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    values, header = r.stdout.splitlines()
+    assert np.allclose(eval(values), [0.8413447, -0.04550026], rtol=1e-6)
+    assert "odd*\\/make.py" in header, header

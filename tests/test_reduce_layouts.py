@@ -280,11 +280,13 @@ def test_lane_reductions_over_several_runs(op):
         np.testing.assert_array_equal(got, ref)
 
 
-@pytest.mark.parametrize("case", ["f32_scaled", "f32_softmax", "f64_sum", "f64_cast_down", "f32_cast_up"])
+@pytest.mark.parametrize("case", ["f32_scaled", "f32_softmax", "f64_sum", "f64_cast_down", "f32_cast_up",
+                                  "f32_above_f64_mean"])
 def test_lane_count_follows_the_widest_value(case, lanes):
     """FC_LANES lanes where every value a sweep loads or computes is 4 bytes or less, 8 where
-    one is 8 bytes; neither a Python-float constant nor the double accumulator of a float32
-    sum counts. The results stay right either way."""
+    one is 8 bytes (a float64 row mean that float32 values are compared with counts too);
+    neither a Python-float constant nor the double accumulator of a float32 sum counts. The
+    results stay right either way."""
     rng = np.random.default_rng(5)
     g = Graph()
     dt = "float64" if case.startswith("f64") else "float32"
@@ -303,12 +305,19 @@ def test_lane_count_follows_the_widest_value(case, lanes):
     elif case == "f64_cast_down":
         g.output(g.call("sum", g.call("cast", a, dtype="float32"), axis=1))
         ref = x.astype(np.float32).astype(np.float64).sum(1)
-    else:
+    elif case == "f32_cast_up":
         g.output(g.call("sum", g.call("cast", a, dtype="float64"), axis=1))
         ref = x.astype(np.float64).sum(1)
+    else:
+        m = g.call("mean", g.call("cast", a, dtype="float64"), axis=1, keepdim=True)
+        g.output(g.call("sum", g.call("gt", a, m), axis=1))
+        ref = (x > x.astype(np.float64).mean(1, keepdims=True)).sum(1)
     f = g.compile()
     (got,) = f(x)
-    assert_close_np(got, ref.astype(got.dtype), dtype=got.dtype, rtol=1e-5, atol=1e-6)
+    if got.dtype.kind == "f":
+        assert_close_np(got, ref.astype(got.dtype), dtype=got.dtype, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_array_equal(got, ref)
     decls = set(re.findall(r"^\s*\w+ (?:acc|nan)\d+_l\[(\w+)\];$", f.kernels[0].source, re.M))
     assert decls == ({"FC_LANES"} if case.startswith("f32_s") else {"8"}), decls
 

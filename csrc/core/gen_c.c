@@ -146,7 +146,10 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
             }
         }
         if (store && need[v] && s->sn[v].materialize) {
-            use[fc_expr_find_operand(&G->e, s->sn[v].slot, FC_ALIGN_FULL)] = 1;
+            int o = fc_expr_find_operand(&G->e, s->sn[v].slot, FC_ALIGN_FULL);
+            if (o >= 0) {
+                use[o] = 1;
+            }
         }
     }
 }
@@ -180,10 +183,11 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
 #define LANES_MAX 16     /* FC_LANES at most: emit_lanes folds from here */
 
 /* The lane count of a sweep's unit runs, as C text: "8" where a value it
- * loads or stores (use: sweep_operands) or computes (need) is 8 bytes wide,
- * else "FC_LANES". A reduction's accumulator does not count (float32 sums in
- * double lanes), nor does a constant: it is a literal of the type it meets,
- * not a value of the loop (a Python float is a float64 node). */
+ * loads or stores (use: sweep_operands), computes (need) or computes from (a
+ * row's float64 mean, say) is 8 bytes wide, else "FC_LANES". A reduction's
+ * accumulator does not count (float32 sums in double lanes), nor does a
+ * constant: it is a literal of the type it meets, not a value of the loop (a
+ * Python float is a float64 node). */
 static const char *
 sweep_lanes(const Gen *G, const char *need, const char *use)
 {
@@ -194,8 +198,17 @@ sweep_lanes(const Gen *G, const char *need, const char *use)
         }
     }
     for (int v = 0; v < s->g->nnodes; v++) {
-        if (need[v] && fc_dtypes[fc_dtype_compute(s->sn[v].dtype)].size == 8) {
+        if (!need[v]) {
+            continue;
+        }
+        if (fc_dtypes[fc_dtype_compute(s->sn[v].dtype)].size == 8) {
             return "8";
+        }
+        for (int j = 0; j < s->g->nodes[v].nin; j++) {     /* a float64 row mean, compared */
+            int u = s->g->nodes[v].in[j];
+            if (s->g->nodes[u].op != FC_OP_CONST && fc_dtypes[s->sn[u].dtype].size == 8) {
+                return "8";
+            }
         }
     }
     return "FC_LANES";

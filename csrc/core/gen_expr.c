@@ -5,7 +5,6 @@
  * gen_expr.h for what differs between them and how. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -693,28 +692,40 @@ fc_expr_emit_red_result(FcExprGen *E, int v)
     }
 }
 
-/* Node-numbered locals (t<v>, acc<v>, nan<v>, part<v>, idx<v>; CUDA's
- * shared arrays sm<v>, smn<v>, smi<v>; with any suffix such as _l) carry
- * graph node indices, so two kernels that differ
- * only in where their nodes sit in the graph (the same layer norm in every
- * layer of a model, a bias gradient per linear layer) would differ in text,
- * and in name and cache key with it. This renumbers them 0, 1, ... in order
- * of first appearance, outside comments, so such kernels are one text, one
- * name and one compile. Returns a new string (fc_str_release), or NULL +
- * MemoryError. nnodes bounds the indices; a larger one is left as it is. */
+#define CANON_DIGIT(c) ((c) >= '0' && (c) <= '9')
+#define CANON_ALPHA(c) (((c) >= 'a' && (c) <= 'z') || ((c) >= 'A' && (c) <= 'Z') || (c) == '_')
+#define CANON_ALNUM(c) (CANON_ALPHA(c) || CANON_DIGIT(c))
+
+/* The prefixes fc_expr_canon_names renumbers. The rule that keeps renaming
+ * safe: the generators (gen_c.c, gen_expr.c, gen_cuda.c) and the kernel
+ * headers use <prefix><digits> only for locals numbered by graph node. A
+ * local numbered by anything else (operand, lane, dimension) must take
+ * another prefix (x, p, s, ob, w, in, out do), or it would be renumbered
+ * with the nodes; a new node-numbered local must be listed here, or equal
+ * kernels stop sharing (tests: test_cache, test_torch_backend). */
 static int
 canon_prefix(const char *id, size_t n)
 {
     static const char *const prefixes[] = {"t", "acc", "nan", "part", "idx", "sm", "smn", "smi"};
     for (size_t i = 0; i < sizeof(prefixes) / sizeof(prefixes[0]); i++) {
         size_t pl = strlen(prefixes[i]);
-        if (n > pl && memcmp(id, prefixes[i], pl) == 0 && id[pl] >= '0' && id[pl] <= '9') {
+        if (n > pl && memcmp(id, prefixes[i], pl) == 0 && CANON_DIGIT(id[pl])) {
             return (int)pl;
         }
     }
     return 0;
 }
 
+/* Node-numbered locals (t<v>, acc<v>, nan<v>, part<v>, idx<v>; CUDA's
+ * shared arrays sm<v>, smn<v>, smi<v>; with any suffix such as _l) carry
+ * graph node indices, so two kernels that differ only in where their nodes
+ * sit in the graph (the same layer norm in every layer of a model, a bias
+ * gradient per linear layer) would differ in text, and in name and cache key
+ * with it. This renumbers them 0, 1, ... in order of first appearance,
+ * outside comments, so such kernels are one text, one name and one compile.
+ * Returns a new string (fc_str_release), or NULL + MemoryError. nnodes
+ * bounds the indices; a larger one is left as it is. Identifiers are ASCII
+ * (no locale-dependent ctype). */
 char *
 fc_expr_canon_names(const char *src, int nnodes)
 {
@@ -737,9 +748,9 @@ fc_expr_canon_names(const char *src, int nnodes)
             p += n;
             continue;
         }
-        if (isalpha((unsigned char)*p) || *p == '_') {       /* one identifier */
+        if (CANON_ALPHA(*p)) {       /* one identifier */
             size_t n = 1, pl;
-            while (isalnum((unsigned char)p[n]) || p[n] == '_') {
+            while (CANON_ALNUM(p[n])) {
                 n++;
             }
             pl = (size_t)canon_prefix(p, n);
@@ -763,9 +774,9 @@ fc_expr_canon_names(const char *src, int nnodes)
             p += n;
             continue;
         }
-        if (isdigit((unsigned char)*p)) {                    /* a number: 1e5f is not an identifier */
+        if (CANON_DIGIT(*p)) {                    /* a number: 1e5f is not an identifier */
             size_t n = 1;
-            while (isalnum((unsigned char)p[n]) || p[n] == '_' || p[n] == '.') {
+            while (CANON_ALNUM(p[n]) || p[n] == '.') {
                 n++;
             }
             fc_str_printf(&b, "%.*s", (int)n, p);

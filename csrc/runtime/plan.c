@@ -231,9 +231,15 @@ kernel_header(const FcSpec *s, int k, const char *name, const char *dump_hash, c
     FcStr b = {0};
     const FcKernelIR *K = &s->kernels[k];
     int nodes = K->nnodes;
+    /* the text goes into a C comment: a "*\/" in the user's path must not end it */
+    char *where = fc_str_replace(origin ? origin : "<unknown>", "*/", "*\\/");
+    if (where == NULL) {
+        return NULL;
+    }
     fc_str_printf(&b, "fastcompile %s: kernel %s\n * graph %s from %s\n * %d op%s, %s",
-                  plan_rt.version, name, dump_hash, origin ? origin : "<unknown>", nodes,
+                  plan_rt.version, name, dump_hash, where, nodes,
                   nodes == 1 ? "" : "s", K->mask ? "reduction" : K->flat ? "pointwise (flat)" : "pointwise");
+    fc_str_release(where);
     if (K->mask) {
         fc_str_printf(&b, ", %d sweep%s per row", K->nphases + 1, K->nphases ? "s" : "");
     }
@@ -313,9 +319,14 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         }
         pk->source = fc_gen_c(s, k, name, header);
         fc_str_release(header);
-        pk->name = PyMem_Malloc(strlen(name) + 1);
+        pk->name = pk->source ? PyMem_Malloc(strlen(name) + 1) : NULL;
         if (pk->source == NULL || pk->name == NULL) {
-            PyErr_NoMemory();
+            /* p->nkernels does not count this one yet: free what it got here */
+            fc_str_release(pk->source);
+            pk->source = NULL;
+            if (!PyErr_Occurred()) {
+                PyErr_NoMemory();
+            }
             goto error;
         }
         strcpy(pk->name, name);
