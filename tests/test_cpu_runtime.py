@@ -34,17 +34,16 @@ KERNEL_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
 
 
-def kernel(ret=42, tag=None):
-    """A unique, valid kernel source: fc_k returns `ret`."""
+def kernel(ret=42, tag=None, include="fc_launch.h", body=""):
+    """A unique, valid kernel source: fc_k runs `body` (C statements) and returns `ret`;
+    `include` is the header it starts with (fc_kernel.h for the kernels' helpers)."""
     return textwrap.dedent(f"""\
-        #include "fc_launch.h"
+        #include "{include}"
         /* test kernel {tag or uuid.uuid4().hex} */
         __attribute__((visibility("default"))) int fc_k(const fc_launch *L)
         {{
             (void)L;
-            return {ret};
-        }}
-        """)
+        """) + textwrap.indent(textwrap.dedent(body), "    ") + f"    return {ret};\n}}\n"
 
 
 def call(res):
@@ -240,9 +239,8 @@ def test_vector_width_on_the_compile_line(tmp_path):
 def test_reduction_lanes_follow_the_vector_width(tmp_path):
     """fc_kernel.h's FC_LANES, as a kernel built here sees it: one vector of float32."""
     _C._configure(make_cfg(tmp_path / "cache"))
-    src = kernel(3).replace('#include "fc_launch.h"', '#include "fc_kernel.h"').replace("return 3;", "return FC_LANES;")
     want = expected_vector_width()
-    assert call(_C._cpu_load(src, "fc_k")) == (8 if want is None else want // 32)
+    assert call(_C._cpu_load(kernel("FC_LANES", include="fc_kernel.h"), "fc_k")) == (8 if want is None else want // 32)
 
 
 def test_thread_shares_of_rows_and_elements(tmp_path):
@@ -258,8 +256,8 @@ def test_thread_shares_of_rows_and_elements(tmp_path):
         if (a0 != 0 || b1 != 97 || c0 != 0 || d1 != 97) {
             return -1;
         }
-        return (int)(a1 * 1000000 + b0 * 10000 + c1 * 100 + d0);"""
-    src = kernel(3).replace('#include "fc_launch.h"', '#include "fc_kernel.h"').replace("return 3;", body)
+        """
+    src = kernel("(int)(a1 * 1000000 + b0 * 10000 + c1 * 100 + d0)", include="fc_kernel.h", body=body)
     assert call(_C._cpu_load(src, "fc_k")) == 49496464
 
 
@@ -756,7 +754,7 @@ def test_different_keys_in_parallel_threads(cache):
 
 def pch_kernel(ret):
     """A kernel that includes fc_kernel.h, as generated ones do (the header the .gch is of)."""
-    return kernel(ret).replace('"fc_launch.h"', '"fc_kernel.h"')
+    return kernel(ret, include="fc_kernel.h")
 
 
 def logging_cc(tmp_path):

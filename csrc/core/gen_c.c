@@ -181,20 +181,21 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
  * register of double): with 16, float64 layernorm over 4000 rows of 1024
  * went 1.6 -> 1.9 ms. */
 #define LANES_MAX 16     /* FC_LANES at most: emit_lanes folds from here */
+#define LANES_TEXT(wide) ((wide) ? "FC_LANES" : "8")
 
-/* The lane count of a sweep's unit runs, as C text: "8" where a value it
- * loads or stores (use: sweep_operands), computes (need) or computes from (a
- * row's float64 mean, say) is 8 bytes wide, else "FC_LANES". A reduction's
+/* Whether a sweep's unit runs take FC_LANES lanes (1) or 8 (0): 8 where a
+ * value it loads or stores (use: sweep_operands), computes (need) or
+ * computes from (a row's float64 mean, say) is 8 bytes wide. A reduction's
  * accumulator does not count (float32 sums in double lanes), nor does a
  * constant: it is a literal of the type it meets, not a value of the loop (a
  * Python float is a float64 node). */
-static const char *
-sweep_lanes(const Gen *G, const char *need, const char *use)
+static int
+sweep_lanes_wide(const Gen *G, const char *need, const char *use)
 {
     const FcSpec *s = G->e.s;
     for (int o = 0; o < G->e.K->nops; o++) {
         if (use[o] && fc_dtypes[s->slots[G->e.K->ops[o].slot].dtype].size == 8) {
-            return "8";
+            return 0;
         }
     }
     for (int v = 0; v < s->g->nnodes; v++) {
@@ -202,16 +203,16 @@ sweep_lanes(const Gen *G, const char *need, const char *use)
             continue;
         }
         if (fc_dtypes[fc_dtype_compute(s->sn[v].dtype)].size == 8) {
-            return "8";
+            return 0;
         }
         for (int j = 0; j < s->g->nodes[v].nin; j++) {     /* a float64 row mean, compared */
             int u = s->g->nodes[v].in[j];
             if (s->g->nodes[u].op != FC_OP_CONST && fc_dtypes[s->sn[u].dtype].size == 8) {
-                return "8";
+                return 0;
             }
         }
     }
-    return "FC_LANES";
+    return 1;
 }
 
 /* the statements of one element of a run: nodes, the stash, reductions, stores */
@@ -301,13 +302,13 @@ emit_lane_fold(Gen *G, int v, const char *dst, const char *src)
     }
 }
 
-/* A unit-stride run's whole blocks of `lanes` elements (sweep_lanes' C
- * text), reductions into lane arrays; advances i0 past them (the caller's
- * scalar loop does the rest). */
+/* A unit-stride run's whole blocks of lanes (FC_LANES where wide, see
+ * sweep_lanes_wide, else 8), reductions into lane arrays; advances i0 past
+ * them (the caller's scalar loop does the rest). */
 static int
-emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store, const char *lanes)
+emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store, int wide)
 {
-    const int wide = strcmp(lanes, "8") != 0;   /* FC_LANES: 8 or 16 */
+    const char *lanes = LANES_TEXT(wide);
     const FcSpec *s = G->e.s;
     char init[EXPR], src[32];
     for (int r = 0; r < nreds; r++) {
@@ -447,13 +448,13 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         if (lanes) {
             /* whole blocks of lanes in lane arrays when unit-stride; the
              * scalar loop takes the rest (and whole strided runs) */
-            const char *nl = sweep_lanes(G, need, use);
+            const int wide = sweep_lanes_wide(G, need, use);
             LINE(G, "int64_t i0 = 0;");
-            LINE(G, "if (%s%slen >= %s) {", c, c[0] ? " && " : "", nl);
+            LINE(G, "if (%s%slen >= %s) {", c, c[0] ? " && " : "", LANES_TEXT(wide));
             fc_str_release(c);
             G->e.depth++;
             G->unit = 1;
-            if (emit_lanes(G, need, reds, nreds, store, nl) < 0) {
+            if (emit_lanes(G, need, reds, nreds, store, wide) < 0) {
                 goto cleanup;
             }
             CLOSE(G);
@@ -1123,10 +1124,5 @@ fc_gen_c(const FcSpec *s, int k, const char *name, const char *header_comment)
         fc_str_free(&b);
         return NULL;
     }
-    {
-        char *raw = fc_str_take(&b);
-        char *out = raw ? fc_expr_canon_names(raw, s->g->nnodes) : NULL;
-        fc_str_release(raw);
-        return out;
-    }
+    return fc_str_take(&b);
 }

@@ -282,10 +282,5 @@ fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment
         fc_str_free(&b);
         return NULL;
     }
-    {
-        char *raw = fc_str_take(&b);
-        char *out = raw ? fc_expr_canon_names(raw, s->g->nnodes) : NULL;
-        fc_str_release(raw);
-        return out;
-    }
+    return fc_str_take(&b);
 }

@@ -108,11 +108,6 @@ FC_INTERNAL int fc_expr_emit_outer_nodes(FcExprGen *E, int level);
 
 /* ---- reductions: accumulators acc<v> (nan<v>, idx<v>) ---- */
 FC_INTERNAL int fc_expr_acc_dtype(const FcSpec *s, int v);
-/* src with its node-numbered locals renumbered in order of first appearance
- * (outside comments), so kernels that differ only in where their nodes sit
- * in the graph are one text. nnodes: the graph's node count. Returns a new
- * string (fc_str_release), or NULL + MemoryError. */
-FC_INTERNAL char *fc_expr_canon_names(const char *src, int nnodes);
 FC_INTERNAL void fc_expr_acc_init(const FcSpec *s, int v, char *out);   /* the identity */
 FC_INTERNAL int fc_expr_has_nan_flag(const FcSpec *s, int v);           /* amax/amin of floats */
 FC_INTERNAL int fc_expr_has_index(const FcSpec *s, int v);              /* argmax/argmin */

@@ -102,6 +102,11 @@ FC_INTERNAL char *fc_gen_c(const FcSpec *s, int k, const char *name, const char 
  * Defines name_i32 and name_i64 (32/64-bit index math), each taking an
  * fc_cu_launch<nops, max(nd, 1)> by value (fc_cuda_kernel.h). */
 FC_INTERNAL char *fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment);
+/* gen_expr.c: a renderer's text with its node-numbered locals renumbered in
+ * order of first appearance (outside comments), so kernels that differ only
+ * in where their nodes sit in the graph are one text. nnodes: the graph's
+ * node count. Returns a new string (fc_str_release), or NULL + MemoryError. */
+FC_INTERNAL char *fc_expr_canon_names(const char *src, int nnodes);
 /* 1 if kernel k has a reduction with no identity (amax, argmax, ...): the
  * runtime raises before launching it over an empty axis */
 FC_INTERNAL int fc_gen_cuda_needs_nonempty(const FcSpec *s, int k);

@@ -48,7 +48,7 @@
  * 33 -> 26.5 us, x*sigmoid(x)*y 1e7 4.0 -> 3.4 ms, layernorm 1e7 2.9 -> 2.4 ms.
  * So AMD CPUs with AVX-512 get 512, every other x86-64 CPU 256.
  * -DFC_VECTOR_BITS tells fc_kernel.h the same width: reductions take one
- * register of float32 as their lane count (FC_LANES; gen_c.c, sweep_lanes). */
+ * register of float32 as their lane count (FC_LANES; gen_c.c, sweep_lanes_wide). */
 static const char *const FC_FLAGS[] = {
     "-O2", "-march=native", "-std=c11", "-fPIC", "-shared", "-fopenmp",
     "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv",

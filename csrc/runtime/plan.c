@@ -246,6 +246,42 @@ kernel_header(const FcSpec *s, int k, const char *name, const char *dump_hash, c
     return fc_str_take(&b);
 }
 
+/* Kernel k's source from a renderer (fc_gen_c, fc_gen_cuda), rendered once:
+ * with a placeholder name and an empty header comment, its node locals
+ * renumbered (fc_expr_canon_names), named by a hash of that text (so equal
+ * kernels share a name), then the placeholder replaced by the name and the
+ * comment by kernel_header's. Writes the name into name. Returns a new
+ * string (fc_str_release), or NULL + exception. */
+#define KERNEL_PLACEHOLDER "FCKNAME"
+typedef char *(*Renderer)(const FcSpec *s, int k, const char *name, const char *header_comment);
+
+static char *
+render_kernel(Renderer render, const FcSpec *s, int k, const char *ghash, const char *origin, char name[40])
+{
+    FcStr b = {0};
+    char *raw = render(s, k, KERNEL_PLACEHOLDER, "");
+    char *draft = raw ? fc_expr_canon_names(raw, s->g->nnodes) : NULL;
+    char *named = NULL, *header = NULL;
+    const char *body;
+    fc_str_release(raw);
+    if (draft == NULL) {
+        return NULL;
+    }
+    snprintf(name, 40, "fc_%016llx", (unsigned long long)fc_fnv1a(draft));
+    named = fc_str_replace(draft, KERNEL_PLACEHOLDER, name);
+    header = named ? kernel_header(s, k, name, ghash, origin) : NULL;
+    fc_str_release(draft);
+    if (header == NULL) {
+        fc_str_release(named);
+        return NULL;
+    }
+    body = strstr(named, "*/");               /* the end of the renderer's empty comment */
+    fc_str_printf(&b, "/* %s %s", header, body ? body : "*/\n");
+    fc_str_release(header);
+    fc_str_release(named);
+    return fc_str_take(&b);
+}
+
 FcPlan *
 fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin)
 {
@@ -304,21 +340,9 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
     for (int o = 0; o < s->nkernels; o++) {
         int k = s->order[o];
         FcPlanKernel *pk = &p->kernels[o];
-        char name[40], *draft = NULL, *header = NULL;
+        char name[40];
         pk->kernel = k;
-        /* the name is a hash of the body, so equal kernels share a name */
-        draft = fc_gen_c(s, k, "FCKNAME", "");
-        if (draft == NULL) {
-            goto error;
-        }
-        snprintf(name, sizeof(name), "fc_%016llx", (unsigned long long)fc_fnv1a(draft));
-        fc_str_release(draft);
-        header = kernel_header(s, k, name, ghash, origin);
-        if (header == NULL) {
-            goto error;
-        }
-        pk->source = fc_gen_c(s, k, name, header);
-        fc_str_release(header);
+        pk->source = render_kernel(fc_gen_c, s, k, ghash, origin, name);
         pk->name = pk->source ? PyMem_Malloc(strlen(name) + 1) : NULL;
         if (pk->source == NULL || pk->name == NULL) {
             /* p->nkernels does not count this one yet: free what it got here */
@@ -382,19 +406,9 @@ fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
     }
     for (int o = 0; o < s->nkernels; o++) {
         int k = s->order[o];
-        char name[40], *draft, *header, *src;
+        char name[40], *src;
         PyObject *d;
-        if ((draft = fc_gen_cuda(s, k, "FCKNAME", "")) == NULL) {
-            goto error;
-        }
-        snprintf(name, sizeof(name), "fc_%016llx", (unsigned long long)fc_fnv1a(draft));
-        fc_str_release(draft);
-        if ((header = kernel_header(s, k, name, ghash, origin)) == NULL) {
-            goto error;
-        }
-        src = fc_gen_cuda(s, k, name, header);
-        fc_str_release(header);
-        if (src == NULL) {
+        if ((src = render_kernel(fc_gen_cuda, s, k, ghash, origin, name)) == NULL) {
             goto error;
         }
         d = Py_BuildValue("{s:s,s:s,s:O,s:O,s:i,s:i}", "name", name, "source", src,

@@ -15,7 +15,7 @@
 #define FC_EXPORT __attribute__((visibility("default")))
 #define FC_MAX_THREADS 256     /* the runtime never asks for more */
 
-/* Reduction lanes (gen_c.c, sweep_lanes): one vector register of float32,
+/* Reduction lanes (gen_c.c, sweep_lanes_wide): one vector register of float32,
  * from the vector width the runtime builds kernels for (FC_VECTOR_BITS:
  * vector_width_flags in runtime/cpu.c passes it with -mprefer-vector-width).
  * -DFC_LANES=8 or 16 in FASTCOMPILE_CFLAGS sets it directly (tests do). */
