@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -342,6 +343,29 @@ def test_float_binary(lib, rng, t):
     assert_same("pow_" + t, run(lib, "pow", t, pa, pb), ref, pa, pb, tol=4)
 
 
+def _f32_run(lo_bits, hi_bits, step):
+    """float32 values whose bit patterns go from lo_bits to hi_bits by step (both signs)."""
+    bits = np.arange(lo_bits, hi_bits, step, dtype=np.uint64).astype(np.uint32)
+    pos = bits.view(np.float32)
+    return np.concatenate([pos, -pos])
+
+
+def test_gelu_f32_sweep(lib):
+    """float32 gelu has its own erfc (fc_math.h): every 2048th float with |x| < 16 and
+    every float around the spots where it comes closest to its bound (found by a sweep
+    of all 2.2e9 floats with |x| < 16), against double erfc: within 4 + 2x^2 ULP or
+    FLT_MIN."""
+    x = np.concatenate([
+        _f32_run(0, 0x41800000, 2048),
+        # the worst spots of that sweep: 0.782 (this erfc, 0.9 of the bound) and
+        # 0.0648 (the polynomial it replaced: 4.5 ULP, over the bound of 4.0)
+        _f32_run(0x3F4838A7 - 30000, 0x3F4838A7 + 30000, 1),
+        _f32_run(0x3D849E75 - 30000, 0x3D849E75 + 30000, 1)])
+    ref, extra = reference("gelu", x)
+    assert_same("gelu_f32 sweep", run(lib, "gelu", "f32", x), ref, x, tol=4 + extra,
+                abs_tol=float(np.finfo(np.float32).smallest_normal))
+
+
 def test_sigmoid_limits(lib):
     for t in FLOATS:
         x = np.array([-1000, -200, -100, 0, 100, 1000, np.inf, -np.inf], NPTYPE[t])
@@ -532,3 +556,14 @@ def test_vectorizes_with_libmvec(tmp_path):
     syms = subprocess.run([nm, "-D", str(so)], capture_output=True, text=True).stdout
     zgv = set(re.findall(r"_ZGV[b-e][NM]\d+v+_(\w+?)@", syms))
     assert {"expf", "erff", "exp", "erfc"} <= zgv, syms
+
+
+def test_gelu_constants_are_the_fit_tools_output():
+    """fc_math.h's float32 gelu constants are what tools/fit_gelu.py prints (the fit's
+    description in both places stays true)."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "fit_gelu.py")
+    r = subprocess.run([sys.executable, tool], capture_output=True, text=True, check=True)
+    printed = [ln for ln in r.stdout.splitlines() if ln.startswith("#define FC_GELU_")]
+    with open(os.path.join(INCLUDE, "fc_math.h")) as f:
+        header = [ln.strip() for ln in f if ln.startswith("#define FC_GELU_")]
+    assert len(printed) == 13 and printed == header
