@@ -61,7 +61,7 @@ FC_INLINE float fc__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x;
 
 /* ---- float32 gelu without libm (other activations: fc_math_common.h) -----
  * libmvec's erfcf costs ~1.1 ns per element, which made gelu compute-bound
- * at 1e7 elements. This one is inline and vectorizes to ~36 SIMD ops, 17 of
+ * at 1e7 elements. This one is inline and vectorizes to 31 SIMD ops, 16 of
  * them multiplies or FMAs: the loop is bound by the FMA pipes (not by
  * latency: Estrin's scheme for the polynomials made it slower), so every
  * multiply counts. With c = |x| (clamped, below) and a = c / sqrt2:
@@ -73,29 +73,34 @@ FC_INLINE float fc__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x;
  * of 4 + 2x^2 ULP (tools/fit_gelu.py derives every constant here).
  * - exp: with c2 = c^2 (rounded), n = round(-c2 / 2 log2 e) and
  *   r' = c2 + 2 n ln2 = -2 r, r in [-ln2/2, ln2/2]; e^r = 1 + r' S(r') with
- *   S of degree 4 (relative error 9e-8); 2^n is built from the rounding
- *   constant's bits. The float error of 2 ln2 reaches r as n * 1.9e-9, below
- *   the rounding of c2 itself where n is large.
+ *   S of degree 4 (relative error 9e-8). n sits in the low bits of the
+ *   rounding constant's sum nb, so shifting nb's bits left by 23 gives n in
+ *   the exponent field: one integer add scales e^r in [0.7, 1.42] by 2^n, no
+ *   multiply. The float error of 2 ln2 reaches r as n * 1.9e-9, below the
+ *   rounding of c2 itself where n is large.
  * - No branch and no select on the path to the result: GCC vectorizes a
  *   conditionally computed exp only with AVX-512 masks (each op then waits
  *   for the mask; 20% slower on Zen 4), and not at all with AVX2 (the loop
  *   stayed scalar: 8x slower). Instead every input is made safe:
  *   c = min(|x|, 14.5) in integer bits (NaN -> 14.5), so c2 <= 210.25,
- *   n >= -152; the biased exponent n + 127 is clamped at 0, which makes 2^n
- *   exactly 0 where the result is below 2^-126 (|x| > 13.2); between
- *   x = -13.2 and -13.3 the subnormal results are kept.
+ *   n >= -152; where n < -125 (c > 13.19) the add would leave the normal
+ *   range, and e^r 2^n is zeroed instead (a compare and a zero-masked add):
+ *   gelu(x) there is below 0.6 FLT_MIN and becomes -0 (torch's float
+ *   gelu is 0 for every x < -5.54).
  * - The factor |x| is taken from min(x, 1e30) (signed integer min of the
  *   bits, so only x > 1e30 and positive NaNs are clamped), and the -1/2 of
  *   -|x| erfc / 2 sits in P's coefficients (an exact power-of-2 scaling):
  *   x = +inf gives 1e30 * -0 + inf = inf, x = -inf gives inf * -0 = NaN, as
  *   torch, and a NaN x is NaN through the product or the relu term.
  * - relu keeping the sign of zero is an unsigned min of the bits with
- *   0x80000000: -0 wherever the sign bit is set.
+ *   0x80000000: -0 wherever the sign bit is set. Written with <=: GCC turns
+ *   "< 0x80000000u" into a sign test and a blend, two ops instead of one.
  * Checked on every float with |x| <= 16 against double erfc: within
  * 0.9 (4 + 2x^2) ULP or FLT_MIN (c^2 is rounded before exp: that is the
  * 2x^2), 3.7 ULP at most for |x| < 0.5. The rational form replaced a
  * degree-7 polynomial in c / (c + 5 / sqrt2) and a degree-6 exp, 5 FMAs
- * more: 0.458 -> 0.356 ns per element on one Zen 4 core. */
+ * more: 0.458 -> 0.341 ns per element on one Zen 4 core (AVX-512), 0.548 ->
+ * 0.377 at 256 bits. */
 #if defined(__FMA__)
 #define FC__FMAF(a, b, c) fmaf((a), (b), (c))
 #else
@@ -131,7 +136,7 @@ FC_INLINE float fc_gelu_f32(float x) {
     q = FC__FMAF(q, c, FC_GELU_Q0);
     const float pq = p / q;                                              /* -erfcx(a) / 2 */
     const float c2 = c * c;
-    const float round = 12582912.0f + 127.0f;  /* 1.5 * 2^23 + bias: n + 127 lands in the low bits */
+    const float round = 12582912.0f;       /* 1.5 * 2^23: n lands in the low bits of nb */
     const float nb = FC__FMAF(c2, -0.72134752044448170f, round);
     const float n = nb - round;
     const float rp = FC__FMAF(n, 1.38629436111989061f, c2);              /* r' = -2r */
@@ -140,12 +145,11 @@ FC_INLINE float fc_gelu_f32(float x) {
     s = FC__FMAF(s, rp, FC_GELU_S1);
     s = FC__FMAF(s, rp, FC_GELU_S0);
     const float E = FC__FMAF(s, rp, 1.0f);                               /* e^r */
-    int32_t ib = (int32_t)fc__f32_bits(nb) - 0x4B400000;                  /* n + 127 */
-    ib = ib < 0 ? 0 : ib;                                                /* 2^n = 0 below 2^-126 */
-    const float e = pq * fc__bits_f32((uint32_t)ib << 23) * E;           /* -erfc(|x| / sqrt2) / 2 */
+    const uint32_t es = fc__f32_bits(E) + (fc__f32_bits(nb) << 23);      /* e^r 2^n, while normal */
+    const float e = pq * fc__bits_f32(n >= -125.0f ? es : 0u);          /* -erfc(|x| / sqrt2) / 2 */
     const uint32_t xb32 = fc__f32_bits(x);
     /* relu keeping the sign of zero, gelu(+-0) = +-0: -0 for every x with the sign bit set */
-    return FC__FMAF(k, e, fc__bits_f32(xb32 < 0x80000000u ? xb32 : 0x80000000u));
+    return FC__FMAF(k, e, fc__bits_f32(xb32 <= 0x80000000u ? xb32 : 0x80000000u));
 }
 #undef FC__FMAF
 FC_INLINE double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
