@@ -40,10 +40,17 @@ import sys
 import tempfile
 import time
 
-# Several OpenMP runtimes share the cores here (torch's bundled libgomp; the system libgomp that
-# Inductor's and fastcompile's kernels load). Spinning waits (the default) make each starve the
-# others on small machines, by 10-300x; passive waits for all of them, set before torch loads.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OMP_WAIT_POLICY is read when torch loads its libgomp, which the kernels of Inductor and
+# fastcompile then share (same soname): --omp-wait-policy must act before `import torch`.
+# By default it stays unset, as users run (benchmarks/pointwise.py does the same).
+if __name__ == "__main__":
+    for _i, _a in enumerate(sys.argv):
+        if _a.startswith("--omp-wait-policy"):
+            _v = _a.split("=", 1)[1] if "=" in _a else (sys.argv[_i + 1] if _i + 1 < len(sys.argv) else "")
+            if _v.upper() not in ("ACTIVE", "PASSIVE"):
+                sys.exit("--omp-wait-policy: active or passive, not %r" % _v)
+            os.environ["OMP_WAIT_POLICY"] = _v.upper()
+OMP_POLICY_AT_LOAD = os.environ.get("OMP_WAIT_POLICY", "unset")   # what torch's libgomp reads
 _tmp = tempfile.mkdtemp(prefix="fc-bench-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_tmp, "inductor"))
 os.environ.setdefault("FASTCOMPILE_CACHE_DIR", os.path.join(_tmp, "fastcompile"))
@@ -235,6 +242,9 @@ def async_first_call(base, train, x):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few iterations (smoke run)")
+    ap.add_argument("--omp-wait-policy", choices=("active", "passive"), type=str.lower,
+                    help="set OMP_WAIT_POLICY for everyone before torch loads (default: leave it unset, as "
+                    "users run; the fastcompile backend's own default of PASSIVE comes too late to act)")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.quick:
@@ -245,8 +255,9 @@ def main():
         iters, warmup = 60, 5
         cases = [("transformer", lambda: Block(256, 8), torch.randn(8, 128, 256)),
                  ("mlp", lambda: mlp(512), torch.randn(512, 512))]
-    print("torch %s, %d threads, %s" % (torch.__version__, torch.get_num_threads(),
-                                         "quick" if args.quick else "full"))
+    print("torch %s, %d threads, %s, OMP_WAIT_POLICY %s" % (
+        torch.__version__, torch.get_num_threads(), "quick" if args.quick else "full",
+        OMP_POLICY_AT_LOAD))
     prewarm()
     rows = []
     for name, make, x in cases:

@@ -35,10 +35,11 @@ import numpy as np
 import torch
 import torch.fx
 
-# torch runs its own OpenMP runtime next to the one our kernels load; with both spinning after
-# their parallel regions (libgomp's default) each starves the other (measured on 2 cores: a
-# transformer training step 10 ms -> 200 ms). Our kernels' runtime starts at the first kernel
-# load, so this reaches it when set before; an explicit OMP_WAIT_POLICY wins.
+# Where torch ships its own renamed libgomp, our kernels load a second OpenMP runtime; with both
+# spinning after their parallel regions (libgomp's default) each starves the other (measured on
+# 2 cores: a transformer training step 10 ms -> 200 ms). Ours starts at the first kernel load,
+# so this reaches it; an explicit OMP_WAIT_POLICY wins. Where torch's libgomp has the soname
+# libgomp.so.1 (the CPU wheel), the kernels share torch's runtime, already started: no effect.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .. import config              # noqa: E402
