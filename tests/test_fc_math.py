@@ -388,6 +388,20 @@ def test_gelu_f32_sweep(request, fma):
                 abs_tol=float(np.finfo(np.float32).smallest_normal))
 
 
+@pytest.mark.parametrize("fma", [True, False], ids=["fma", "no_fma"])
+def test_exp_f32_sweep(request, fma):
+    """float32 exp is fc_math.h's inline fc__expf (libmvec's expf: up to 3 ULP): every
+    512th float of all 2^32 (every sign, NaN payloads, subnormal results, overflow),
+    within 1 ULP of the exact value rounded to float32, NaN by position."""
+    lib = request.getfixturevalue("lib" if fma else "lib_no_fma")
+    bits = np.arange(0, 1 << 32, 512, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([bits.view(np.float32), np.array([88.72283, 88.722839, -87.33654, -103.97208,
+                                                         -103.972084, 0.0, -0.0], np.float32)])
+    with np.errstate(over="ignore", invalid="ignore"):      # signalling NaNs among the inputs
+        ref = np.exp(x.astype(LD))
+    assert_same("exp_f32 sweep", run(lib, "exp", "f32", x), ref, x, tol=1)
+
+
 def test_sigmoid_limits(lib):
     for t in FLOATS:
         x = np.array([-1000, -200, -100, 0, 100, 1000, np.inf, -np.inf], NPTYPE[t])
@@ -569,7 +583,9 @@ def test_vectorizes_with_libmvec(tmp_path):
     src = tmp_path / "k.c"
     src.write_text('#include <stdint.h>\n#include "fc_math.h"\n'
                    "void k32(int64_t n, float *restrict o, const float *restrict a) {\n"
-                   "  for (int64_t i = 0; i < n; i++) o[i] = fc_exp_f32(a[i]) + fc_erf_f32(a[i]); }\n"
+                   "  for (int64_t i = 0; i < n; i++) o[i] = fc_log_f32(a[i]) + fc_erf_f32(a[i]); }\n"
+                   "void e32(int64_t n, float *restrict o, const float *restrict a) {\n"
+                   "  for (int64_t i = 0; i < n; i++) o[i] = fc_exp_f32(a[i]) + fc_sigmoid_f32(a[i]); }\n"
                    "void k64(int64_t n, double *restrict o, const double *restrict a) {\n"
                    "  for (int64_t i = 0; i < n; i++) o[i] = fc_clamp_f64(fc_sigmoid_f64(a[i]), fc_gelu_f64(a[i]), 1.0); }\n")
     so = tmp_path / "k.so"
@@ -577,27 +593,35 @@ def test_vectorizes_with_libmvec(tmp_path):
     assert r.returncode == 0, r.stderr
     syms = subprocess.run([nm, "-D", str(so)], capture_output=True, text=True).stdout
     zgv = set(re.findall(r"_ZGV[b-e][NM]\d+v+_(\w+?)@", syms))
-    assert {"expf", "erff", "exp", "erfc"} <= zgv, syms
+    assert {"logf", "erff", "exp", "erfc"} <= zgv, syms
+    # float32 exp (and sigmoid through it) is fc_math.h's inline fc__expf: no call at all,
+    # unless -DFC_LIBMVEC_EXPF asks for libmvec's
+    assert not re.search(r"\bexpf\b|_expf@", syms), syms
+    r = subprocess.run([cc] + CFLAGS + ["-DFC_LIBMVEC_EXPF", "-I", INCLUDE, str(src), "-o", str(so)] + LIBS,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    syms = subprocess.run([nm, "-D", str(so)], capture_output=True, text=True).stdout
+    assert "expf" in set(re.findall(r"_ZGV[b-e][NM]\d+v+_(\w+?)@", syms)), syms
 
 
-def test_gelu_constants_are_the_fit_tools_output():
-    """fc_math.h's float32 gelu constants are what tools/fit_gelu.py prints (the fit's
+def test_gelu_and_exp_constants_are_the_fit_tools_output():
+    """fc_math.h's float32 gelu and exp constants are what tools/fit_math.py prints (the fit's
     description in both places stays true). A float apart is allowed: one constant lies
     near a rounding midpoint, where another LAPACK may round the other way."""
-    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "fit_gelu.py")
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "fit_math.py")
     r = subprocess.run([sys.executable, tool], capture_output=True, text=True, check=True)
 
     def constants(lines):
         out = {}
         for ln in lines:
-            m = re.match(r"#define (FC_GELU_[PQS]\d) (\S+)f$", ln.strip())
+            m = re.match(r"#define (FC_GELU_[PQS]\d|FC_EXPF_Q\d) (\S+)f$", ln.strip())
             if m:
                 out[m.group(1)] = np.float32(float(m.group(2)))
         return out
     printed = constants(r.stdout.splitlines())
     with open(os.path.join(INCLUDE, "fc_math.h")) as f:
         header = constants(f)
-    assert len(printed) == 13 and sorted(printed) == sorted(header)
+    assert len(printed) == 18 and sorted(printed) == sorted(header)
     for name, v in printed.items():
         d = abs(int(np.array(v).view(np.int32)) - int(np.array(header[name]).view(np.int32)))
         assert d <= 1, (name, v, header[name])

@@ -71,7 +71,7 @@ FC_INLINE float fc__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x;
  * rational fit of -erfcx(a) / 2 on c in [0, 14.5] whose relative error is
  * weighted by 1 / (1 + 4c^2): 1.4e-8 at c = 0, where rounding alone takes
  * most of the tolerance of 4 + 2x^2 ULP, and let grow with c, 8 times as
- * fast as that tolerance (tools/fit_gelu.py derives every constant here).
+ * fast as that tolerance (tools/fit_math.py derives every constant here).
  * - exp: with c2 = c^2 (rounded), n = round(-c2 / 2 log2 e) and
  *   r' = c2 + 2 n ln2 = -2 r, r in [-ln2/2, ln2/2]; e^r = 1 + r' S(r') with
  *   S of degree 4 (relative error 9e-8). n sits in the low bits of the
@@ -114,7 +114,7 @@ FC_INLINE float fc__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x;
 #else
 #define FC__FMAF(a, b, c) ((a) * (b) + (c))
 #endif
-/* tools/fit_gelu.py: P / Q = -erfcx(c / sqrt2) / 2 within 1.4e-08 (1 + 4c^2) relative,
+/* tools/fit_math.py: P / Q = -erfcx(c / sqrt2) / 2 within 1.4e-08 (1 + 4c^2) relative,
  * 1 + r' S(r') = exp(-r' / 2) within 9.2e-08 relative */
 #define FC_GELU_P3 -3.987651169e-01f
 #define FC_GELU_P2 -3.079996586e+00f
@@ -159,7 +159,58 @@ FC_INLINE float fc_gelu_f32(float x) {
     /* relu keeping the sign of zero, gelu(+-0) = +-0: -0 for every x with the sign bit set */
     return FC__FMAF(k, e, fc__bits_f32(xb32 <= 0x80000000u ? xb32 : 0x80000000u));
 }
+
+/* ---- float32 exp without libm ---------------------------------------------
+ * libmvec's expf is a call per vector: every live register is spilled around
+ * it, and it is most of a softmax row's time. This one is inline, branch-free
+ * and exact to 1 ULP on every float (libmvec's: 3 ULP at most; checked against
+ * double exp on all 2^32 inputs, with FMA and without), ~20 SIMD ops:
+ * - x is clamped to [-104, 88.8] (a NaN stays: the comparisons are false),
+ *   which keeps n in [-150, 128]: -inf and x < -103.97 give +0, +inf and
+ *   x > 88.72 overflow to inf in the last multiply.
+ * - n = round(x log2 e) from the rounding constant's low bits, as in gelu;
+ *   r = x - n ln2 in two steps (Cody-Waite: ln2's high part has 16 bits, so
+ *   n * it is exact even without FMA), |r| <= ln2 / 2.
+ * - e^r = 1 + r + r^2 Q(r), Q of degree 4: relative error 3.1e-9
+ *   (tools/fit_math.py).
+ * - 2^n as two normal powers of two, 2^(n >> 1) and 2^(n - (n >> 1)): one of
+ *   them alone would leave the exponent range below 2^-126, and the product
+ *   then rounds once into the subnormals. (n >> 1 of a negative int is an
+ *   arithmetic shift in GCC and Clang.) */
+/* tools/fit_math.py: e^r = 1 + r + r^2 Q(r) within 3.1e-09 relative */
+#define FC_EXPF_Q4 1.381430891e-03f
+#define FC_EXPF_Q3 8.368850686e-03f
+#define FC_EXPF_Q2 4.166840017e-02f
+#define FC_EXPF_Q1 1.666651964e-01f
+#define FC_EXPF_Q0 4.999999404e-01f
+FC_INLINE float fc__expf(float x) {
+    float xc = x > 88.8f ? 88.8f : x;
+    xc = xc < -104.0f ? -104.0f : xc;
+    const float round = 12582912.0f;                     /* 1.5 * 2^23: n lands in nb's low bits */
+    const float nb = FC__FMAF(xc, 1.44269504088896341f, round);
+    const float n = nb - round;
+    float r = FC__FMAF(n, -0.693145751953125f, xc);      /* ln2 = 0x3F317200 + 1.4286e-6 */
+    r = FC__FMAF(n, -1.428606765330187045e-06f, r);
+    float q = FC__FMAF(r, FC_EXPF_Q4, FC_EXPF_Q3);
+    q = FC__FMAF(q, r, FC_EXPF_Q2);
+    q = FC__FMAF(q, r, FC_EXPF_Q1);
+    q = FC__FMAF(q, r, FC_EXPF_Q0);
+    const float p = FC__FMAF(r * r, q, r) + 1.0f;        /* e^r */
+    const int32_t ni = (int32_t)fc__f32_bits(nb) - 0x4B400000;   /* n */
+    const int32_t n1 = ni >> 1, n2 = ni - n1;            /* both in [-75, 64] */
+    return p * fc__bits_f32((uint32_t)(n1 + 127) << 23) * fc__bits_f32((uint32_t)(n2 + 127) << 23);
+}
+#if defined(FC_LIBMVEC_EXPF)    /* -DFC_LIBMVEC_EXPF in cflags: libmvec's expf instead (A/B runs) */
+#define FC_EXPF(x) expf(x)
+#else
+#define FC_EXPF(x) fc__expf(x)
+#endif
 #undef FC__FMAF
+#undef FC_EXPF_Q4
+#undef FC_EXPF_Q3
+#undef FC_EXPF_Q2
+#undef FC_EXPF_Q1
+#undef FC_EXPF_Q0
 #undef FC_GELU_P3
 #undef FC_GELU_P2
 #undef FC_GELU_P1

@@ -10,9 +10,10 @@
  *   FC_BOOL_T        what a predicate returns and _b helpers take (uint8_t, bool)
  *   FC_CMP_T         what an exact comparison returns (int, bool)
  *   FC_SET_ERR(err)  sets the kernel's int error flag *err to 1
+ *   FC_EXPF(x)       float32 exp (CPU: fc_math.h's inline fc__expf; CUDA: expf)
  *   int8_t..uint64_t, INT*_MIN, INFINITY, fc__f32_bits, fc__bits_f32, and
  *   libm's float functions (expf, fmod, ...) under their C names. */
-#if !defined(FC_FN) || !defined(FC_BOOL_T) || !defined(FC_CMP_T) || !defined(FC_SET_ERR)
+#if !defined(FC_FN) || !defined(FC_BOOL_T) || !defined(FC_CMP_T) || !defined(FC_SET_ERR) || !defined(FC_EXPF)
 #error "fc_math_common.h is included by fc_math.h or fc_cuda_math.h"
 #endif
 
@@ -23,7 +24,9 @@
 #define FC__FLOAT2(stem, fn)                                                \
     FC_FN float fc_##stem##_f32(float a, float b) { return fn##f(a, b); }  \
     FC_FN double fc_##stem##_f64(double a, double b) { return fn(a, b); }
-FC__FLOAT1(exp, exp) FC__FLOAT1(exp2, exp2) FC__FLOAT1(expm1, expm1)
+FC_FN float fc_exp_f32(float x) { return FC_EXPF(x); }
+FC_FN double fc_exp_f64(double x) { return exp(x); }
+FC__FLOAT1(exp2, exp2) FC__FLOAT1(expm1, expm1)
 FC__FLOAT1(log, log) FC__FLOAT1(log2, log2) FC__FLOAT1(log10, log10) FC__FLOAT1(log1p, log1p)
 FC__FLOAT1(sqrt, sqrt)
 FC__FLOAT1(sin, sin) FC__FLOAT1(cos, cos) FC__FLOAT1(tan, tan)
@@ -44,7 +47,7 @@ FC_FN double fc_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
  * gives x*e / (1+e), so results are accurate down to the subnormals and
  * sigmoid is exactly 0/1 in the limits (no NaN for finite y). */
 FC_FN float fc__xsigmoid_f32(float x, float y) {
-    float e = expf(-fabsf(y));
+    float e = FC_EXPF(-fabsf(y));
     return (y >= 0.0f ? x : x * e) / (1.0f + e);
 }
 FC_FN double fc__xsigmoid_f64(double x, double y) {
@@ -65,7 +68,7 @@ FC_FN double fc_gelu_tanh_f64(double x) {
     return fc__xsigmoid_f64(x, 1.5957691216057308 * (x + 0.044715 * x * x * x));
 }
 /* softplus: torch's beta=1, threshold=20 */
-FC_FN float fc_softplus_f32(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+FC_FN float fc_softplus_f32(float x) { return x > 20.0f ? x : log1pf(FC_EXPF(x)); }
 FC_FN double fc_softplus_f64(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 /* ---- per-type families: generated for every integer type ----------------

@@ -1,6 +1,8 @@
-"""Derive the constants of float32 gelu in python/fastcompile/include/fc_math.h.
+"""Derive the constants of float32 gelu and exp in python/fastcompile/include/fc_math.h.
 
-    python3 tools/fit_gelu.py          # prints the #define block fc_math.h holds
+    python3 tools/fit_math.py          # prints the two #define blocks fc_math.h holds
+
+gelu:
 
 gelu(x) = relu(x) + |x| * e, with c = min(|x|, 14.5) and
     e = -erfc(c / sqrt2) / 2 = P(c) / Q(c) * exp(-c^2 / 2).
@@ -14,7 +16,10 @@ gelu(x) = relu(x) + |x| * e, with c = min(|x|, 14.5) and
 * exp(-c^2 / 2) = 2^n e^r with r' = -2r in [-ln2, ln2]: e^r = 1 + r' S(r'), S of
   degree 4, a relative fit.
 
-Both fits are near-minimax: 400 steps of Lawson's iteration on a linearised
+exp (fc__expf): e^r = 1 + r + r^2 Q(r) for |r| <= ln2 / 2, Q of degree 4, a
+relative fit.
+
+All three fits are near-minimax: 400 steps of Lawson's iteration on a linearised
 least-squares problem (for the rational one: P - f Q, divided by f and the
 previous Q); the last hundred steps move the coefficients by about 4e-6. Only
 NumPy and the math module are needed. The printed errors are those of the
@@ -27,6 +32,7 @@ import numpy as np
 
 C_MAX = 14.5                     # fc_gelu_f32 clamps |x| there (0x41680000)
 P_DEG, Q_DEG, S_DEG = 3, 4, 4
+EXP_DEG = 4                      # Q of fc__expf
 
 
 def erfcx(a):
@@ -88,11 +94,24 @@ def fit_exp(iters=400):
     return x, worst                                # x[k] multiplies r'^(k+1): S's coefficients
 
 
+def fit_expf(iters=400):
+    half = math.log(2) / 2 * 1.002                # |r| reaches ln2 / 2 plus rounding
+    r = np.linspace(-half, half, 20001)
+    y = np.exp(r)
+    design = np.vander(r, EXP_DEG + 1, increasing=True) * (r * r)[:, None]   # r^2, r^3, ...
+
+    def residual(x):
+        return (1 + r + design @ x) / y - 1, 1 / y
+
+    x, worst = lawson(design, np.expm1(r) - r, 1 / y, residual, np.ones_like(r), iters)
+    return x, worst                                # x[k] multiplies r^(k+2): Q's coefficients
+
+
 def main():
     p, q, err_pq = fit_rational()
     sx, err_s = fit_exp()
     f32 = lambda v: "%.9ef" % float(np.float32(v))
-    print("/* tools/fit_gelu.py: P / Q = -erfcx(c / sqrt2) / 2 within %.2g (1 + 4c^2) relative,"
+    print("/* tools/fit_math.py: P / Q = -erfcx(c / sqrt2) / 2 within %.2g (1 + 4c^2) relative,"
           % err_pq)
     print(" * 1 + r' S(r') = exp(-r' / 2) within %.2g relative */" % err_s)
     for i in range(P_DEG, -1, -1):
@@ -101,6 +120,10 @@ def main():
         print("#define FC_GELU_Q%d %s" % (i, f32(q[i])))
     for i in range(S_DEG, -1, -1):
         print("#define FC_GELU_S%d %s" % (i, f32(sx[i])))
+    qx, err_q = fit_expf()
+    print("/* tools/fit_math.py: e^r = 1 + r + r^2 Q(r) within %.2g relative */" % err_q)
+    for i in range(EXP_DEG, -1, -1):
+        print("#define FC_EXPF_Q%d %s" % (i, f32(qx[i])))
 
 
 if __name__ == "__main__":
