@@ -400,6 +400,14 @@ def test_exp_f32_sweep(request, fma):
     with np.errstate(over="ignore", invalid="ignore"):      # signalling NaNs among the inputs
         ref = np.exp(x.astype(LD))
     assert_same("exp_f32 sweep", run(lib, "exp", "f32", x), ref, x, tol=1)
+    # the limits exactly (tol=1 would let 2^-149 pass for 0, and compares inf only at tol=0)
+    edges = np.array([-103.972084, -104.0, -1e30, -np.inf, -103.972076, 88.7228317, 88.7228394, 88.8,
+                      1e30, np.inf, np.nan, 0.0, -0.0], np.float32)
+    got = run(lib, "exp", "f32", edges)
+    want = np.array([0.0, 0.0, 0.0, 0.0, 2.0 ** -149, float.fromhex("0x1.ffff08p+127"), np.inf, np.inf,
+                     np.inf, np.inf, np.nan, 1.0, 1.0], np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert not np.signbit(got[:4]).any()
 
 
 def test_sigmoid_limits(lib):

@@ -41,7 +41,8 @@
  * (which runs 256-bit ops as two halves) prefers 128-bit vectors even with
  * AVX2, and then calls libmvec's SSE4 variants (_ZGVbN4v_expf), which have no
  * FMA; with 256-bit vectors the AVX2 variants are called: softmax and
- * x*sigmoid(x)*y ran about 1.4x faster on Zen 1. GCC 12 tunes every AVX-512
+ * x*sigmoid(x)*y ran about 1.4x faster on Zen 1 (float32 exp was libmvec's
+ * then; it is inline since, but float64 exp, log, sin, ... still call it). GCC 12 tunes every AVX-512
  * CPU for 256-bit vectors, because Intel's first AVX-512 cores lower their
  * clock under 512-bit work; AMD's (Zen 4 on) keep it, and there 512 bits
  * make arithmetic-heavy kernels faster: on Zen 4, 2 threads, GELU 1e5

@@ -12,7 +12,7 @@
  *   FC_SET_ERR(err)  sets the kernel's int error flag *err to 1
  *   FC_EXPF(x)       float32 exp (CPU: fc_math.h's inline fc__expf; CUDA: expf)
  *   int8_t..uint64_t, INT*_MIN, INFINITY, fc__f32_bits, fc__bits_f32, and
- *   libm's float functions (expf, fmod, ...) under their C names. */
+ *   libm's float functions (logf, fmod, ...) under their C names. */
 #if !defined(FC_FN) || !defined(FC_BOOL_T) || !defined(FC_CMP_T) || !defined(FC_SET_ERR) || !defined(FC_EXPF)
 #error "fc_math_common.h is included by fc_math.h or fc_cuda_math.h"
 #endif
