@@ -40,16 +40,22 @@ import sys
 import tempfile
 import time
 
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, few iterations (smoke run)")
+    ap.add_argument("--omp-wait-policy", choices=("active", "passive"), type=str.lower,
+                    help="set OMP_WAIT_POLICY for everyone before torch loads (default: leave it unset, as "
+                    "users run; the fastcompile backend's own default of PASSIVE comes too late to act)")
+    return ap.parse_args(argv)
+
+
 # OMP_WAIT_POLICY is read when torch loads its libgomp, which the kernels of Inductor and
 # fastcompile then share (same soname): --omp-wait-policy must act before `import torch`.
 # By default it stays unset, as users run (benchmarks/pointwise.py does the same).
-if __name__ == "__main__":
-    for _i, _a in enumerate(sys.argv):
-        if _a.startswith("--omp-wait-policy"):
-            _v = _a.split("=", 1)[1] if "=" in _a else (sys.argv[_i + 1] if _i + 1 < len(sys.argv) else "")
-            if _v.upper() not in ("ACTIVE", "PASSIVE"):
-                sys.exit("--omp-wait-policy: active or passive, not %r" % _v)
-            os.environ["OMP_WAIT_POLICY"] = _v.upper()
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None and ARGS.omp_wait_policy:
+    os.environ["OMP_WAIT_POLICY"] = ARGS.omp_wait_policy.upper()
 OMP_POLICY_AT_LOAD = os.environ.get("OMP_WAIT_POLICY", "unset")   # what torch's libgomp reads
 _tmp = tempfile.mkdtemp(prefix="fc-bench-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_tmp, "inductor"))
@@ -239,13 +245,7 @@ def async_first_call(base, train, x):
     return first, ready
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, few iterations (smoke run)")
-    ap.add_argument("--omp-wait-policy", choices=("active", "passive"), type=str.lower,
-                    help="set OMP_WAIT_POLICY for everyone before torch loads (default: leave it unset, as "
-                    "users run; the fastcompile backend's own default of PASSIVE comes too late to act)")
-    args = ap.parse_args()
+def main(args):
     torch.manual_seed(0)
     if args.quick:
         iters, warmup = 5, 2
@@ -273,4 +273,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -81,35 +81,24 @@ def fit_rational(iters=400):
     return p, q, worst
 
 
-def fit_exp(iters=400):
-    half = math.log(2) * 1.0002                   # r' reaches ln2 plus rounding
+def fit_exp_tail(scale, half, low, deg, iters=400):
+    """exp(scale r) on |r| <= half as its Taylor terms below r^low, fixed, plus
+    r^low (c0 + c1 r + ... + c_deg r^deg), a relative fit; returns (c, error)."""
     r = np.linspace(-half, half, 20001)
-    y = np.exp(-r / 2)
-    design = np.vander(r, S_DEG + 2, increasing=True)[:, 1:]   # r', r'^2, ... (constant 1 fixed)
+    y = np.exp(scale * r)
+    fixed = sum((scale * r) ** j / math.factorial(j) for j in range(low))
+    design = np.vander(r, deg + 1, increasing=True) * (r ** low)[:, None]
 
     def residual(x):
-        return (1 + design @ x) / y - 1, 1 / y
+        return (fixed + design @ x) / y - 1, 1 / y
 
-    x, worst = lawson(design, y - 1, 1 / y, residual, np.ones_like(r), iters)
-    return x, worst                                # x[k] multiplies r'^(k+1): S's coefficients
-
-
-def fit_expf(iters=400):
-    half = math.log(2) / 2 * 1.002                # |r| reaches ln2 / 2 plus rounding
-    r = np.linspace(-half, half, 20001)
-    y = np.exp(r)
-    design = np.vander(r, EXP_DEG + 1, increasing=True) * (r * r)[:, None]   # r^2, r^3, ...
-
-    def residual(x):
-        return (1 + r + design @ x) / y - 1, 1 / y
-
-    x, worst = lawson(design, np.expm1(r) - r, 1 / y, residual, np.ones_like(r), iters)
-    return x, worst                                # x[k] multiplies r^(k+2): Q's coefficients
+    return lawson(design, y - fixed, 1 / y, residual, np.ones_like(r), iters)
 
 
 def main():
     p, q, err_pq = fit_rational()
-    sx, err_s = fit_exp()
+    # gelu's e^r = exp(-r' / 2) = 1 + r' S(r'), r' = -2r reaching ln2 plus rounding
+    sx, err_s = fit_exp_tail(-0.5, math.log(2) * 1.0002, 1, S_DEG)
     f32 = lambda v: "%.9ef" % float(np.float32(v))
     print("/* tools/fit_math.py: P / Q = -erfcx(c / sqrt2) / 2 within %.2g (1 + 4c^2) relative,"
           % err_pq)
@@ -120,7 +109,8 @@ def main():
         print("#define FC_GELU_Q%d %s" % (i, f32(q[i])))
     for i in range(S_DEG, -1, -1):
         print("#define FC_GELU_S%d %s" % (i, f32(sx[i])))
-    qx, err_q = fit_expf()
+    # fc__expf's e^r = 1 + r + r^2 Q(r), |r| reaching ln2 / 2 plus rounding
+    qx, err_q = fit_exp_tail(1.0, math.log(2) / 2 * 1.002, 2, EXP_DEG)
     print("/* tools/fit_math.py: e^r = 1 + r + r^2 Q(r) within %.2g relative */" % err_q)
     for i in range(EXP_DEG, -1, -1):
         print("#define FC_EXPF_Q%d %s" % (i, f32(qx[i])))

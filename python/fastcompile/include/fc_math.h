@@ -103,10 +103,10 @@ FC_INLINE float fc__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x;
  * is the 2x^2). In the tests' measure (floats between the result and the
  * rounded exact value) at most 0.998 of it, 4 ULP near x = -0.063, and 0.95
  * for |x| >= 0.5; in real-valued ULP 0.996 (x = -0.34). The rational form
- * replaced a
- * degree-7 polynomial in c / (c + 5 / sqrt2) and a degree-6 exp, 5 FMAs
- * more, which broke the bound (4.5 ULP at x = -0.0648): 0.458 -> 0.341 ns
- * per element on one Zen 4 core (AVX-512), 0.548 -> 0.377 at 256 bits. */
+ * replaced a degree-7 polynomial in c / (c + 5 / sqrt2) and a degree-6 exp,
+ * 5 FMAs more, which broke the bound (4.5 ULP at x = -0.0648): 0.458 ->
+ * 0.341 ns per element on one Zen 4 core (AVX-512), 0.548 -> 0.377 at 256
+ * bits. */
 /* fmaf where the target has a fused multiply-add (x86 FMA3, aarch64, or the
  * compiler says fmaf is fast), else an unfused a * b + c (see the bounds above) */
 #if defined(__FMA__) || defined(__ARM_FEATURE_FMA) || defined(__FP_FAST_FMAF)
