@@ -8,6 +8,7 @@ import gc
 import os
 import re
 import sys
+import time
 import warnings
 import weakref
 
@@ -981,6 +982,165 @@ def test_warm_runs_stand_in_externs_and_survives_a_list_changed_mid_call():
         c._warm((a,), stand)
     with pytest.raises(ValueError, match="takes 2 extern stand-ins"):
         c._warm((a,), [clearing])
+
+
+def _three_segment_graph(real, k):
+    """x -> add k -> extern -> mul k -> extern -> sub k: three segments, so three plans. k makes
+    every kernel's source unique to the test (no other test's kernel in the shared caches)."""
+    g = Graph()
+    x = g.input("float32", 2)
+    y = g.extern(real, g.call("add", x, k))
+    z = g.extern(real, g.call("mul", y, k))
+    g.output(g.call("sub", z, k))
+    return g.compile()
+
+
+def test_prebuild_runs_nothing_and_load_pending_compiles_every_plan_in_one_batch():
+    """Compiled._prebuild (the torch backend's batch compile) is a dry run: it calls the
+    stand-ins, never the graph's externs, launches no kernel and compiles nothing, yet every
+    segment gets its plan; Compiled._load_pending then compiles them all in one batch, and the
+    call after builds and compiles nothing more."""
+    called = []
+
+    def real(a):
+        called.append(1)
+        return a * 2
+    k = 1.0 + 2.0 ** -7 * 5          # a constant of this test's own
+    c = _three_segment_graph(real, k)
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    seen = []
+    before = fastcompile.stats()["compiles"]
+    refs = sys.getrefcount(a), sys.getrefcount(c)
+    c._prebuild((a,), [lambda v: seen.append(v.shape) or np.empty_like(v)] * 2)
+    assert seen == [(3, 4), (3, 4)] and called == []
+    assert c.nplans == 3 and c.kernels == [] and fastcompile.stats()["compiles"] == before
+    assert fastcompile.graph.Compiled._load_pending([c]) == 3
+    assert (sys.getrefcount(a), sys.getrefcount(c)) == refs
+    assert fastcompile.stats()["compiles"] - before == 3 and len(c.kernels) == 3
+    assert fastcompile.graph.Compiled._load_pending([c, c]) == 0      # nothing left to load
+    np.testing.assert_allclose(c(a)[0], ((a + k) * 2 * k) * 2 - k, rtol=1e-6)
+    assert called == [1, 1] and c.nplans == 3 and len(c.kernels) == 3
+    assert fastcompile.stats()["compiles"] - before == 3
+
+
+def test_prebuild_plan_left_unloaded_is_loaded_by_the_call():
+    k = 1.0 + 2.0 ** -7 * 6
+    c = _three_segment_graph(lambda v: v * 2, k)
+    a = np.ones((2, 5), np.float32)
+    c._prebuild((a,), [np.empty_like] * 2)
+    assert c.nplans == 3 and c.kernels == []
+    np.testing.assert_allclose(c(a)[0], ((a + k) * 2 * k) * 2 - k, rtol=1e-6)
+    assert c.nplans == 3 and len(c.kernels) == 3
+
+
+def test_prebuild_with_a_mispredicted_layout_builds_that_plan_at_the_call():
+    """A stand-in whose layout differs from what the real extern returns (Fortran order here)
+    selects another plan: the call builds the right one itself and computes right."""
+    c = _three_segment_graph(lambda v: v * 2, 1.0 + 2.0 ** -7 * 7)
+    a = np.arange(20, dtype=np.float32).reshape(4, 5)
+    c._prebuild((a,), [lambda v: np.asfortranarray(np.empty_like(v))] * 2)
+    assert fastcompile.graph.Compiled._load_pending([c]) == 3
+    k = 1.0 + 2.0 ** -7 * 7
+    np.testing.assert_allclose(c(a)[0], ((a + k) * 2 * k) * 2 - k, rtol=1e-6)
+    assert c.nplans == 5 and len(c.kernels) == 5     # segments 2 and 3 again, for C order
+
+
+def test_prebuild_and_load_pending_argument_errors():
+    c = _three_segment_graph(lambda v: v, 2.0)
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(ValueError, match="_prebuild takes 2 extern stand-ins"):
+        c._prebuild((a,), [np.empty_like])
+    with pytest.raises(TypeError, match="takes Compiled objects, got int"):
+        fastcompile.graph.Compiled._load_pending([c, 3])
+    with pytest.raises(TypeError, match="sequence of Compiled"):
+        fastcompile.graph.Compiled._load_pending(5)
+    with pytest.raises(RuntimeError, match="boom"):
+        c._prebuild((a,), [np.empty_like, lambda v: (_ for _ in ()).throw(RuntimeError("boom"))])
+    assert c.nplans == 2 and c.kernels == []          # the plans before the failing stand-in
+    assert fastcompile.graph.Compiled._load_pending([c]) == 2
+    np.testing.assert_allclose(c(a)[0], (a + 2.0) * 2.0 - 2.0)
+
+
+def test_load_pending_compile_failure_leaves_the_plans_to_the_call():
+    """A batch that fails to compile raises and loads nothing; the call then tries its own plan
+    and raises the compiler's error as it would have without the batch."""
+    k = 1.0 + 2.0 ** -7 * 9
+    c = _three_segment_graph(lambda v: v, k)
+    a = np.ones((2, 2), np.float32)
+    old = fastcompile.config.get("cflags")
+    fastcompile.config.set(cflags="-fno-such-flag-for-fastcompile")
+    try:
+        c._prebuild((a,), [np.empty_like] * 2)
+        with pytest.raises(RuntimeError, match="no-such-flag"):
+            fastcompile.graph.Compiled._load_pending([c])
+        assert c.kernels == []
+        with pytest.raises(RuntimeError, match="no-such-flag"):
+            c(a)
+    finally:
+        fastcompile.config.set(cflags=old)
+    np.testing.assert_allclose(c(a)[0], (a + k) * k - k, rtol=1e-6)
+    assert len(c.kernels) == 3
+
+
+def test_load_pending_one_failing_kernel_keeps_the_others(tmp_path):
+    """A compiler that fails on one graph's kernels (a wrapper around cc that refuses sources
+    holding a marker constant): the batch raises that failure, the other graph's plans are
+    loaded and listed all the same, and only the failing graph's call compiles (and raises)."""
+    import shutil
+    cc = shutil.which(fastcompile.config.resolved()["cc"])
+    wrapper = tmp_path / "cc-refusing-marker"
+    wrapper.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in *.c) if grep -q 1.4453125 "$a"; then '
+                       'echo "refused: marker" >&2; exit 1; fi;; esac; done\nexec %s "$@"\n' % cc)
+    wrapper.chmod(0o755)
+    bad = _three_segment_graph(lambda v: v, 1.4453125)       # the marker: 1 + 57/128
+    good = _three_segment_graph(lambda v: v, 1.0 + 2.0 ** -7 * 11)
+    a = np.ones((2, 3), np.float32)
+    old = fastcompile.config.get("cc")
+    fastcompile.config.set(cc=str(wrapper))
+    try:
+        bad._prebuild((a,), [np.empty_like] * 2)
+        good._prebuild((a,), [np.empty_like] * 2)
+        with pytest.raises(RuntimeError, match="refused: marker"):
+            fastcompile.graph.Compiled._load_pending([bad, good])
+        assert bad.kernels == [] and len(good.kernels) == 3
+        before = fastcompile.stats()["compiles"]
+        k = 1.0 + 2.0 ** -7 * 11
+        np.testing.assert_allclose(good(a)[0], (a + k) * k - k, rtol=1e-6)
+        assert fastcompile.stats()["compiles"] == before
+        with pytest.raises(RuntimeError, match="refused: marker"):
+            bad(a)
+    finally:
+        fastcompile.config.set(cc=old)
+
+
+def test_load_pending_survives_its_list_dropping_the_graphs():
+    """The graphs' list is the caller's: a thread that empties it while the compiler runs
+    (without the GIL) must not free a plan the batch is compiling (_load_pending holds a tuple
+    of its own)."""
+    import gc
+    import threading
+    graphs, ws = [], []
+    for i in range(4):
+        def real(v):
+            return v
+        c = _three_segment_graph(real, 1.0 + 2.0 ** -7 * (20 + i))
+        c._prebuild((np.ones((2, 2), np.float32),), [np.empty_like] * 2)
+        graphs.append(c)
+        ws.append(weakref.ref(real))          # the graph holds its extern: dies with it
+    del c, real
+
+    def drop():
+        time.sleep(0.02)
+        graphs.clear()
+        gc.collect()
+    t = threading.Thread(target=drop)
+    t.start()
+    try:
+        assert fastcompile.graph.Compiled._load_pending(graphs) == 12
+    finally:
+        t.join()
+    gc.collect()
+    assert all(w() is None for w in ws)         # freed once the batch let go of them
 
 
 def test_threads_first_calling_together_add_one_plan():

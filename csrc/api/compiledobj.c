@@ -335,8 +335,29 @@ cached_plan(FcSegment *seg, const FcMeta *metas)
     return NULL;
 }
 
+/* p has just been loaded: count it and list its kernels in c->kernels.
+ * 0, or -1 with an exception set (p stays cached and loaded). */
+static int
+plan_loaded(CompiledObject *c, const FcPlan *p)
+{
+    c->compile_ms += p->compile_ms;
+    for (int k = 0; k < p->nkernels; k++) {
+        PyObject *rec = kernel_record(&p->kernels[k], p);
+        if (rec == NULL || PyList_Append(c->kernels, rec) < 0) {
+            Py_XDECREF(rec);
+            return -1;
+        }
+        Py_DECREF(rec);
+    }
+    return 0;
+}
+
+/* seg's plan for the arrays in vals, built if missing; defer: a new plan's
+ * kernels are rendered, not loaded (Compiled._prebuild), else a plan found
+ * unloaded is loaded now. Returns: borrowed (seg owns its plans), or NULL +
+ * exception. */
 static FcPlan *
-find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals)
+find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer)
 {
     FcMeta stack[16], *metas = stack;
     FcPlan *p;
@@ -355,32 +376,34 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals)
             goto done;
         }
     }
-    if ((p = cached_plan(seg, metas)) != NULL) {
-        goto done;
-    }
-    p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin));
-    if (p != NULL) {
+    if ((p = cached_plan(seg, metas)) == NULL) {
+        p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin), defer);
+        if (p == NULL) {
+            goto done;
+        }
         /* the build lets other threads in (the compiler runs without the GIL):
          * one of them may have built and added the same plan meanwhile */
         FcPlan *q = cached_plan(seg, metas);
         if (q != NULL) {
             fc_plan_free(p);
             p = q;
-            goto done;
         }
-        p->next = seg->plans;
-        seg->plans = p;
-        seg->nplans++;
-        c->nplans++;
-        c->compile_ms += p->compile_ms;
-        for (int k = 0; k < p->nkernels; k++) {
-            PyObject *rec = kernel_record(&p->kernels[k], p);
-            if (rec == NULL || PyList_Append(c->kernels, rec) < 0) {
-                Py_XDECREF(rec);
+        else {
+            p->next = seg->plans;
+            seg->plans = p;
+            seg->nplans++;
+            c->nplans++;
+            if (p->loaded && plan_loaded(c, p) < 0) {
                 p = NULL;   /* the plan stays cached; this call fails */
                 goto done;
             }
-            Py_DECREF(rec);
+        }
+    }
+    if (!p->loaded && !defer) {
+        FcPlan *one[1] = {p};
+        char newly = 0;
+        if (fc_plan_load(one, 1, &newly) < 0 || (newly && plan_loaded(c, p) < 0)) {
+            p = NULL;
         }
     }
 done:
@@ -544,10 +567,12 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot)
 #define FC_STACK_VALS 128
 
 /* One run of the graph: externs are the callables extern nodes call
- * (borrowed list); tune: autotune the launches. Returns a new tuple of the
- * outputs, or NULL with an exception set. */
+ * (borrowed list); tune: autotune the launches; dry: build missing plans
+ * deferred and launch no kernel (Compiled._prebuild: the outputs are
+ * allocated, their contents undefined). Returns a new tuple of the outputs,
+ * or NULL with an exception set. */
 static PyObject *
-run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *externs, int tune)
+run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *externs, int tune, int dry)
 {
     PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
     int nn = c->g.nnodes;
@@ -582,7 +607,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         if (seg->noutputs == 0) {
             continue;
         }
-        if ((p = find_plan(c, seg, vals)) == NULL || fc_plan_run(p, vals, tune) < 0) {
+        if ((p = find_plan(c, seg, vals, dry)) == NULL || fc_plan_run(p, vals, tune, dry) < 0) {
             goto done;
         }
     }
@@ -627,34 +652,144 @@ Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
         return NULL;
     }
     return run_graph(c, args, PyVectorcall_NARGS(nargsf), c->externs,
-                     c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune);
+                     c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune, 0);
 }
 
-/* Compiled._warm(arrays, externs): one run of the graph with the callables in
- * `externs` standing in for its extern calls (same order and count), without
- * autotuning; the outputs are dropped. It builds (compiles) every plan the
- * same call would need, so that a later real call finds them: the torch
- * backend's async compile runs it in a background thread with the results
- * an eager run recorded, so no extern (matmul, a random op) runs twice.
- * args: borrowed; returns: None (new reference). */
+/* _warm and _prebuild: one run of the graph with the callables in `externs`
+ * standing in for its extern calls (same order and count), without
+ * autotuning; the outputs are dropped. args: borrowed; returns: None (new
+ * reference), or NULL + exception. */
 static PyObject *
-Compiled_warm(CompiledObject *c, PyObject *args)
+run_with_stand_ins(CompiledObject *c, PyObject *args, int dry, const char *format)
 {
     PyObject *arrays, *externs, *r;
-    if (!PyArg_ParseTuple(args, "O!O!:_warm", &PyTuple_Type, &arrays, &PyList_Type, &externs)) {
+    if (!PyArg_ParseTuple(args, format, &PyTuple_Type, &arrays, &PyList_Type, &externs)) {
         return NULL;
     }
     if (PyList_GET_SIZE(externs) != PyList_GET_SIZE(c->externs)) {
-        PyErr_Format(PyExc_ValueError, "fastcompile: _warm takes %zd extern stand-ins, got %zd",
-                     PyList_GET_SIZE(c->externs), PyList_GET_SIZE(externs));
+        PyErr_Format(PyExc_ValueError, "fastcompile: %s takes %zd extern stand-ins, got %zd",
+                     dry ? "_prebuild" : "_warm", PyList_GET_SIZE(c->externs), PyList_GET_SIZE(externs));
         return NULL;
     }
-    r = run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs, 0);
+    r = run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs, 0, dry);
     if (r == NULL) {
         return NULL;
     }
     Py_DECREF(r);
     Py_RETURN_NONE;
+}
+
+/* Compiled._warm(arrays, externs): it builds (compiles) every plan a call
+ * with these values would need, running the kernels, so that a later real
+ * call finds them: the torch backend's async compile runs it in a background
+ * thread with the results an eager run recorded, so no extern (matmul, a
+ * random op) runs twice. */
+static PyObject *
+Compiled_warm(CompiledObject *c, PyObject *args)
+{
+    return run_with_stand_ins(c, args, 0, "O!O!:_warm");
+}
+
+/* Compiled._prebuild(arrays, externs): a dry run that renders every plan a
+ * call with arrays of these layouts would need, and compiles none. It runs
+ * no kernel: each segment's results are allocated and left undefined, so
+ * the stand-ins must not read their arguments' values (they may return
+ * empty arrays of the layouts the real externs will give). Then
+ * Compiled._load_pending compiles the plans of many graphs in one batch, on
+ * every core; a plan still unloaded at a real call is loaded by that call. */
+static PyObject *
+Compiled_prebuild(CompiledObject *c, PyObject *args)
+{
+    return run_with_stand_ins(c, args, 1, "O!O!:_prebuild");
+}
+
+/* Compiled._load_pending(graphs) -> int: loads (compiling where needed) the
+ * plans _prebuild left unloaded in every Compiled of the sequence, in one
+ * batch; returns how many plans it loaded. graphs: borrowed. */
+static PyObject *
+Compiled_load_pending(PyObject *unused, PyObject *graphs)
+{
+    /* a tuple of our own: the caller's list may change, and drop a graph,
+     * while the compiler runs without the GIL; this keeps every owner alive */
+    PyObject *seq = PySequence_Check(graphs) ? PySequence_Tuple(graphs) : NULL;
+    FcPlan **plans = NULL;
+    CompiledObject **owner = NULL;     /* borrowed from seq */
+    char *newly = NULL;
+    PyObject *r = NULL;
+    int n = 0, cap = 0, count = 0;
+    if (seq == NULL) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "fastcompile: _load_pending takes a sequence of Compiled");
+        }
+        return NULL;
+    }
+    Py_ssize_t ng = PyTuple_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        PyObject *o = PyTuple_GET_ITEM(seq, i);
+        if (!PyObject_TypeCheck(o, &Compiled_Type)) {
+            PyErr_Format(PyExc_TypeError, "fastcompile: _load_pending takes Compiled objects, got %.100s",
+                         Py_TYPE(o)->tp_name);
+            goto cleanup;
+        }
+        CompiledObject *c = (CompiledObject *)o;
+        for (int L = 0; L < c->nlevels; L++) {
+            for (FcPlan *p = c->segs[L].seg.plans; p != NULL; p = p->next) {
+                cap += !p->loaded;
+            }
+        }
+    }
+    plans = PyMem_Calloc(cap + 1, sizeof(FcPlan *));
+    owner = PyMem_Calloc(cap + 1, sizeof(CompiledObject *));
+    newly = PyMem_Calloc(cap + 1, 1);
+    if (plans == NULL || owner == NULL || newly == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (Py_ssize_t i = 0; i < ng; i++) {
+        CompiledObject *c = (CompiledObject *)PyTuple_GET_ITEM(seq, i);
+        for (int L = 0; L < c->nlevels; L++) {
+            for (FcPlan *p = c->segs[L].seg.plans; p != NULL && n < cap; p = p->next) {
+                if (!p->loaded) {
+                    owner[n] = c;
+                    plans[n++] = p;
+                }
+            }
+        }
+    }
+    /* seq holds every owner, so no plan is freed while the compiler runs.
+     * After a compile failure the plans that did load are recorded all the
+     * same (else they would never be), and the failure is raised. */
+    int failed = fc_plan_load(plans, n, newly) < 0;
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
+    if (failed) {
+        PyErr_Fetch(&et, &ev, &etb);
+    }
+    for (int i = 0; i < n; i++) {
+        if (newly[i]) {
+            count++;
+            if (plan_loaded(owner[i], plans[i]) < 0) {
+                if (et == NULL) {
+                    PyErr_Fetch(&et, &ev, &etb);
+                }
+                else {
+                    PyErr_Clear();
+                }
+            }
+        }
+    }
+    if (et != NULL) {
+        PyErr_Restore(et, ev, etb);
+    }
+    else {
+        r = PyLong_FromLong(count);
+    }
+cleanup:
+    PyMem_Free(plans);
+    PyMem_Free(owner);
+    PyMem_Free(newly);
+    Py_DECREF(seq);
+    return r;
 }
 
 static PyObject *
@@ -822,6 +957,11 @@ cleanup:
 static PyMethodDef Compiled_methods[] = {
     {"_warm", (PyCFunction)Compiled_warm, METH_VARARGS,
      "_warm(arrays, externs): run once with stand-in extern callables, building every plan; outputs dropped"},
+    {"_prebuild", (PyCFunction)Compiled_prebuild, METH_VARARGS,
+     "_prebuild(arrays, externs): a dry run (no kernel runs) rendering every plan arrays of these layouts "
+     "need, compiling none (see _load_pending)"},
+    {"_load_pending", (PyCFunction)Compiled_load_pending, METH_O | METH_STATIC,
+     "_load_pending(graphs) -> int: compile the plans _prebuild left in these Compiled objects, in one batch"},
     {"_cuda_render", (PyCFunction)Compiled_cuda_render, METH_VARARGS,
      "_cuda_render(*arrays) -> list of {name, source, ...}: CUDA source per kernel (tests)"},
     {NULL, NULL, 0, NULL},

@@ -1428,41 +1428,78 @@ dump_source(const char *key, const char *source)
     return rc;
 }
 
-/* source, symbol: borrowed, NUL-terminated; out: filled on success with
- * pointers that stay valid for the life of the process. */
+/* The shared state of run_jobs' workers: the next job to take. */
+typedef struct {
+    FcJob *const *jobs;
+    int n;
+    int next;                  /* guarded by mu */
+    pthread_mutex_t mu;
+} FcJobQueue;
+
+/* Takes jobs off q until none is left. */
+static void
+drain_jobs(FcJobQueue *q)
+{
+    for (;;) {
+        pthread_mutex_lock(&q->mu);
+        int i = q->next < q->n ? q->next++ : -1;
+        pthread_mutex_unlock(&q->mu);
+        if (i < 0) {
+            return;
+        }
+        job_run(q->jobs[i]);
+    }
+}
+
 static void *
 job_thread(void *arg)
 {
-    job_run((FcJob *)arg);
+    drain_jobs((FcJobQueue *)arg);
     return NULL;
 }
 
 #define FC_MAX_PARALLEL_CC 16
 
-/* Runs *jobs[0..n), in that order, up to one per online CPU at a time: each
- * waits on its own compiler process. Called with the GIL released. */
+/* qsort order of FcJob pointers: longer source first; ties keep no order
+ * that matters (each job writes only its own files). */
+static int
+cmp_job_longest(const void *a, const void *b)
+{
+    size_t la = (*(FcJob *const *)a)->source_len, lb = (*(FcJob *const *)b)->source_len;
+    return la < lb ? 1 : la > lb ? -1 : 0;
+}
+
+/* Runs *jobs[0..n), taken in that order, up to one per online CPU at a
+ * time: a worker that finishes a job takes the next one (a long compile
+ * holds up no other core). Each job waits on its own compiler process.
+ * Called with the GIL released. */
 static void
 run_jobs(FcJob *const *jobs, int n)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int width = ncpu < 1 ? 1 : ncpu > FC_MAX_PARALLEL_CC ? FC_MAX_PARALLEL_CC : (int)ncpu;
-    for (int first = 0; first < n; first += width) {
-        pthread_t th[FC_MAX_PARALLEL_CC];
-        int started[FC_MAX_PARALLEL_CC] = {0};
-        int end = first + width < n ? first + width : n;
-        for (int i = first + 1; i < end; i++) {
-            started[i - first] = pthread_create(&th[i - first], NULL, job_thread, jobs[i]) == 0;
+    pthread_t th[FC_MAX_PARALLEL_CC];
+    int started[FC_MAX_PARALLEL_CC] = {0};
+    FcJobQueue q = {.jobs = jobs, .n = n, .next = 0};
+    if (width > n) {
+        width = n;
+    }
+    if (pthread_mutex_init(&q.mu, NULL) != 0) {
+        for (int i = 0; i < n; i++) {
+            job_run(jobs[i]);           /* no lock to be had: one at a time, here */
         }
-        job_run(jobs[first]);
-        for (int i = first + 1; i < end; i++) {
-            if (started[i - first]) {
-                pthread_join(th[i - first], NULL);
-            }
-            else {
-                job_run(jobs[i]);           /* no thread to be had: run it here */
-            }
+        return;
+    }
+    for (int t = 1; t < width; t++) {
+        started[t] = pthread_create(&th[t], NULL, job_thread, &q) == 0;   /* else: fewer workers */
+    }
+    drain_jobs(&q);
+    for (int t = 1; t < width; t++) {
+        if (started[t]) {
+            pthread_join(th[t], NULL);
         }
     }
+    pthread_mutex_destroy(&q.mu);
 }
 
 /* After job j ran: its counters, log lines and warnings; on success a table
@@ -1595,7 +1632,8 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     FcJob **order = NULL;                   /* the order they run in */
     FcEntry **found = NULL, **made = NULL;  /* per item; per job (its entry once finished) */
     char (*keys)[65] = NULL;
-    char *pch = NULL;
+    char *pch = NULL, *tried = NULL;        /* tried: per job, job_finish ran (made[j] NULL: it failed) */
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;   /* owned: the first job's failure, raised at the end */
     int *job_of = NULL, njobs = 0, pch_job = 0, rc = -1, cap = n > 0 ? n : 1;   /* cap: no zero-size allocations */
 
     if (!rt.configured) {
@@ -1613,8 +1651,9 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     keys = PyMem_Calloc(cap, sizeof(*keys));
     job_of = PyMem_Calloc(cap, sizeof(int));
     made = PyMem_Calloc(cap, sizeof(FcEntry *));
+    tried = PyMem_Calloc(cap, 1);
     if (jobs == NULL || order == NULL || found == NULL || keys == NULL || job_of == NULL
-        || made == NULL) {
+        || made == NULL || tried == NULL) {
         PyErr_NoMemory();
         goto cleanup;
     }
@@ -1657,9 +1696,13 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
             }
             order[nrun++] = &jobs[njobs];
         }
+        int first_kernel = nrun;
         for (int k = 0; k < njobs; k++) {
             order[nrun++] = &jobs[k];
         }
+        /* longest source first (a proxy for compile time): the last job to
+         * start is a short one, so the cores finish close together */
+        qsort(&order[first_kernel], nrun - first_kernel, sizeof(FcJob *), cmp_job_longest);
         Py_BEGIN_ALLOW_THREADS
         run_jobs(order, nrun);
         Py_END_ALLOW_THREADS
@@ -1673,14 +1716,24 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
             }
         }
     }
+    /* every job is finished, failed or not, so the kernels that did compile
+     * are usable (outs[i]) even when another one failed */
     for (int i = 0; i < n; i++) {
         int j = job_of[i];
         if (found[i] != NULL) {
             continue;
         }
         /* a kernel twice in the batch shares its job: finish that once */
-        if (made[j] == NULL && job_finish(&jobs[j], keys[i], symbols[i], &made[j]) < 0) {
-            goto cleanup;
+        if (!tried[j]) {
+            tried[j] = 1;
+            if (job_finish(&jobs[j], keys[i], symbols[i], &made[j]) < 0) {
+                if (et == NULL) {
+                    PyErr_Fetch(&et, &ev, &etb);
+                }
+                else {
+                    PyErr_Clear();
+                }
+            }
         }
         found[i] = made[j];
     }
@@ -1692,13 +1745,25 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
         }
     }
     for (int i = 0; i < n; i++) {
-        outs[i].fn = found[i]->fn;
-        outs[i].so_path = found[i]->so_path;
-        outs[i].c_path = found[i]->c_path;
-        outs[i].key = found[i]->key;
+        memset(&outs[i], 0, sizeof(outs[i]));
+        if (found[i] != NULL) {
+            outs[i].fn = found[i]->fn;
+            outs[i].so_path = found[i]->so_path;
+            outs[i].c_path = found[i]->c_path;
+            outs[i].key = found[i]->key;
+        }
+    }
+    if (et != NULL) {
+        PyErr_Restore(et, ev, etb);           /* steals the references */
+        et = ev = etb = NULL;
+        goto cleanup;
     }
     rc = 0;
 cleanup:
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(etb);
+    PyMem_Free(tried);
     for (int k = 0; jobs != NULL && k < njobs + pch_job; k++) {
         job_free(&jobs[k]);
     }

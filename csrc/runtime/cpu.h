@@ -26,7 +26,9 @@ FC_INTERNAL int fc_cpu_load(const char *source, const char *symbol, FcLoaded *ou
 
 /* fc_cpu_load for n kernels at once: the ones missing from both caches are
  * compiled concurrently, up to one compiler per online CPU. outs[i] for
- * sources[i]/symbols[i]. 0, or -1 with an exception set (the first failure). */
+ * sources[i]/symbols[i]. 0, or -1 with an exception set (the first failure);
+ * after a compile failure, outs[i].fn is NULL for each kernel that failed and
+ * set for each one that loaded. */
 FC_INTERNAL int fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols,
                                  FcLoaded *outs);
 

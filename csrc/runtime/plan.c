@@ -140,34 +140,92 @@ log_debug(const char *text)
 }
 
 
-/* Loads (compiling where needed) every kernel of p in one batch, so that the
- * misses compile concurrently. 0, or -1 with an exception set. */
-static int
-load_kernels(FcPlan *p)
+int
+fc_plan_load(FcPlan *const *plans, int n, char *newly)
 {
-    const char **srcs = PyMem_Calloc(p->nkernels + 1, sizeof(char *));
-    const char **names = PyMem_Calloc(p->nkernels + 1, sizeof(char *));
-    FcLoaded *loaded = PyMem_Calloc(p->nkernels + 1, sizeof(FcLoaded));
-    int rc = -1;
+    const char **srcs = NULL, **names = NULL;
+    FcLoaded *loaded = NULL;
+    char *batch = NULL;         /* per plan: its kernels are in this batch */
+    int total = 0, nplans = 0, rc = -1;
+    double t0 = fc_disk_now_ms();
+    if (newly != NULL && n > 0) {
+        memset(newly, 0, n);
+    }
+    batch = PyMem_Calloc(n + 1, 1);
+    if (batch == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        int dup = 0;
+        for (int k = 0; k < i && !dup; k++) {
+            dup = batch[k] && plans[k] == plans[i];     /* a plan listed twice loads once */
+        }
+        if (!plans[i]->loaded && !dup) {
+            batch[i] = 1;
+            total += plans[i]->nkernels;
+            nplans++;
+        }
+    }
+    if (nplans == 0) {
+        rc = 0;
+        goto cleanup;
+    }
+    srcs = PyMem_Calloc(total + 1, sizeof(char *));
+    names = PyMem_Calloc(total + 1, sizeof(char *));
+    loaded = PyMem_Calloc(total + 1, sizeof(FcLoaded));
     if (srcs == NULL || names == NULL || loaded == NULL) {
         PyErr_NoMemory();
         goto cleanup;
     }
-    for (int o = 0; o < p->nkernels; o++) {
-        srcs[o] = p->kernels[o].source;
-        names[o] = p->kernels[o].name;
+    /* the sources stay valid while the GIL is out: a plan is freed only with
+     * its Compiled object, which the caller holds */
+    for (int i = 0, j = 0; i < n; i++) {
+        for (int o = 0; batch[i] && o < plans[i]->nkernels; o++, j++) {
+            srcs[j] = plans[i]->kernels[o].source;
+            names[j] = plans[i]->kernels[o].name;
+        }
     }
-    if (fc_cpu_load_many(p->nkernels, srcs, names, loaded) < 0) {
-        goto cleanup;
+    /* after a failure (exception set), the plans whose kernels all loaded
+     * are still marked loaded below; the others stay for their calls */
+    rc = fc_cpu_load_many(total, srcs, names, loaded);
+    /* the GIL is back; a plan another thread loaded meanwhile keeps what it
+     * has (the same functions: the kernel table holds one entry per key) */
+    double ms = fc_disk_now_ms() - t0, share = ms / nplans;
+    int nloaded = 0;
+    for (int i = 0, j = 0; i < n; i++) {
+        FcPlan *p = plans[i];
+        int ok = 1;
+        if (!batch[i]) {
+            continue;
+        }
+        for (int o = 0; o < p->nkernels; o++) {
+            ok &= loaded[j + o].fn != NULL;
+        }
+        if (ok && !p->loaded) {
+            for (int o = 0; o < p->nkernels; o++) {
+                p->kernels[o].loaded = loaded[j + o];
+            }
+            p->loaded = 1;
+            p->compile_ms += share;
+            nloaded++;
+            if (newly != NULL) {
+                newly[i] = 1;
+            }
+        }
+        j += p->nkernels;
     }
-    for (int o = 0; o < p->nkernels; o++) {
-        p->kernels[o].loaded = loaded[o];
+    if (plan_rt.c.debug >= 1 && nplans > 1) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "loaded %d of %d plans (%d kernels) in one batch in %.1f ms",
+                 nloaded, nplans, total, ms);
+        log_debug(msg);                       /* keeps a pending exception */
     }
-    rc = 0;
 cleanup:
     PyMem_Free(srcs);
     PyMem_Free(names);
     PyMem_Free(loaded);
+    PyMem_Free(batch);
     return rc;
 }
 
@@ -283,7 +341,7 @@ render_kernel(Renderer render, const FcSpec *s, int k, const char *ghash, const 
 }
 
 FcPlan *
-fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin)
+fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin, int defer)
 {
     FcPlan *p = NULL;
     FcSpec *s;
@@ -365,14 +423,18 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         }
     }
     p->nkernels = s->nkernels;
-    if (load_kernels(p) < 0) {           /* the compiler runs for all of them at once */
-        goto error;
-    }
     p->compile_ms = fc_disk_now_ms() - t0;
+    if (!defer) {
+        FcPlan *one[1] = {p};
+        if (fc_plan_load(one, 1, NULL) < 0) {     /* the compiler runs for all of them at once */
+            goto error;
+        }
+    }
     if (plan_rt.c.debug >= 1) {
         char msg[256];
-        snprintf(msg, sizeof(msg), "built plan for graph %s (%s): %d kernel%s in %.1f ms",
-                 ghash, origin ? origin : "?", p->nkernels, p->nkernels == 1 ? "" : "s", p->compile_ms);
+        snprintf(msg, sizeof(msg), "%s plan for graph %s (%s): %d kernel%s in %.1f ms",
+                 defer ? "rendered (compile deferred)" : "built", ghash, origin ? origin : "?",
+                 p->nkernels, p->nkernels == 1 ? "" : "s", p->compile_ms);
         log_debug(msg);
     }
     return p;
@@ -745,7 +807,7 @@ done:
 #define FC_STACK_CLASSES 64
 
 int
-fc_plan_run(FcPlan *p, PyObject **vals, int autotune)
+fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
 {
     const FcSpec *s = &p->spec;
     PyArrayObject *stack_arrs[FC_STACK_SLOTS], **arrs = stack_arrs;
@@ -808,7 +870,11 @@ fc_plan_run(FcPlan *p, PyObject **vals, int autotune)
             nalloc = i + 1;
         }
     }
-    for (int o = 0; o < p->nkernels; o++) {
+    if (!dry && !p->loaded) {
+        PyErr_SetString(PyExc_SystemError, "fastcompile: a plan ran before its kernels were loaded");
+        goto cleanup;
+    }
+    for (int o = 0; !dry && o < p->nkernels; o++) {
         if (launch(p, o, arrs, sizes, autotune) < 0) {
             goto cleanup;
         }

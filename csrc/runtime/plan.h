@@ -25,6 +25,7 @@ typedef struct FcPlan {
     FcPlanKernel *kernels; int nkernels;
     char *dump;               /* the fused segment, for explain() and debug */
     double compile_ms;
+    int loaded;               /* kernels loaded; 0 while a deferred build waits for fc_plan_load */
 } FcPlan;
 
 /* A segment: the core nodes between two rounds of extern calls. */
@@ -56,9 +57,18 @@ FC_INTERNAL int fc_plan_typenum(int dtype);
 FC_INTERNAL int fc_plan_meta(PyObject *arr, FcMeta *m);
 
 /* Build a plan for `metas` (shape inference, fusion, codegen, compile/load).
- * origin: "file:line" for kernel headers. Returns a new plan or NULL + exception. */
+ * origin: "file:line" for kernel headers. defer: render the kernels but load
+ * (compile) none; fc_plan_load does, for many plans in one batch. Returns a
+ * new plan or NULL + exception. */
 FC_INTERNAL FcPlan *fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
-                                  const char *origin);
+                                  const char *origin, int defer);
+/* Loads the kernels of every plan in plans[0..n) that is not loaded yet, in
+ * one batch (the compiler runs for all of them at once, without the GIL).
+ * newly[i] (may be NULL) is set to 1 for each plan this call loaded: 0 for
+ * one loaded before, or by another thread meanwhile. Each plan loaded here
+ * gets an even share of the batch's wall time in compile_ms. GIL held.
+ * 0, or -1 with an exception set (the plans stay unloaded). */
+FC_INTERNAL int fc_plan_load(FcPlan *const *plans, int n, char *newly);
 FC_INTERNAL void fc_plan_free(FcPlan *p);
 
 /* Test hook behind Compiled._cuda_render: every kernel of the specialization
@@ -69,8 +79,11 @@ FC_INTERNAL PyObject *fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg
 
 /* Run: vals[node] holds a new reference to each available array; the
  * segment's outputs are stored there (new references). autotune: choose each
- * kernel's launch settings by timing (tune.h). Returns 0 or -1. */
-FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals, int autotune);
+ * kernel's launch settings by timing (tune.h). dry: allocate the outputs but
+ * launch nothing (their contents are undefined; p need not be loaded), for
+ * a pass that only builds the later segments' plans. p must be loaded
+ * unless dry. Returns 0 or -1. */
+FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry);
 
 /* Appends the tuning table of each kernel of p to list (borrowed), as
  * fc_tune_report. Returns 0, or -1 with an exception set. */
