@@ -719,13 +719,23 @@ def test_pushed_views_in_training_match_eager():
 # async compile (config.async_compile): plain torch while the kernels build in the background
 # ----------------------------------------------------------------------------------------------
 
+def _knob(name, value):
+    """A fixture body: the fastcompile knob `name` set to `value` for one test."""
+    from fastcompile import config
+    old = config.get(name)
+    config.set(**{name: value})
+    yield
+    config.set(**{name: old})
+
+
 @pytest.fixture
 def async_compile():
-    from fastcompile import config
-    old = config.get("async_compile")
-    config.set(async_compile=True)
-    yield
-    config.set(async_compile=old)
+    yield from _knob("async_compile", True)
+
+
+@pytest.fixture
+def no_batch_compile():
+    yield from _knob("batch_compile", False)
 
 
 def _wait_all(record, timeout=300):
@@ -809,7 +819,9 @@ def test_async_compile_training_draws_random_numbers_as_eager(async_compile):
         torch.testing.assert_close(p, q, **TOL)
 
 
-def test_async_compile_failure_builds_on_the_next_call(async_compile, monkeypatch, caplog):
+def test_async_compile_failure_builds_on_the_next_call(async_compile, no_batch_compile, monkeypatch, caplog):
+    """The background build stops at a stand-in that raises (without batch compile, which would
+    have built the plans from the FX metadata before it); the next call builds and says why."""
     import fastcompile.backends.torch as fbt_mod
 
     def broken(values, nodes):
@@ -829,6 +841,132 @@ def test_async_compile_failure_builds_on_the_next_call(async_compile, monkeypatc
             torch.testing.assert_close(cm(x), m(x), **TOL)
     assert "background compile failed" in caplog.text and "stand-in broke" in caplog.text
     assert all(r.compiled.nplans > 0 for r in runners)
+
+
+# ----------------------------------------------------------------------------------------------
+# batch compile (config.batch_compile): every kernel of the forward and backward graphs compiles
+# in one batch at the first call, from layouts the FX metadata predicted
+# ----------------------------------------------------------------------------------------------
+
+def test_batch_compile_builds_forward_and_backward_kernels_at_the_first_call():
+    """The backward graph is lowered with the forward (force_non_lazy_backward_lowering), both
+    render their plans then, and the forward's first call compiles both graphs' kernels: the
+    backward runs kernels compiled before it was called, and no call builds a plan (the FX
+    metadata predicted every layout, extern results included)."""
+    import fastcompile
+    torch.manual_seed(0)
+    m = Block(d=32, h=4).train()
+    x = torch.randn(2, 8, 32)
+    ref_m = copy.deepcopy(m)
+    record = []
+    cm = compile_fc(m, record=record)
+    before = fastcompile.stats()["compiles"]
+    out = cm(x)
+    runners = [r for r in record if r.compiled is not None]
+    assert len(record) == 2 and len(runners) == 2                  # forward and backward, already
+    plans = [r.compiled.nplans for r in runners]
+    kernels = [len(r.kernels) for r in runners]
+    assert all(plans) and all(kernels) and not any(r._pending for r in runners)
+    compiles = fastcompile.stats()["compiles"] - before
+    ref = ref_m(x)
+    torch.testing.assert_close(out, ref, **TOL)
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    for p, q in zip(m.parameters(), ref_m.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+    assert [r.compiled.nplans for r in runners] == plans           # no layout was mispredicted
+    assert [len(r.kernels) for r in runners] == kernels
+    assert fastcompile.stats()["compiles"] - before == compiles
+
+
+def test_batch_compile_off_compiles_each_graph_when_it_first_runs(no_batch_compile):
+    """batch_compile=0: the backward is lowered lazily (aot_autograd's default) and each segment
+    compiles when a call first reaches it; results are the same."""
+    torch.manual_seed(0)
+    m = MLP().train()
+    x = torch.randn(16, 32)
+    ref_m = copy.deepcopy(m)
+    record = []
+    out = compile_fc(m, record=record)(x)
+    assert len(record) == 1 and not record[0]._pending              # no backward graph yet
+    out.sum().backward()
+    ref_m(x).sum().backward()
+    assert len(record) == 2
+    for p, q in zip(m.parameters(), ref_m.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+
+
+def test_batch_compile_with_async_compile_builds_in_the_background(async_compile):
+    """async_compile and batch_compile together: the background thread compiles the batch,
+    then the stand-in run finds every plan built."""
+    torch.manual_seed(0)
+    m = Block(d=32, h=4).eval()
+    x = torch.randn(2, 8, 32)
+    record = []
+    cm = compile_fc(m, record=record)
+    with torch.no_grad():
+        ref = m(x)
+        torch.testing.assert_close(cm(x), ref, **TOL)
+        runners = _wait_all(record)
+        plans = [r.compiled.nplans for r in runners]
+        assert all(plans) and all(len(r.kernels) for r in runners)
+        torch.testing.assert_close(cm(x), ref, **TOL)
+    assert [r.compiled.nplans for r in runners] == plans
+
+
+def test_batch_compile_threads_first_calling_two_graphs_compile_each_kernel_once():
+    """Two runners whose first calls come at once from two threads: one thread's batch takes
+    both runners' kernels, the other waits for it (outside the lock), and no kernel compiles
+    twice."""
+    import fastcompile
+    from torch.fx.experimental.proxy_tensor import make_fx
+    k1, k2 = 1.0 + 2.0 ** -9 * 3, 1.0 + 2.0 ** -9 * 5       # kernels of this test's own
+
+    def f1(x, w):
+        return ((x + k1).exp() @ w).sigmoid() * k1
+
+    def f2(x, w):
+        return ((x * k2).tanh() @ w).relu() - k2
+    x, w = torch.randn(8, 16), torch.randn(16, 4)
+    runners = [fbt.fx_to_graph(make_fx(f)(x, w), [x, w]) for f in (f1, f2)]
+    assert all(r._pending for r in runners)
+    before = fastcompile.stats()["compiles"]
+
+    def work(i):
+        torch.testing.assert_close(runners[i](x, w)[0], (f1, f2)[i](x, w), **TOL)
+    assert run_threads(work, 2) == []
+    assert not any(r._pending for r in runners)
+    assert fastcompile.stats()["compiles"] - before == sum(len(r.kernels) for r in runners) == 4
+
+
+def test_batch_compile_backward_ahead_failing_falls_back_to_lazy(monkeypatch, caplog):
+    """Where lowering the backward ahead makes aot_autograd raise (it re-raises with the
+    flag, and defers without it), the backend warns and compiles the graph again the lazy
+    way: training still matches eager."""
+    real = fbt.fx_to_graph
+    calls = []
+
+    def flaky(gm, inputs, mode="default"):
+        calls.append(1)
+        if len(calls) == 2:                      # the first backward graph
+            raise RuntimeError("backward lowering broke")
+        return real(gm, inputs, mode=mode)
+    monkeypatch.setattr(fbt, "fx_to_graph", flaky)
+    torch.manual_seed(0)
+    m = MLP().train()
+    ref_m = copy.deepcopy(m)
+    x = torch.randn(16, 32)
+    record = []
+    with caplog.at_level("WARNING", logger="fastcompile"):
+        out = compile_fc(m, record=record)(x)
+    assert "compiling the backward graph ahead failed" in caplog.text
+    assert len(record) == 1                      # the retry's forward; its backward comes lazily
+    out.sum().backward()
+    ref_m(x).sum().backward()
+    assert len(record) == 2
+    for p, q in zip(m.parameters(), ref_m.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
 
 
 def test_concurrent_calls_from_threads_get_their_own_results():

@@ -54,6 +54,10 @@ KNOBS = [
     Knob("async_compile", "FASTCOMPILE_ASYNC_COMPILE", _bool, False,
          "torch backend: a graph's first calls run as plain torch while its kernels compile in a "
          "background thread; the kernels take over once built"),
+    Knob("batch_compile", "FASTCOMPILE_BATCH_COMPILE", _bool, True,
+         "torch backend: when a graph is compiled, render every kernel its first call will need (from "
+         "the FX metadata), and compile all pending kernels of all graphs (forward and backward) in one "
+         "batch on every core at the first call; 0: each segment compiles when a call first reaches it"),
     Knob("autotune", "FASTCOMPILE_AUTOTUNE", _bool, False,
          "time a few thread counts and column-block widths per kernel and launch shape on first use; "
          "keep the fastest (torch.compile mode='max-autotune' turns it on for its graphs)"),

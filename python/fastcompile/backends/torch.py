@@ -30,6 +30,7 @@ import operator
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -1248,8 +1249,31 @@ class FxGraphRunner:
         except Exception as e:          # never fail compilation
             self.fallback = "%s: %s" % (type(e).__name__, e)
             log.warning("fastcompile: graph runs as plain torch: %s", self.fallback, exc_info=True)
+        self._pending = False     # batch compile: plans rendered, waiting for _load_pending()
+        self._batch = None        # batch compile: the _Batch that took them, once one did
+        if self.compiled is not None and self.fallback is None and config.get("batch_compile"):
+            self._prebuild()
         self.lower_s = time.perf_counter() - t0
         self._async = self.compiled is not None and bool(config.get("async_compile"))
+
+    def _prebuild(self):
+        """Batch compile: a dry run of the compiled graph (Compiled._prebuild) on empty arrays laid
+        out as the FX metadata says the inputs and every extern cluster's results will be, so
+        every segment's kernels are rendered now (no kernel runs, none compiles). The first call
+        of any runner then compiles the pending kernels of every runner in one batch, on every
+        core (_load_pending): a graph's segments, and the forward and backward graphs, no longer
+        compile one after another. Where a layout was mispredicted, the real call builds that
+        plan itself, as without the batch."""
+        try:
+            arrays = [p if k == "const" else _fake_array(self._arg_layouts[p]) for k, p in self.inputs]
+            stand_ins = [fn if nodes is None else _fake_results(nodes) for fn, nodes in self._replays]
+            self.compiled._prebuild(tuple(arrays), stand_ins)
+        except Exception as e:          # e.g. a layout the metadata did not tell: the call builds it
+            log.debug("fastcompile: no batch compile for this graph: %s: %s", type(e).__name__, e)
+        # after a failure too: the plans rendered before it still compile in the batch
+        self._pending = True
+        with _PENDING_LOCK:
+            _PENDING.add(self)
 
     def _lower(self, gm, example_inputs):
         L = _Lowering(gm, example_inputs)
@@ -1296,6 +1320,10 @@ class FxGraphRunner:
         self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg"]
         self._cache = {}
         self._replays = L.g.replays
+        ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._arg_layouts = {i: _layout_of(_meta(ph[i]) if i < len(ph) and _meta(ph[i]) is not None
+                                           else example_inputs[i])
+                             for k, i in L.inputs if k == "arg"}
 
     @property
     def kernels(self):
@@ -1379,6 +1407,8 @@ class FxGraphRunner:
 
         def build(arrays=tuple(arrays), stand_ins=stand_ins):
             try:
+                if self._pending:
+                    _load_pending(self)
                 self.compiled._warm(arrays, stand_ins)
             except BaseException as e:         # reported by the next call, which builds again
                 w.error = e
@@ -1401,6 +1431,8 @@ class FxGraphRunner:
         if self.fallback is not None:
             out = self.gm(*args)
             return list(out) if isinstance(out, (tuple, list)) else [out]
+        if self._pending and not self._async:
+            _load_pending(self)
         if self._async:
             out = self._call_async(args)
             if out is not None:
@@ -1454,6 +1486,109 @@ class _Recorder(torch.fx.Interpreter):
         if n in self.keep:
             self.values[n] = r
         return r
+
+
+# batch compile (FxGraphRunner._prebuild): runners whose rendered kernels wait for a batch
+_PENDING = weakref.WeakSet()
+_PENDING_LOCK = threading.Lock()      # guards _PENDING and each runner's _batch; held briefly
+
+
+def _new_lock_in_child():
+    global _PENDING_LOCK
+    _PENDING_LOCK = threading.Lock()  # a fork may copy it held by a thread the child does not have
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+class _Batch:
+    """One batch compile: the process that runs it, and when it is done."""
+
+    def __init__(self):
+        self.pid = os.getpid()
+        self.done = threading.Event()
+
+
+def _load_pending(runner):
+    """Compiles the pending kernels of every runner in one batch (Compiled._load_pending), for
+    `runner`'s call: the compiler runs on every core, for a graph's segments and for the forward
+    and backward graphs alike. A runner another thread's batch took waits for that batch (outside
+    the lock). A compile failure is left to the calls that need the kernel, which raise it as
+    without the batch; in a forked child, a batch of the parent's is not waited for."""
+    with _PENDING_LOCK:
+        batch = runner._batch
+        if batch is not None and batch.pid != os.getpid():
+            runner._pending = False           # the parent's batch: this call loads its own plans
+            return
+        mine = batch is None
+        if mine:
+            batch = _Batch()
+            runners = [r for r in list(_PENDING) if r._pending and r._batch is None and r.compiled is not None]
+            if runner not in runners:
+                runners.append(runner)
+            for r in runners:
+                r._batch = batch
+                _PENDING.discard(r)
+    if not mine:
+        batch.done.wait()
+        return
+    try:
+        type(runner.compiled)._load_pending([r.compiled for r in runners])
+    except Exception as e:
+        log.debug("fastcompile: batch compile failed (%s: %s); each call compiles its own", type(e).__name__, e)
+    finally:
+        for r in runners:
+            r._pending = False
+        batch.done.set()
+
+
+def _layout_of(meta):
+    """(NumPy dtype, shape, element strides) of the array the core will be given for a tensor
+    described by `meta` (a FakeTensor, or any tensor), or None for a value that is no tensor.
+    bfloat16 is widened on entry by .float(), which keeps dense strides and makes others C
+    order (preserve_format)."""
+    if not isinstance(meta, torch.Tensor):
+        return None
+    name = _core_dtype(meta.dtype)
+    if name is None:
+        raise TypeError("no core dtype for %s" % meta.dtype)
+    shape = tuple(int(n) for n in meta.shape)
+    strides = tuple(int(st) for st in meta.stride())
+    if meta.dtype == torch.bfloat16 and not _dense(shape, strides):
+        strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
+    return np.dtype(name), shape, strides
+
+
+def _dense(shape, strides):
+    """Whether a tensor of these shape and strides covers its memory without gaps or overlap."""
+    expect = 1
+    for n, st in sorted(((n, st) for n, st in zip(shape, strides) if n > 1), key=lambda p: p[1]):
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
+def _fake_array(layout):
+    """An uninitialised NumPy array of a _layout_of layout (None: the empty array _to_numpy gives
+    for a slot nobody reads): the layout selects the plan."""
+    if layout is None:
+        return np.empty((0,), np.float32)
+    dt, shape, strides = layout
+    if any(n == 0 for n in shape):
+        return np.empty(shape, dt)
+    base = np.empty(1 + sum((n - 1) * st for n, st in zip(shape, strides)), dt)
+    return np.lib.stride_tricks.as_strided(base, shape, tuple(st * base.itemsize for st in strides))
+
+
+def _fake_results(nodes):
+    """An extern stand-in for _prebuild: empty arrays laid out as the cluster's results will be."""
+    res = [_fake_array(_layout_of(_meta(n))) for n in nodes]
+    if len(res) == 1:
+        return lambda *a: res[0]
+    res = tuple(res)
+    return lambda *a: res
 
 
 def _replay(values, nodes):
@@ -1516,5 +1651,22 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
             record.append(runner)
         return make_boxed_func(runner)
 
-    return aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                        decompositions=decompositions)(gm, example_inputs)
+    compile_fn = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
+                              decompositions=decompositions)
+    # The backward graph is lowered now, beside the forward, rather than at the first backward
+    # call (aot_autograd's lazy default): with batch compile, the forward's first call then
+    # compiles both graphs' kernels in one batch on every core. Lowering costs milliseconds; a
+    # backward that never runs (a training-mode module called without no_grad) costs its
+    # kernels' compile once, in that batch.
+    from torch._functorch import config as functorch_config
+    if config.get("batch_compile") and hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        n_record = len(record) if record is not None else 0
+        try:
+            with functorch_config.patch(force_non_lazy_backward_lowering=True):
+                return compile_fn(gm, example_inputs)
+        except Exception as e:      # with the flag, aot_autograd raises what its lazy path would defer
+            log.warning("fastcompile: compiling the backward graph ahead failed (%s: %s); it compiles at "
+                        "the first backward call instead", type(e).__name__, e)
+            if record is not None:
+                del record[n_record:]           # the runners of the attempt that failed
+    return compile_fn(gm, example_inputs)
