@@ -30,6 +30,11 @@ Columns:
               as in a training loop; each of them runs as plain torch)
   peak MB     peak resident set over the warm-up steps above the resident set before them
               (Linux: VmHWM after resetting it through /proc/self/clear_refs)
+
+A second table puts the cold compiles beside the floor every backend behind aot_autograd pays:
+the first call of torch.compile(backend="aot_eager") (Dynamo's trace, aot_autograd's forward and
+backward graphs, one eager run). "ind / floor" is the most any such backend could gain on
+Inductor's cold compile.
 """
 import argparse
 import copy
@@ -152,6 +157,7 @@ def prewarm():
         with torch.no_grad():
             make()(x)
         reset()
+    torch.compile(lin, backend="aot_eager")(x).sum().backward()      # floor_cold's backend
     torch._dynamo.reset()
     fastcompile.reset()
 
@@ -187,6 +193,7 @@ def bench(name, make_model, x, train, iters, warmup):
         for _ in range(warmup):
             step(run, x)
         info[cfg] = (cold, warm, peak_since(rss0)) + (async_first_call(base, train, x) if cfg == "fastcompile" else (None, None))
+    floor = floor_cold(base, train, x)
     torch._dynamo.reset()
     fastcompile.reset()
     runs = {}
@@ -207,7 +214,27 @@ def bench(name, make_model, x, train, iters, warmup):
         cold, warm, peak, first, ready = info[cfg]
         vs = paired(ts["inductor"], ts[cfg])
         rows.append([name, "train" if train else "infer", cfg, med, eager / med, vs, cold, warm, first, ready, peak])
+    FLOORS.append((name, "train" if train else "infer", floor, info["fastcompile"][0], info["fc.compile"][0],
+                   info["inductor"][0]))
     return rows
+
+
+FLOORS = []     # per model and mode: (name, mode, floor s, fastcompile cold, fc.compile cold, inductor cold)
+
+
+def floor_cold(base, train, x):
+    """The first call of torch.compile(backend="aot_eager"): Dynamo's trace, aot_autograd's
+    (forward and backward graphs, decompositions) and one eager run of the result. Every
+    backend behind aot_autograd pays this before its own compile, Inductor included."""
+    torch._dynamo.reset()
+    model = copy.deepcopy(base).train(train)
+    step = make_step(model, train)
+    run = torch.compile(model, backend="aot_eager", dynamic=False)
+    t0 = time.perf_counter()
+    step(run, x)
+    t = time.perf_counter() - t0
+    torch._dynamo.reset()
+    return t
 
 
 def paired(base, other, resamples=2000):
@@ -270,6 +297,13 @@ def main(args):
         vs = "%.3f (%.3f-%.3f)" % r[5]
         r = r[:5] + [vs] + r[6:8] + ["%8.2f" % v if v is not None else "%8s" % "-" for v in r[8:10]] + r[10:]
         print("%-12s %-6s %-12s %9.3f %7.2fx %-19s %8.2f %8.2f %s %s %8.1f" % tuple(r))
+    print()
+    print("cold compile against the floor (aot_eager: Dynamo + aot_autograd + one eager run) and inductor")
+    print("%-12s %-6s %8s %10s %10s %10s %12s %12s" % ("model", "mode", "floor s", "fc cold s", "fc.compile",
+                                                       "ind cold s", "ind / fc", "ind / floor"))
+    for name, mode, floor, fc, fcc, ind in FLOORS:
+        print("%-12s %-6s %8.2f %10.2f %10.2f %10.2f %11.1fx %11.1fx" % (name, mode, floor, fc, fcc, ind, ind / fc,
+                                                                        ind / floor))
 
 
 if __name__ == "__main__":
