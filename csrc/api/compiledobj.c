@@ -377,12 +377,11 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer)
         }
     }
     if ((p = cached_plan(seg, metas)) == NULL) {
-        p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin), defer);
-        if (p == NULL) {
+        if ((p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin))) == NULL) {
             goto done;
         }
-        /* the build lets other threads in (the compiler runs without the GIL):
-         * one of them may have built and added the same plan meanwhile */
+        /* the build may let other threads in (its debug log runs Python):
+         * one of them may have added the same plan meanwhile */
         FcPlan *q = cached_plan(seg, metas);
         if (q != NULL) {
             fc_plan_free(p);
@@ -393,17 +392,15 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer)
             seg->plans = p;
             seg->nplans++;
             c->nplans++;
-            if (p->loaded && plan_loaded(c, p) < 0) {
-                p = NULL;   /* the plan stays cached; this call fails */
-                goto done;
-            }
         }
     }
     if (!p->loaded && !defer) {
+        /* the compiler runs without the GIL: another thread may load p
+         * meanwhile, and only the one that does records it (newly) */
         FcPlan *one[1] = {p};
         char newly = 0;
         if (fc_plan_load(one, 1, &newly) < 0 || (newly && plan_loaded(c, p) < 0)) {
-            p = NULL;
+            p = NULL;               /* the plan stays cached; this call fails */
         }
     }
 done:

@@ -1503,11 +1503,13 @@ run_jobs(FcJob *const *jobs, int n)
 }
 
 /* After job j ran: its counters, log lines and warnings; on success a table
- * entry for it (or the one another thread registered meanwhile) in *out.
+ * entry for its key and symbol (or the one another thread registered
+ * meanwhile) in *out.
  * GIL held. 0, or -1 with an exception set. */
 static int
-job_finish(FcJob *j, const char *key, const char *symbol, FcEntry **out)
+job_finish(FcJob *j, FcEntry **out)
 {
+    const char *key = j->key, *symbol = j->symbol;
     FcEntry *e;
     rt.compiles += j->compiled;
     rt.disk_hits += j->disk_hit;
@@ -1632,7 +1634,7 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     FcJob **order = NULL;                   /* the order they run in */
     FcEntry **found = NULL, **made = NULL;  /* per item; per job (its entry once finished) */
     char (*keys)[65] = NULL;
-    char *pch = NULL, *tried = NULL;        /* tried: per job, job_finish ran (made[j] NULL: it failed) */
+    char *pch = NULL;
     PyObject *et = NULL, *ev = NULL, *etb = NULL;   /* owned: the first job's failure, raised at the end */
     int *job_of = NULL, njobs = 0, pch_job = 0, rc = -1, cap = n > 0 ? n : 1;   /* cap: no zero-size allocations */
 
@@ -1651,9 +1653,8 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     keys = PyMem_Calloc(cap, sizeof(*keys));
     job_of = PyMem_Calloc(cap, sizeof(int));
     made = PyMem_Calloc(cap, sizeof(FcEntry *));
-    tried = PyMem_Calloc(cap, 1);
     if (jobs == NULL || order == NULL || found == NULL || keys == NULL || job_of == NULL
-        || made == NULL || tried == NULL) {
+        || made == NULL) {
         PyErr_NoMemory();
         goto cleanup;
     }
@@ -1717,25 +1718,22 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
         }
     }
     /* every job is finished, failed or not, so the kernels that did compile
-     * are usable (outs[i]) even when another one failed */
-    for (int i = 0; i < n; i++) {
-        int j = job_of[i];
-        if (found[i] != NULL) {
-            continue;
-        }
-        /* a kernel twice in the batch shares its job: finish that once */
-        if (!tried[j]) {
-            tried[j] = 1;
-            if (job_finish(&jobs[j], keys[i], symbols[i], &made[j]) < 0) {
-                if (et == NULL) {
-                    PyErr_Fetch(&et, &ev, &etb);
-                }
-                else {
-                    PyErr_Clear();
-                }
+     * are usable (outs[i]) even when another one failed; a kernel twice in
+     * the batch shares its job */
+    for (int j = 0; j < njobs; j++) {
+        if (job_finish(&jobs[j], &made[j]) < 0) {
+            if (et == NULL) {
+                PyErr_Fetch(&et, &ev, &etb);
+            }
+            else {
+                PyErr_Clear();
             }
         }
-        found[i] = made[j];
+    }
+    for (int i = 0; i < n; i++) {
+        if (found[i] == NULL) {
+            found[i] = made[job_of[i]];
+        }
     }
     if (rt.dump_dir) {
         for (int i = 0; i < n; i++) {
@@ -1763,7 +1761,6 @@ cleanup:
     Py_XDECREF(et);
     Py_XDECREF(ev);
     Py_XDECREF(etb);
-    PyMem_Free(tried);
     for (int k = 0; jobs != NULL && k < njobs + pch_job; k++) {
         job_free(&jobs[k]);
     }

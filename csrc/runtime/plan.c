@@ -215,10 +215,10 @@ fc_plan_load(FcPlan *const *plans, int n, char *newly)
         }
         j += p->nkernels;
     }
-    if (plan_rt.c.debug >= 1 && nplans > 1) {
+    if (plan_rt.c.debug >= 1) {
         char msg[160];
-        snprintf(msg, sizeof(msg), "loaded %d of %d plans (%d kernels) in one batch in %.1f ms",
-                 nloaded, nplans, total, ms);
+        snprintf(msg, sizeof(msg), "loaded %d of %d plan%s (%d kernel%s) in one batch in %.1f ms",
+                 nloaded, nplans, nplans == 1 ? "" : "s", total, total == 1 ? "" : "s", ms);
         log_debug(msg);                       /* keeps a pending exception */
     }
 cleanup:
@@ -341,7 +341,7 @@ render_kernel(Renderer render, const FcSpec *s, int k, const char *ghash, const 
 }
 
 FcPlan *
-fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin, int defer)
+fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin)
 {
     FcPlan *p = NULL;
     FcSpec *s;
@@ -424,17 +424,10 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
     }
     p->nkernels = s->nkernels;
     p->compile_ms = fc_disk_now_ms() - t0;
-    if (!defer) {
-        FcPlan *one[1] = {p};
-        if (fc_plan_load(one, 1, NULL) < 0) {     /* the compiler runs for all of them at once */
-            goto error;
-        }
-    }
     if (plan_rt.c.debug >= 1) {
         char msg[256];
-        snprintf(msg, sizeof(msg), "%s plan for graph %s (%s): %d kernel%s in %.1f ms",
-                 defer ? "rendered (compile deferred)" : "built", ghash, origin ? origin : "?",
-                 p->nkernels, p->nkernels == 1 ? "" : "s", p->compile_ms);
+        snprintf(msg, sizeof(msg), "rendered plan for graph %s (%s): %d kernel%s in %.1f ms",
+                 ghash, origin ? origin : "?", p->nkernels, p->nkernels == 1 ? "" : "s", p->compile_ms);
         log_debug(msg);
     }
     return p;
@@ -814,6 +807,10 @@ fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
     int64_t stack_sizes[FC_STACK_CLASSES], *sizes = stack_sizes;
     int rc = -1, nalloc = 0;
 
+    if (!dry && !p->loaded) {
+        PyErr_SetString(PyExc_SystemError, "fastcompile: a plan ran before its kernels were loaded");
+        return -1;
+    }
     if (s->nslots > FC_STACK_SLOTS) {
         arrs = PyMem_Malloc(s->nslots * sizeof(PyArrayObject *));
     }
@@ -869,10 +866,6 @@ fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
             }
             nalloc = i + 1;
         }
-    }
-    if (!dry && !p->loaded) {
-        PyErr_SetString(PyExc_SystemError, "fastcompile: a plan ran before its kernels were loaded");
-        goto cleanup;
     }
     for (int o = 0; !dry && o < p->nkernels; o++) {
         if (launch(p, o, arrs, sizes, autotune) < 0) {

@@ -25,7 +25,7 @@ typedef struct FcPlan {
     FcPlanKernel *kernels; int nkernels;
     char *dump;               /* the fused segment, for explain() and debug */
     double compile_ms;
-    int loaded;               /* kernels loaded; 0 while a deferred build waits for fc_plan_load */
+    int loaded;               /* kernels loaded (fc_plan_load); 0 from fc_plan_build until then */
 } FcPlan;
 
 /* A segment: the core nodes between two rounds of extern calls. */
@@ -56,18 +56,19 @@ FC_INTERNAL int fc_plan_typenum(int dtype);
  * with TypeError for a dtype the core does not have. arr: borrowed. */
 FC_INTERNAL int fc_plan_meta(PyObject *arr, FcMeta *m);
 
-/* Build a plan for `metas` (shape inference, fusion, codegen, compile/load).
- * origin: "file:line" for kernel headers. defer: render the kernels but load
- * (compile) none; fc_plan_load does, for many plans in one batch. Returns a
- * new plan or NULL + exception. */
+/* Build a plan for `metas` (shape inference, fusion, codegen): its kernels
+ * rendered, none loaded; fc_plan_load compiles and loads them, for many plans
+ * in one batch. origin: "file:line" for kernel headers. Returns a new plan or
+ * NULL + exception. */
 FC_INTERNAL FcPlan *fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
-                                  const char *origin, int defer);
+                                  const char *origin);
 /* Loads the kernels of every plan in plans[0..n) that is not loaded yet, in
  * one batch (the compiler runs for all of them at once, without the GIL).
  * newly[i] (may be NULL) is set to 1 for each plan this call loaded: 0 for
  * one loaded before, or by another thread meanwhile. Each plan loaded here
  * gets an even share of the batch's wall time in compile_ms. GIL held.
- * 0, or -1 with an exception set (the plans stay unloaded). */
+ * 0, or -1 with an exception set (the first compile failure): then the plans
+ * whose kernels all compiled are loaded all the same, the others are not. */
 FC_INTERNAL int fc_plan_load(FcPlan *const *plans, int n, char *newly);
 FC_INTERNAL void fc_plan_free(FcPlan *p);
 

@@ -34,6 +34,7 @@ import weakref
 
 import numpy as np
 import torch
+import torch._prims_common as _prims
 import torch.fx
 
 # Where torch ships its own renamed libgomp, our kernels load a second OpenMP runtime; with both
@@ -263,6 +264,7 @@ class _Lowering:
         self.g = _RecordingGraph()
         self.env = {}              # FX node -> _Rec | tuple | python value | _Cluster (pending)
         self.inputs = []           # (kind, payload): ("arg", index) | ("const", ndarray)
+        self.arg_layouts = {}      # "arg" index -> _layout_of its example (batch compile's stand-ins)
         self.carriers = {}         # tshape -> core bool input of that shape (stride 0)
         self.core_ops = 0
         self.extern_calls = 0
@@ -432,6 +434,7 @@ class _Lowering:
                     self.env[node] = None
                     continue
                 v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape, _meta_strides(meta))
+                self.arg_layouts[idx] = _layout_of(meta)
                 self.env[node] = _Rec(v, shape, shape, meta.dtype)
             elif node.op == "get_attr":
                 t = getattr(self.gm, node.target) if "." not in node.target else self.gm.get_submodule(
@@ -1320,10 +1323,7 @@ class FxGraphRunner:
         self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg"]
         self._cache = {}
         self._replays = L.g.replays
-        ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self._arg_layouts = {i: _layout_of(_meta(ph[i]) if i < len(ph) and _meta(ph[i]) is not None
-                                           else example_inputs[i])
-                             for k, i in L.inputs if k == "arg"}
+        self._arg_layouts = L.arg_layouts
 
     @property
     def kernels(self):
@@ -1522,11 +1522,9 @@ def _load_pending(runner):
             runner._pending = False           # the parent's batch: this call loads its own plans
             return
         mine = batch is None
-        if mine:
+        if mine:                              # runner is in _PENDING (from _prebuild until a batch takes it)
             batch = _Batch()
-            runners = [r for r in list(_PENDING) if r._pending and r._batch is None and r.compiled is not None]
-            if runner not in runners:
-                runners.append(runner)
+            runners = [r for r in list(_PENDING) if r._pending]
             for r in runners:
                 r._batch = batch
                 _PENDING.discard(r)
@@ -1554,20 +1552,10 @@ def _layout_of(meta):
     if name is None:
         raise TypeError("no core dtype for %s" % meta.dtype)
     shape = tuple(int(n) for n in meta.shape)
-    strides = tuple(int(st) for st in meta.stride())
-    if meta.dtype == torch.bfloat16 and not _dense(shape, strides):
-        strides = tuple(int(np.prod(shape[d + 1:])) for d in range(len(shape)))
-    return np.dtype(name), shape, strides
-
-
-def _dense(shape, strides):
-    """Whether a tensor of these shape and strides covers its memory without gaps or overlap."""
-    expect = 1
-    for n, st in sorted(((n, st) for n, st in zip(shape, strides) if n > 1), key=lambda p: p[1]):
-        if st != expect:
-            return False
-        expect *= n
-    return True
+    strides = meta.stride()
+    if meta.dtype == torch.bfloat16 and not _prims.is_non_overlapping_and_dense_or_false(meta):
+        strides = _prims.make_contiguous_strides_for(shape)
+    return np.dtype(name), shape, tuple(int(st) for st in strides)
 
 
 def _fake_array(layout):
@@ -1582,22 +1570,23 @@ def _fake_array(layout):
     return np.lib.stride_tricks.as_strided(base, shape, tuple(st * base.itemsize for st in strides))
 
 
-def _fake_results(nodes):
-    """An extern stand-in for _prebuild: empty arrays laid out as the cluster's results will be."""
-    res = [_fake_array(_layout_of(_meta(n))) for n in nodes]
+def _stand_in(res):
+    """An extern stand-in returning the arrays `res` as an extern cluster of len(res) results
+    would (one array, or a tuple)."""
     if len(res) == 1:
         return lambda *a: res[0]
     res = tuple(res)
     return lambda *a: res
+
+
+def _fake_results(nodes):
+    """An extern stand-in for _prebuild: empty arrays laid out as the cluster's results will be."""
+    return _stand_in([_fake_array(_layout_of(_meta(n))) for n in nodes])
 
 
 def _replay(values, nodes):
     """An extern stand-in returning, as an extern cluster would, the arrays of recorded values."""
-    res = [_to_numpy(values[n]) for n in nodes]
-    if len(res) == 1:
-        return lambda *a: res[0]
-    res = tuple(res)
-    return lambda *a: res
+    return _stand_in([_to_numpy(values[n]) for n in nodes])
 
 
 def fx_to_graph(gm, example_inputs, mode="default"):
