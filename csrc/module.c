@@ -76,6 +76,7 @@ static PyMethodDef mod_methods[] = {
      "forget loaded kernels; with disk=True (default) also empty the disk cache"},
     {"_mxcsr", mod_mxcsr, METH_NOARGS, "the MXCSR register (tests)"},
     {"_cpu_load", fc_cpu_py_load, METH_VARARGS, "compile or load C source (tests)"},
+    {"_cpu_load_many", fc_cpu_py_load_many, METH_O, "compile or load several C sources in one batch (tests)"},
     {"cuda_info", fc_cuda_py_info, METH_NOARGS,
      "CUDA status: NVRTC and driver found (paths, versions), device count or why there is none"},
     {"_cuda_compile", (PyCFunction)(void (*)(void))fc_cuda_py_compile, METH_VARARGS | METH_KEYWORDS,

@@ -308,3 +308,44 @@ def test_comment_end_in_the_callers_path_does_not_break_the_kernel(tmp_path):
     values, header = r.stdout.splitlines()
     assert np.allclose(eval(values), [0.8413447, -0.04550026], rtol=1e-6)
     assert "odd*\\/make.py" in header, header
+
+
+def _segments_graph(n, k):
+    """x -> add k -> extern -> add 2k -> extern ... : n segments, so n plans of one kernel each."""
+    g = Graph()
+    v = g.input("float32", 2)
+    for i in range(n):
+        v = g.call("add", v, k * (i + 1))
+        if i < n - 1:
+            v = g.extern(lambda a: a * 2, v)
+    g.output(v)
+    return g.compile()
+
+
+@pytest.mark.parametrize("bundles", [True, False])
+def test_batch_compile_bundles_kernels_per_compiler_run(cache_dir, bundles):
+    """The compile_bundles knob, end to end: a batch (Compiled._load_pending) with more kernels
+    than CPUs compiles them in one compiler run per CPU, or one run per kernel with the knob off;
+    the results are the same either way."""
+    workers = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)
+    n = workers + 2
+    k = 1.0 + 2.0 ** -7 * (3 if bundles else 5)
+    c = _segments_graph(n, k)
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    old = fastcompile.config.get("compile_bundles")
+    fastcompile.config.set(compile_bundles=bundles)
+    try:
+        c._prebuild((a,), [np.empty_like] * (n - 1))
+        before = fastcompile.stats()
+        assert fastcompile.graph.Compiled._load_pending([c]) == n
+        after = fastcompile.stats()
+    finally:
+        fastcompile.config.set(compile_bundles=old)
+    assert after["compiles"] - before["compiles"] == n
+    assert after["compiler_runs"] - before["compiler_runs"] == (workers if bundles else n)
+    want = a
+    for i in range(n):
+        want = want + np.float32(k * (i + 1))
+        if i < n - 1:
+            want = want * 2
+    np.testing.assert_allclose(c(a)[0], want, rtol=1e-6)

@@ -72,7 +72,7 @@ def make_cfg(cache_dir, **over):
 
 def stats_delta(before):
     after = _C.stats()
-    return {k: after[k] - before[k] for k in ("compiles", "disk_hits", "memory_hits")}
+    return {k: after[k] - before[k] for k in ("compiles", "compiler_runs", "disk_hits", "memory_hits")}
 
 
 @pytest.fixture(autouse=True)
@@ -936,3 +936,185 @@ def test_configure_validates(tmp_path):
         _C._configure(make_cfg(tmp_path, compile_timeout=0))
     for _ in range(50):   # repeated reconfiguration frees the old strings (ASan build)
         _C._configure(make_cfg(tmp_path / "cache", cflags="-DX=1 -DY=2", dump_dir=None))
+
+
+# ---------------------------------------------------------------------------
+# bundles: a batch with more kernels to compile than CPUs, several to a run
+# ---------------------------------------------------------------------------
+
+WORKERS = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)    # cpu.c's worker_count
+
+
+def named_kernel(name, ret, tag=None, body=""):
+    """A kernel shaped as the renderer makes them: a comment, then #include "fc_kernel.h", a
+    static helper named after the kernel, and the exported entry point `name`. The tag (unique
+    unless given) goes after the #include: the key leaves out the leading comment."""
+    return (f"/* a test kernel */\n#include \"fc_kernel.h\"\n/* {tag or uuid.uuid4().hex} */\n\n"
+            f"static int\n{name}_value(void)\n{{\n    return {ret};\n}}\n\n"
+            f"FC_EXPORT int\n{name}(const fc_launch *L)\n{{\n    (void)L;\n{body}"
+            f"    return {name}_value();\n}}\n")
+
+
+def batch(n, tag=None, first=0):
+    tag = tag or uuid.uuid4().hex
+    return [(named_kernel("fc_b%d" % i, 100 + i, tag=tag), "fc_b%d" % i) for i in range(first, first + n)]
+
+
+def test_bundles_compile_a_batch_in_one_compiler_run_per_cpu(cache):
+    """More kernels than CPUs: one compiler run per CPU, each making one .so that every kernel in
+    it publishes under its own key (hard links to one file, mapped once); each key keeps its own
+    .c; no temporary is left; and a process that lost its memory cache finds every kernel on
+    disk."""
+    n = WORKERS + 3
+    jobs = batch(n)
+    before = _C.stats()
+    res = _C._cpu_load_many(jobs)
+    d = stats_delta(before)
+    assert d["compiles"] == n and d["compiler_runs"] == WORKERS and d["disk_hits"] == 0
+    assert [call(r) for r in res] == [100 + i for i in range(n)]
+    inodes = [os.stat(r["so_path"]).st_ino for r in res]
+    assert len(set(inodes)) == WORKERS and len({r["key"] for r in res}) == n
+    for (src, sym), r, ino in zip(jobs, res, inodes):
+        assert os.stat(r["so_path"]).st_nlink == inodes.count(ino)
+        assert mapped_inode(r["fn"]) == ino
+        assert open(r["c_path"]).read() == src
+    assert not [f.name for f in cache.rglob("*") if ".bundle." in f.name or ".tmp" in f.name]
+    _C.cache_clear(disk=False)
+    before = _C.stats()
+    again = _C._cpu_load_many(jobs)
+    assert stats_delta(before) == {"compiles": 0, "compiler_runs": 0, "disk_hits": n, "memory_hits": 0}
+    assert [call(r) for r in again] == [100 + i for i in range(n)]
+
+
+def test_bundles_off_one_compiler_run_per_kernel(tmp_path):
+    _C._configure(make_cfg(tmp_path / "cache", compile_bundles=False))
+    n = WORKERS + 2
+    before = _C.stats()
+    res = _C._cpu_load_many(batch(n))
+    d = stats_delta(before)
+    assert d["compiles"] == n and d["compiler_runs"] == n
+    assert len({os.stat(r["so_path"]).st_ino for r in res}) == n
+    assert [call(r) for r in res] == [100 + i for i in range(n)]
+
+
+def test_bundles_never_put_one_symbol_twice_in_a_run(cache):
+    """Kernels that share a symbol would clash in one translation unit: each goes to another
+    run. All fc_k (the tests' usual symbol): one run each. One more fc_b0 in a bundled batch:
+    the two fc_b0 land in different files, and both return their own value."""
+    n = WORKERS + 2
+    same = [(kernel(10 + i, include="fc_kernel.h"), "fc_k") for i in range(n)]
+    before = _C.stats()
+    res = _C._cpu_load_many(same)
+    assert stats_delta(before)["compiler_runs"] == n
+    assert [call(r) for r in res] == [10 + i for i in range(n)]
+    jobs = batch(n) + [(named_kernel("fc_b0", 7), "fc_b0")]
+    before = _C.stats()
+    res = _C._cpu_load_many(jobs)
+    d = stats_delta(before)
+    assert d["compiles"] == n + 1 and d["compiler_runs"] == max(WORKERS, 2)   # 1 CPU: it goes alone
+    assert [call(r) for r in res] == [100 + i for i in range(n)] + [7]
+    assert os.stat(res[0]["so_path"]).st_ino != os.stat(res[-1]["so_path"]).st_ino
+
+
+@pytest.mark.parametrize("odd", ["other_include", "define"])
+def test_bundles_take_only_rendered_kernels(cache, odd):
+    """A source that starts with another #include, or #defines a macro (which would leak into
+    the kernels after it), compiles alone; the rest still share runs."""
+    n = WORKERS + 2
+    if odd == "define":
+        src = named_kernel("fc_odd", 5, body="#define FC_TEST_ODD 1\n")
+    else:
+        src = "#include \"fc_launch.h\"\n" + named_kernel("fc_odd", 5).replace("FC_EXPORT", "__attribute__((visibility(\"default\")))")
+    before = _C.stats()
+    res = _C._cpu_load_many(batch(n) + [(src, "fc_odd")])
+    assert stats_delta(before)["compiler_runs"] == WORKERS + 1
+    assert [call(r) for r in res] == [100 + i for i in range(n)] + [5]
+
+
+def test_bundle_that_fails_compiles_each_kernel_alone(cache):
+    """One kernel that does not compile fails its whole run; then each kernel of that run
+    compiles alone: the error is the bad kernel's (its own source, not the bundle's), and every
+    other kernel is loaded (a second batch finds them all in memory). 2 kernels per run: the
+    bad one (the longest) leads one, and the last good one joins it."""
+    n = 2 * WORKERS - 1
+    good = batch(n)
+    bad = (named_kernel("fc_bad", 0, body="    this is not C;\n"), "fc_bad")
+    before = _C.stats()
+    with pytest.raises(RuntimeError) as e:
+        _C._cpu_load_many(good + [bad])
+    msg = str(e.value)
+    assert "'fc_bad'" in msg and "this is not C" in msg
+    listing = msg.split("--- source ---", 1)[1]
+    assert listing.count("FC_EXPORT") == 1 and "fc_b0" not in listing
+    d = stats_delta(before)
+    assert d["compiles"] == n + 1 and d["compiler_runs"] == WORKERS + 2
+    before = _C.stats()
+    res = _C._cpu_load_many(good)
+    assert stats_delta(before) == {"compiles": 0, "compiler_runs": 0, "disk_hits": 0, "memory_hits": n}
+    assert [call(r) for r in res] == [100 + i for i in range(n)]
+
+
+@pytest.mark.skipif(IS_CLANG, reason="the precompiled header is GCC's")
+def test_bundled_batch_builds_no_precompiled_header(tmp_path):
+    """Each bundle parses the header once anyway: the batch does not hold a worker up building
+    the .gch. The next batch that compiles kernels one per run builds it."""
+    cache = tmp_path / "cache"
+    cc, calls = logging_cc(tmp_path)
+    _C._configure(make_cfg(cache, cc=cc, pch=True))
+    res = _C._cpu_load_many(batch(WORKERS + 1))
+    assert [call(r) for r in res] == [100 + i for i in range(WORKERS + 1)]
+    assert gch_of(cache) is None and not any("-x c-header" in c for c in calls())
+    assert call(_C._cpu_load(pch_kernel(77), "fc_k")) == 77
+    gch = gch_of(cache)
+    assert gch is not None
+    # with the .gch there, bundles use it: only the first kernel of a bundle may #include the
+    # header (a second #include would look for it in the .gch's folder and fail the run)
+    n = len(calls())
+    before = _C.stats()
+    res = _C._cpu_load_many(batch(WORKERS + 1, first=50))
+    assert [call(r) for r in res] == [150 + i for i in range(WORKERS + 1)]
+    d = stats_delta(before)
+    assert d["compiles"] == WORKERS + 1 and d["compiler_runs"] == WORKERS
+    runs = calls()[n:]
+    assert len(runs) == WORKERS and all("-I" + str(gch.parent) in r.split() for r in runs)
+
+
+LOAD_MANY_CHILD = NO_TORCH + r"""
+import json, sys, os, time, ctypes
+sys.path.insert(0, sys.argv[1])
+from fastcompile import _C
+job = json.load(open(sys.argv[2]))
+_C._configure(job["cfg"])
+open(job["start_file"] + ".ready.%d" % os.getpid(), "w").close()
+while not os.path.exists(job["start_file"]):
+    time.sleep(0.001)
+res = _C._cpu_load_many([tuple(j) for j in job["jobs"]])
+rets = [ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(r["fn"])(None) for r in res]
+print(json.dumps({"rets": rets, "stats": _C.stats()}))
+"""
+
+
+def test_bundles_published_by_two_processes_at_once(tmp_path):
+    """Two processes compile the same batch at the same moment: each kernel's key is published
+    once (whoever links first), the other process loads that file after checking it, and both
+    get every kernel right."""
+    cache = tmp_path / "cache"
+    cfg = make_cfg(cache)
+    jobs = batch(WORKERS + 3)
+    script = tmp_path / "many.py"
+    script.write_text(LOAD_MANY_CHILD)
+    start = str(tmp_path / "go")
+    procs = []
+    for i in range(2):
+        job = tmp_path / f"job{i}.json"
+        job.write_text(json.dumps({"cfg": cfg, "jobs": jobs, "start_file": start}))
+        procs.append(subprocess.Popen([sys.executable, str(script), PKG_ROOT, str(job)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    wait_ready(start, procs)
+    open(start, "w").close()
+    reports = [finish(p) for p in procs]
+    for r in reports:
+        assert r["rets"] == [100 + i for i in range(len(jobs))]
+        assert r["stats"]["compiles"] + r["stats"]["disk_hits"] == len(jobs)
+    assert len(list(cache.rglob("*.so"))) == len(jobs)
+    assert not [f.name for f in cache.rglob("*") if ".bundle." in f.name or ".tmp" in f.name]

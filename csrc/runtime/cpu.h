@@ -25,14 +25,16 @@ FC_INTERNAL int fc_cpu_configure(PyObject *cfg);
 FC_INTERNAL int fc_cpu_load(const char *source, const char *symbol, FcLoaded *out);
 
 /* fc_cpu_load for n kernels at once: the ones missing from both caches are
- * compiled concurrently, up to one compiler per online CPU. outs[i] for
+ * compiled concurrently, up to one compiler per online CPU, several to a
+ * compiler run when there are more of them than CPUs. outs[i] for
  * sources[i]/symbols[i]. 0, or -1 with an exception set (the first failure);
  * after a compile failure, outs[i].fn is NULL for each kernel that failed and
  * set for each one that loaded. */
 FC_INTERNAL int fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols,
                                  FcLoaded *outs);
 
-/* Counters: compiles (compiler invocations), disk_hits, memory_hits.
+/* Counters: compiles (kernels compiled), compiler_runs (compiler processes: a
+ * bundle of kernels takes one), disk_hits, memory_hits.
  * Returns a new reference to a dict. */
 FC_INTERNAL PyObject *fc_cpu_stats(void);
 /* Forget loaded kernels' table entries (not unloading them) and, if
@@ -48,5 +50,8 @@ FC_INTERNAL const char *fc_cpu_version(void);
 /* Test hook _C._cpu_load(source, symbol) -> {"so_path", "c_path", "key", "fn"}.
  * self, args: borrowed; returns: new reference. */
 FC_INTERNAL PyObject *fc_cpu_py_load(PyObject *self, PyObject *args);
+/* Test hook _C._cpu_load_many([(source, symbol), ...]) -> [that dict, ...]: one
+ * fc_cpu_load_many batch. self, arg: borrowed; returns: new reference. */
+FC_INTERNAL PyObject *fc_cpu_py_load_many(PyObject *self, PyObject *arg);
 
 #endif

@@ -29,7 +29,9 @@ def cache_clear(disk=True):
 
 
 def stats():
-    """Counters: ``compiles`` (compiler invocations), ``disk_hits``, ``memory_hits``."""
+    """Counters: ``compiles`` (kernels compiled), ``compiler_runs`` (compiler processes; one run
+    compiles several kernels when a batch has more than there are cores), ``disk_hits``,
+    ``memory_hits``."""
     return _C.stats()
 
 

@@ -48,6 +48,9 @@ KNOBS = [
     Knob("dump_dir", "FASTCOMPILE_DUMP_DIR", str, None, "write every stage (graph, fused, .c) here"),
     Knob("pch", "FASTCOMPILE_PCH", _bool, True,
          "with GCC, parse the kernel header once per compiler and flags (a precompiled header in the cache)"),
+    Knob("compile_bundles", "FASTCOMPILE_COMPILE_BUNDLES", _bool, True,
+         "a batch with more kernels to compile than cores compiles them several to a compiler run "
+         "(one translation unit per core), saving each run's fixed cost; 0: one run per kernel"),
     Knob("always_compile", "FASTCOMPILE_ALWAYS_COMPILE", _bool, False,
          "ignore the disk cache (still writes it)"),
     Knob("verify", "FASTCOMPILE_VERIFY", _bool, False, "run fc_graph_verify after every pass (tests turn it on)"),
