@@ -72,7 +72,12 @@ def make_cfg(cache_dir, **over):
 
 def stats_delta(before):
     after = _C.stats()
-    return {k: after[k] - before[k] for k in ("compiles", "compiler_runs", "disk_hits", "memory_hits")}
+    return {k: after[k] - before[k] for k in ("compiles", "disk_hits", "memory_hits")}
+
+
+def runs_delta(before):
+    """Compiler processes run for kernels since `before` (a bundle of kernels takes one)."""
+    return _C.stats()["compiler_runs"] - before["compiler_runs"]
 
 
 @pytest.fixture(autouse=True)
@@ -970,7 +975,7 @@ def test_bundles_compile_a_batch_in_one_compiler_run_per_cpu(cache):
     before = _C.stats()
     res = _C._cpu_load_many(jobs)
     d = stats_delta(before)
-    assert d["compiles"] == n and d["compiler_runs"] == WORKERS and d["disk_hits"] == 0
+    assert d["compiles"] == n and runs_delta(before) == WORKERS and d["disk_hits"] == 0
     assert [call(r) for r in res] == [100 + i for i in range(n)]
     inodes = [os.stat(r["so_path"]).st_ino for r in res]
     assert len(set(inodes)) == WORKERS and len({r["key"] for r in res}) == n
@@ -982,7 +987,8 @@ def test_bundles_compile_a_batch_in_one_compiler_run_per_cpu(cache):
     _C.cache_clear(disk=False)
     before = _C.stats()
     again = _C._cpu_load_many(jobs)
-    assert stats_delta(before) == {"compiles": 0, "compiler_runs": 0, "disk_hits": n, "memory_hits": 0}
+    assert stats_delta(before) == {"compiles": 0, "disk_hits": n, "memory_hits": 0}
+    assert runs_delta(before) == 0
     assert [call(r) for r in again] == [100 + i for i in range(n)]
 
 
@@ -991,8 +997,7 @@ def test_bundles_off_one_compiler_run_per_kernel(tmp_path):
     n = WORKERS + 2
     before = _C.stats()
     res = _C._cpu_load_many(batch(n))
-    d = stats_delta(before)
-    assert d["compiles"] == n and d["compiler_runs"] == n
+    assert stats_delta(before)["compiles"] == n and runs_delta(before) == n
     assert len({os.stat(r["so_path"]).st_ino for r in res}) == n
     assert [call(r) for r in res] == [100 + i for i in range(n)]
 
@@ -1005,29 +1010,33 @@ def test_bundles_never_put_one_symbol_twice_in_a_run(cache):
     same = [(kernel(10 + i, include="fc_kernel.h"), "fc_k") for i in range(n)]
     before = _C.stats()
     res = _C._cpu_load_many(same)
-    assert stats_delta(before)["compiler_runs"] == n
+    assert runs_delta(before) == n
     assert [call(r) for r in res] == [10 + i for i in range(n)]
     jobs = batch(n) + [(named_kernel("fc_b0", 7), "fc_b0")]
     before = _C.stats()
     res = _C._cpu_load_many(jobs)
-    d = stats_delta(before)
-    assert d["compiles"] == n + 1 and d["compiler_runs"] == max(WORKERS, 2)   # 1 CPU: it goes alone
+    assert stats_delta(before)["compiles"] == n + 1
+    assert runs_delta(before) == max(WORKERS, 2)   # 1 CPU: it goes alone
     assert [call(r) for r in res] == [100 + i for i in range(n)] + [7]
     assert os.stat(res[0]["so_path"]).st_ino != os.stat(res[-1]["so_path"]).st_ino
 
 
-@pytest.mark.parametrize("odd", ["other_include", "define"])
+@pytest.mark.parametrize("odd", ["other_include", "define", "spaced_define", "pragma_op", "pragma_gcc"])
 def test_bundles_take_only_rendered_kernels(cache, odd):
-    """A source that starts with another #include, or #defines a macro (which would leak into
-    the kernels after it), compiles alone; the rest still share runs."""
+    """A source that starts with another #include, or whose directives reach past the kernel
+    (a macro, which would leak into the kernels after it, however it is spelled; a GCC pragma)
+    compiles alone; the rest still share runs."""
     n = WORKERS + 2
-    if odd == "define":
-        src = named_kernel("fc_odd", 5, body="#define FC_TEST_ODD 1\n")
+    bodies = {"define": "#define FC_TEST_ODD 1\n", "spaced_define": "  #  define FC_TEST_ODD 1\n",
+              "pragma_op": "    _Pragma(\"GCC diagnostic ignored \\\"-Wall\\\"\")\n",
+              "pragma_gcc": "#pragma GCC diagnostic ignored \"-Wall\"\n"}
+    if odd in bodies:
+        src = named_kernel("fc_odd", 5, body=bodies[odd])
     else:
         src = "#include \"fc_launch.h\"\n" + named_kernel("fc_odd", 5).replace("FC_EXPORT", "__attribute__((visibility(\"default\")))")
     before = _C.stats()
     res = _C._cpu_load_many(batch(n) + [(src, "fc_odd")])
-    assert stats_delta(before)["compiler_runs"] == WORKERS + 1
+    assert runs_delta(before) == WORKERS + 1
     assert [call(r) for r in res] == [100 + i for i in range(n)] + [5]
 
 
@@ -1046,11 +1055,10 @@ def test_bundle_that_fails_compiles_each_kernel_alone(cache):
     assert "'fc_bad'" in msg and "this is not C" in msg
     listing = msg.split("--- source ---", 1)[1]
     assert listing.count("FC_EXPORT") == 1 and "fc_b0" not in listing
-    d = stats_delta(before)
-    assert d["compiles"] == n + 1 and d["compiler_runs"] == WORKERS + 2
+    assert stats_delta(before)["compiles"] == n + 1 and runs_delta(before) == WORKERS + 2
     before = _C.stats()
     res = _C._cpu_load_many(good)
-    assert stats_delta(before) == {"compiles": 0, "compiler_runs": 0, "disk_hits": 0, "memory_hits": n}
+    assert stats_delta(before) == {"compiles": 0, "disk_hits": 0, "memory_hits": n}
     assert [call(r) for r in res] == [100 + i for i in range(n)]
 
 
@@ -1073,8 +1081,7 @@ def test_bundled_batch_builds_no_precompiled_header(tmp_path):
     before = _C.stats()
     res = _C._cpu_load_many(batch(WORKERS + 1, first=50))
     assert [call(r) for r in res] == [150 + i for i in range(WORKERS + 1)]
-    d = stats_delta(before)
-    assert d["compiles"] == WORKERS + 1 and d["compiler_runs"] == WORKERS
+    assert stats_delta(before)["compiles"] == WORKERS + 1 and runs_delta(before) == WORKERS
     runs = calls()[n:]
     assert len(runs) == WORKERS and all("-I" + str(gch.parent) in r.split() for r in runs)
 
@@ -1118,3 +1125,35 @@ def test_bundles_published_by_two_processes_at_once(tmp_path):
         assert r["stats"]["compiles"] + r["stats"]["disk_hits"] == len(jobs)
     assert len(list(cache.rglob("*.so"))) == len(jobs)
     assert not [f.name for f in cache.rglob("*") if ".bundle." in f.name or ".tmp" in f.name]
+
+
+
+def test_bundle_leader_in_a_shard_not_ours_fails_alone(tmp_path):
+    """The bundle's temporary files go in its leader's shard: when that shard is not a private
+    folder of ours, nothing is written there and the leader fails with that error, even when its
+    bundle then fails and the others compile alone (every kernel here defines the same static
+    helper: fine alone, a redefinition in one translation unit)."""
+    def clashing(name, ret, pad=""):
+        return named_kernel(name, ret).replace("#include \"fc_kernel.h\"\n",
+                                               "#include \"fc_kernel.h\"\nstatic int fc_same(void) { return 1; }\n"
+                                               "/* %s */\n" % pad)
+    lead = (clashing("fc_lead", 9, pad="x" * 16), "fc_lead")   # a little longer: it leads a bundle
+    _C._configure(make_cfg(tmp_path / "probe"))
+    key = _C._cpu_load_many([lead])[0]["key"]
+    _C.cache_clear(disk=False)                   # the memory table would find it
+    cache = tmp_path / "cache"
+    _C._configure(make_cfg(cache))
+    _C._cpu_load_many(batch(1))                  # makes the cache folder
+    shard = cache / key[:2]
+    shard.mkdir(exist_ok=True)
+    shard.chmod(0o770)
+    before_files = set(os.listdir(shard))
+    n = 2 * WORKERS - 1
+    others = [(clashing("fc_c%d" % i, 100 + i), "fc_c%d" % i) for i in range(n)]
+    with pytest.raises(RuntimeError, match="not a private directory"):
+        _C._cpu_load_many([lead] + others)
+    assert set(os.listdir(shard)) == before_files
+    before = _C.stats()
+    res = _C._cpu_load_many(others)
+    assert stats_delta(before)["memory_hits"] == n
+    assert [call(r) for r in res] == [100 + i for i in range(n)]

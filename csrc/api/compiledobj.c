@@ -234,7 +234,8 @@ fc_api_compiled_new(GraphObject *graph)
     c->compile_ms = 0;
     c->autotune = -1;
     PyObject_GC_Track(c);
-    if (fc_graph_copy(&c->g, &graph->g) < 0) {
+    /* on the copy: the Graph itself may grow further and be compiled again */
+    if (fc_graph_copy(&c->g, &graph->g) < 0 || fc_graph_cse(&c->g) < 0) {
         Py_DECREF(c);
         return NULL;
     }

@@ -401,3 +401,101 @@ error:
     fc_graph_free(dst);
     return -1;
 }
+
+/* ------------------------------------------------------------------------
+ * common subexpressions
+ * ---------------------------------------------------------------------- */
+
+/* Whether n may stand for an equal node: every core op (pure by
+ * construction); never an input, an extern call or one of its items. */
+static int
+cse_candidate(const FcNode *n)
+{
+    return n->op != FC_OP_INPUT && n->op != FC_OP_EXTERN && n->op != FC_OP_ITEM;
+}
+
+/* a and b compute the same value: same op, result type, inputs and
+ * attributes (a constant's value compared bit for bit: -0.0 and NaNs stay
+ * apart) */
+static int
+cse_equal(const FcNode *a, const FcNode *b)
+{
+    if (a->op != b->op || a->nin != b->nin || a->dtype != b->dtype || a->ndim != b->ndim
+        || a->weak != b->weak || a->cast_to != b->cast_to || a->axes != b->axes
+        || a->axes_all != b->axes_all || a->naxes_raw != b->naxes_raw
+        || a->keepdim != b->keepdim || a->correction != b->correction || a->ckind != b->ckind
+        || a->ival != b->ival || memcmp(&a->fval, &b->fval, sizeof(double)) != 0
+        || a->quiet_empty != b->quiet_empty) {
+        return 0;
+    }
+    for (int j = 0; j < a->nin; j++) {
+        if (a->in[j] != b->in[j]) {
+            return 0;
+        }
+    }
+    for (int j = 0; j < a->naxes_raw; j++) {
+        if (a->axes_raw[j] != b->axes_raw[j]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static uint64_t
+cse_hash(const FcNode *n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    int64_t parts[6] = {n->op, n->dtype, n->cast_to, n->axes, n->ival, n->nin};
+    for (int k = 0; k < 6; k++) {
+        h = (h ^ (uint64_t)parts[k]) * 1099511628211ULL;
+    }
+    for (int j = 0; j < n->nin; j++) {
+        h = (h ^ (uint64_t)n->in[j]) * 1099511628211ULL;
+    }
+    return h ^ (h >> 29);
+}
+
+int
+fc_graph_cse(FcGraph *g)
+{
+    size_t cap = 16;
+    int *rep, *slots, merged = 0;
+    while (cap < 2 * (size_t)g->nnodes) {
+        cap *= 2;
+    }
+    rep = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
+    slots = PyMem_Malloc(cap * sizeof(int));
+    if (rep == NULL || slots == NULL) {
+        PyMem_Free(rep);
+        PyMem_Free(slots);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < cap; k++) {
+        slots[k] = -1;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        FcNode *n = &g->nodes[i];
+        for (int j = 0; j < n->nin; j++) {
+            n->in[j] = rep[n->in[j]];        /* inputs are earlier nodes (fc_graph_verify) */
+        }
+        rep[i] = i;
+        if (!cse_candidate(n)) {
+            continue;
+        }
+        size_t k = (size_t)cse_hash(n) & (cap - 1);
+        while (slots[k] >= 0 && !cse_equal(&g->nodes[slots[k]], n)) {
+            k = (k + 1) & (cap - 1);
+        }
+        if (slots[k] >= 0) {
+            rep[i] = slots[k];
+            merged++;
+        }
+        else {
+            slots[k] = i;
+        }
+    }
+    PyMem_Free(rep);
+    PyMem_Free(slots);
+    return merged;
+}

@@ -14,5 +14,12 @@ FC_INTERNAL int fc_graph_add_composite(FcGraph *g, int op, int x, const FcNode *
 FC_INTERNAL int fc_graph_verify(const FcGraph *g);
 /* Deep copy into an uninitialized dst; 0, or -1 with MemoryError. */
 FC_INTERNAL int fc_graph_copy(FcGraph *dst, const FcGraph *src);
+/* Common subexpressions: every node that reads a node equal to an earlier
+ * one (same op, result type, attributes and inputs) reads the earlier one
+ * instead, so the later copy is dead unless it is a graph output (an output
+ * keeps its own node: each output is an array of its own). Inputs, externs
+ * and extern items are never merged. Run on a verified graph; the result
+ * verifies too. Returns how many nodes were merged, or -1 with MemoryError. */
+FC_INTERNAL int fc_graph_cse(FcGraph *g);
 
 #endif

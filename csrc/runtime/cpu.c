@@ -57,6 +57,7 @@ static const char *const FC_FLAGS[] = {
 };
 static const char *const FC_LIBS[] = {"-lmvec", "-lm", "-lgcc"};
 #define FC_PCH_HEADER "fc_kernel.h"   /* what every kernel includes first; see pch_folder */
+#define FC_PCH_INCLUDE "#include \"" FC_PCH_HEADER "\""
 #define FC_NFLAGS ((int)(sizeof(FC_FLAGS) / sizeof(FC_FLAGS[0])))
 #define FC_NLIBS ((int)(sizeof(FC_LIBS) / sizeof(FC_LIBS[0])))
 
@@ -713,7 +714,7 @@ typedef struct FcJob {
     int pch_build;          /* this job builds pch_gch instead of compiling a kernel */
     int read_disk;          /* 0 under always_compile */
     int timeout_s;
-    size_t weight;          /* the queue's cost estimate (job_weight); a bundle's: its members' sum */
+    size_t weight;          /* the queue's cost estimate (job_prepare); a bundle's: its members' sum */
     struct FcJob **members; /* owned array: set on a bundle's leader, members[0] being itself */
     int nmembers;           /* 0, or >= 2 on a bundle's leader */
     int in_bundle;          /* a member that another job (its leader) compiles: never queued */
@@ -1018,6 +1019,9 @@ publish(FcJob *j, const char *tmp_so, const char *tmp_meta, int shared)
             }
             return rc < 0 ? -1 : 0;
         }
+        if (errno != EEXIST && shared) {
+            return 1;              /* no hard links here (EPERM, ...): load the bundle's file */
+        }
         if (errno != EEXIST) {
             job_fail(j, FC_JOB_OS, "fastcompile: cannot publish %s: %s", j->so_path,
                      strerror(errno));
@@ -1051,10 +1055,12 @@ publish(FcJob *j, const char *tmp_so, const char *tmp_meta, int shared)
 }
 
 /* Runs j's compiler on src (len bytes, written to tmp_c) with output
- * tmp_so, once more without the precompiled header if the first run fails
- * with one. Counts the runs and their time on j. 0: tmp_so is written; 1:
- * the compiler failed (with describe: j->err holds the command, its output
- * and j's numbered source); -1: j->err set (could not run it). GIL-free. */
+ * tmp_so. With describe (j's own source) it runs once more without the
+ * precompiled header if the first run fails with one, and a failure leaves
+ * the command, its output and j's numbered source in j->err; without (a
+ * bundle's), a failure is only reported, since each kernel is compiled
+ * again alone. Counts the runs and their time on j. 0: tmp_so is written;
+ * 1: the compiler failed; -1: j->err set (could not run it). GIL-free. */
 static int
 run_compiler(FcJob *j, const char *src, size_t len, const char *tmp_c, const char *tmp_so,
              int describe)
@@ -1095,13 +1101,15 @@ run_compiler(FcJob *j, const char *src, size_t len, const char *tmp_c, const cha
     unlink(tmp_log);   /* anonymous from here on: nothing to clean up after a crash */
 
     double t0 = fc_disk_now_ms();
-    j->runs++;
+    j->compiled = 1;
     if (fc_disk_spawn_wait(argv, j->envp, logfd, j->timeout_s, &status, &timed_out) < 0) {
         job_fail(j, FC_JOB_OS, "fastcompile: cannot run the C compiler %s: %s", j->cc,
                  strerror(errno));
         goto cleanup;
     }
-    if (!timed_out && WIFEXITED(status) && WEXITSTATUS(status) != 0 && j->pch_flag >= 0) {
+    j->runs++;
+    if (describe && !timed_out && WIFEXITED(status) && WEXITSTATUS(status) != 0
+        && j->pch_flag >= 0) {
         /* perhaps a .gch GCC could not read (it fails rather than falling back
          * to the header): once more without it, on an emptied log */
         int again = 0;
@@ -1212,7 +1220,6 @@ job_compile(FcJob *j)
         job_fail(j, FC_JOB_NOMEM, "out of memory");
         goto cleanup;
     }
-    j->compiled = 1;
     j->bundled = 1;
     if (run_compiler(j, j->source, j->source_len, tmp_c, tmp_so, 1) != 0) {
         goto cleanup;
@@ -1266,21 +1273,31 @@ shard_ready(FcJob *j)
 static void
 bundle_compile(FcJob *lead)
 {
-    static const char include[] = "#include \"" FC_PCH_HEADER "\"";
     char sfx[FC_DISK_SUFFIX], hex[65];
-    char *tmp_c = NULL, *tmp_so = NULL, *src = NULL;
+    char *tmp_c = NULL, *tmp_so = NULL;
+    char *src = NULL;          /* PyMem_Raw (fc_str_release): the translation unit */
     FcStr b = {0};
     int keep_so = 0, rc = -1, n = 0;
 
+    if (shard_ready(lead) < 0) {
+        /* the bundle's temps go in the leader's shard: the others go alone */
+        for (int m = 1; m < lead->nmembers; m++) {
+            FcJob *j = lead->members[m];
+            if (shard_ready(j) == 0) {
+                job_compile(j);
+            }
+        }
+        goto cleanup;
+    }
     for (int m = 0; m < lead->nmembers; m++) {
         FcJob *j = lead->members[m];
-        if (shard_ready(j) < 0) {
+        if (m > 0 && shard_ready(j) < 0) {
             continue;                      /* fails alone; the others go on */
         }
-        const char *inc = n > 0 ? strstr(j->source, include) : NULL;
+        const char *inc = n > 0 ? strstr(j->source, FC_PCH_INCLUDE) : NULL;
         if (inc != NULL) {
             fc_str_printf(&b, "%.*s", (int)(inc - j->source), j->source);
-            fc_str_puts(&b, inc + sizeof(include) - 1);
+            fc_str_puts(&b, inc + strlen(FC_PCH_INCLUDE));
         }
         else {
             fc_str_puts(&b, j->source);
@@ -1288,12 +1305,8 @@ bundle_compile(FcJob *lead)
         fc_str_puts(&b, "\n");
         n++;
     }
-    if (n == 0) {
-        fc_str_free(&b);
-        return;
-    }
     size_t len = b.len;
-    src = fc_str_take_raw(&b);
+    src = fc_str_take_raw(&b);           /* NULL if an append failed */
     fc_disk_temp_suffix(sfx);
     tmp_c = fmt("%s/%s.%s.bundle.c", lead->shard, lead->key, sfx);
     tmp_so = fmt("%s/%s.%s.bundle.so", lead->shard, lead->key, sfx);
@@ -1304,7 +1317,8 @@ bundle_compile(FcJob *lead)
         rc = -1;
     }
     if (rc != 0) {
-        /* out of memory, no compiler run, or one that failed: each alone */
+        /* out of memory, no compiler run, or one that failed: each alone (the
+         * leader was clean before: its shard is ready) */
         fc_str_free(&lead->errmsg);
         lead->err = FC_JOB_OK;
         for (int m = 0; m < lead->nmembers; m++) {
@@ -1335,6 +1349,7 @@ cleanup:
     free(tmp_c);
     free(tmp_so);
     fc_str_release(src);
+    fc_str_free(&b);
 }
 
 /* Compiles the header (j->c_path) to a temp beside j->pch_gch and renames it
@@ -1818,42 +1833,65 @@ pch_wanted(const FcJob *jobs, int njobs)
  * translation unit), and past FC_BUNDLE_MAX_WEIGHT a batch gets more bundles
  * than workers. A batch with bundles builds no precompiled header: it would
  * hold up one worker ~70 ms to save each run ~15. Only rendered kernels are
- * bundled: sources whose only #include is the kernel header and that
- * #define nothing. Each kernel keeps its own key, .c, .meta and .so name (a
- * hard link to the bundle's file), so the disk cache sees no difference.
- * The compile_bundles knob turns this off.
+ * bundled (the caller's may_bundle: plan.c's kernels name everything at file
+ * scope after their symbol, so two never clash), and only those whose
+ * directives reach no further than the kernel (bundle_ok). Each kernel
+ * keeps its own key, .c, .meta and .so name (a hard link to the bundle's
+ * file), so the disk cache sees no difference. The compile_bundles knob
+ * turns this off.
  * ------------------------------------------------------------------------- */
 
-/* Whether source may share a translation unit with other kernels. */
+/* Whether source may share a translation unit with other kernels: its
+ * directives are the kernel header's #include (first) and then only
+ * #pragma omp, #if, #else and #endif, which reach no further than the
+ * kernel; nothing defines a macro or brings in another file. */
 static int
 bundle_ok(const char *source)
 {
-    static const char include[] = "#include \"" FC_PCH_HEADER "\"";
-    const char *inc = strstr(source, "#include");
-    return inc != NULL && strncmp(inc, include, sizeof(include) - 1) == 0
-           && strstr(inc + 1, "#include") == NULL && strstr(source, "#define") == NULL
-           && strstr(source, "#undef") == NULL;
+    int includes = 0;
+    if (strstr(source, "_Pragma") != NULL) {
+        return 0;
+    }
+    for (const char *p = source; *p;) {
+        const char *q = p + strspn(p, " \t");
+        size_t line = strcspn(p, "\n");
+        if (*q == '#') {
+            q += 1 + strspn(q + 1, " \t");
+            if (strncmp(q, "include", 7) == 0) {
+                if (includes++ > 0 || strncmp(p, FC_PCH_INCLUDE, strlen(FC_PCH_INCLUDE)) != 0) {
+                    return 0;
+                }
+            }
+            else if (!(strncmp(q, "pragma omp ", 11) == 0 || strncmp(q, "if ", 3) == 0
+                       || strncmp(q, "else", 4) == 0 || strncmp(q, "endif", 5) == 0)
+                     || includes == 0) {
+                return 0;
+            }
+        }
+        p += line + (p[line] == '\n');
+    }
+    return includes == 1;
 }
 
-/* Makes bundles of jobs[0..njobs) (see above) for `width` workers:
+/* Makes bundles of jobs[0..njobs) (see above) for `width` workers, if
+ * may_bundle (fc_cpu_load_many's):
  * each bundle's first job leads it (members, nmembers, weight), the others
- * are marked in_bundle. GIL held. The number of bundles made, or -1 with
- * MemoryError. */
+ * are marked in_bundle. Out of memory, it makes none (each job compiles
+ * alone, as without bundles). GIL held. Returns the number of bundles made. */
 static int
-make_bundles(FcJob *jobs, int njobs, int width)
+make_bundles(FcJob *jobs, int njobs, int width, int may_bundle)
 {
     FcJob **cand = NULL;
     size_t *load = NULL, total = 0;
-    int *group = NULL, *count = NULL, ncand = 0, nb, rc = -1, made = 0;
+    int *group = NULL, *count = NULL, ncand = 0, nb, rc = -1, made = 0;   /* rc -1: out of memory */
     struct stat st;
 
-    if (!rt.bundles || njobs <= width) {
+    if (!may_bundle || !rt.bundles || njobs <= width) {
         return 0;
     }
     cand = PyMem_Calloc(njobs, sizeof(FcJob *));
     group = PyMem_Calloc(njobs, sizeof(int));
     if (cand == NULL || group == NULL) {
-        PyErr_NoMemory();
         goto cleanup;
     }
     for (int k = 0; k < njobs; k++) {
@@ -1874,7 +1912,6 @@ make_bundles(FcJob *jobs, int njobs, int width)
     load = PyMem_Calloc(nb, sizeof(size_t));
     count = PyMem_Calloc(nb, sizeof(int));
     if (load == NULL || count == NULL) {
-        PyErr_NoMemory();
         goto cleanup;
     }
     qsort(cand, ncand, sizeof(FcJob *), cmp_job_heaviest);
@@ -1909,7 +1946,6 @@ make_bundles(FcJob *jobs, int njobs, int width)
                 lead = cand[c];
                 lead->members = malloc(count[b] * sizeof(FcJob *));   /* job_free frees it */
                 if (lead->members == NULL) {
-                    PyErr_NoMemory();
                     goto cleanup;
                 }
                 lead->weight = 0;
@@ -1923,6 +1959,15 @@ make_bundles(FcJob *jobs, int njobs, int width)
     }
     rc = made;
 cleanup:
+    if (rc < 0) {                      /* out of memory: undo, no bundles */
+        for (int k = 0; k < njobs; k++) {
+            free(jobs[k].members);
+            jobs[k].members = NULL;
+            jobs[k].nmembers = jobs[k].in_bundle = 0;
+            jobs[k].weight = jobs[k].source_len + FC_RUN_WEIGHT;
+        }
+        rc = 0;
+    }
     PyMem_Free(cand);
     PyMem_Free(group);
     PyMem_Free(load);
@@ -1931,7 +1976,8 @@ cleanup:
 }
 
 FC_INTERNAL int
-fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, FcLoaded *outs)
+fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, int may_bundle,
+                 FcLoaded *outs)
 {
     FcJob *jobs = NULL;                     /* the kernels' jobs, then the header's (pch_job) */
     FcJob **order = NULL;                   /* the order they run in */
@@ -1992,10 +2038,7 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
         job_of[i] = njobs++;
     }
     if (njobs > 0) {
-        int nrun = 0, bundles = make_bundles(jobs, njobs, worker_count());
-        if (bundles < 0) {
-            goto cleanup;
-        }
+        int nrun = 0, bundles = make_bundles(jobs, njobs, worker_count(), may_bundle);
         /* with bundles, no header build: each run parses the header once anyway */
         if (bundles == 0 && pch_wanted(jobs, njobs)) {
             pch_job = 1;
@@ -2086,7 +2129,7 @@ cleanup:
 FC_INTERNAL int
 fc_cpu_load(const char *source, const char *symbol, FcLoaded *out)
 {
-    return fc_cpu_load_many(1, &source, &symbol, out);
+    return fc_cpu_load_many(1, &source, &symbol, 0, out);
 }
 
 /* returns: new reference */
@@ -2201,7 +2244,7 @@ fc_cpu_py_load_many(PyObject *self, PyObject *arg)
             goto cleanup;
         }
     }
-    if (fc_cpu_load_many((int)n, srcs, syms, outs) < 0) {
+    if (fc_cpu_load_many((int)n, srcs, syms, 1, outs) < 0) {
         goto cleanup;
     }
     res = PyList_New(n);

@@ -26,12 +26,14 @@ FC_INTERNAL int fc_cpu_load(const char *source, const char *symbol, FcLoaded *ou
 
 /* fc_cpu_load for n kernels at once: the ones missing from both caches are
  * compiled concurrently, up to one compiler per online CPU, several to a
- * compiler run when there are more of them than CPUs. outs[i] for
- * sources[i]/symbols[i]. 0, or -1 with an exception set (the first failure);
- * after a compile failure, outs[i].fn is NULL for each kernel that failed and
- * set for each one that loaded. */
+ * compiler run when there are more of them than CPUs and may_bundle is set
+ * (only for rendered kernels, whose file-scope names all carry their
+ * symbol: see make_bundles). outs[i] for sources[i]/symbols[i]. 0, or -1
+ * with an exception set (the first failure); after a compile failure,
+ * outs[i].fn is NULL for each kernel that failed and set for each one that
+ * loaded. */
 FC_INTERNAL int fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols,
-                                 FcLoaded *outs);
+                                 int may_bundle, FcLoaded *outs);
 
 /* Counters: compiles (kernels compiled), compiler_runs (compiler processes: a
  * bundle of kernels takes one), disk_hits, memory_hits.

@@ -188,7 +188,7 @@ fc_plan_load(FcPlan *const *plans, int n, char *newly)
     }
     /* after a failure (exception set), the plans whose kernels all loaded
      * are still marked loaded below; the others stay for their calls */
-    rc = fc_cpu_load_many(total, srcs, names, loaded);
+    rc = fc_cpu_load_many(total, srcs, names, 1, loaded);   /* rendered: may bundle */
     /* the GIL is back; a plan another thread loaded meanwhile keeps what it
      * has (the same functions: the kernel table holds one entry per key) */
     double ms = fc_disk_now_ms() - t0, share = ms / nplans;
