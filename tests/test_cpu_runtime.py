@@ -1138,9 +1138,16 @@ def test_bundle_leader_in_a_shard_not_ours_fails_alone(tmp_path):
                                                "#include \"fc_kernel.h\"\nstatic int fc_same(void) { return 1; }\n"
                                                "/* %s */\n" % pad)
     lead = (clashing("fc_lead", 9, pad="x" * 16), "fc_lead")   # a little longer: it leads a bundle
-    _C._configure(make_cfg(tmp_path / "probe"))
+    n = 2 * WORKERS - 1
+    _C._configure(make_cfg(tmp_path / "probe"))  # the keys, and so the shards
     key = _C._cpu_load_many([lead])[0]["key"]
-    _C.cache_clear(disk=False)                   # the memory table would find it
+    others = []
+    while len(others) < n:                       # none of the others in the leader's shard
+        i = len(others)
+        job = (clashing("fc_c%d" % i, 100 + i), "fc_c%d" % i)
+        if _C._cpu_load_many([job])[0]["key"][:2] != key[:2]:
+            others.append(job)
+    _C.cache_clear(disk=False)                   # the memory table would find them
     cache = tmp_path / "cache"
     _C._configure(make_cfg(cache))
     _C._cpu_load_many(batch(1))                  # makes the cache folder
@@ -1148,8 +1155,6 @@ def test_bundle_leader_in_a_shard_not_ours_fails_alone(tmp_path):
     shard.mkdir(exist_ok=True)
     shard.chmod(0o770)
     before_files = set(os.listdir(shard))
-    n = 2 * WORKERS - 1
-    others = [(clashing("fc_c%d" % i, 100 + i), "fc_c%d" % i) for i in range(n)]
     with pytest.raises(RuntimeError, match="not a private directory"):
         _C._cpu_load_many([lead] + others)
     assert set(os.listdir(shard)) == before_files

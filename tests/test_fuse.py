@@ -968,3 +968,91 @@ def test_expanded_operand_is_read_once_per_run():
     (got2,) = c(strided, gg)
     assert c.nplans == 2
     assert np.array_equal(got2, np.where(strided == 1, gg, np.float32(0)), equal_nan=True)
+
+
+# ---------------------------------------------------------------------------
+# common subexpressions (fc_graph_cse, on the compiled copy of the graph)
+# ---------------------------------------------------------------------------
+
+def _ops_in(c, name):
+    return sum(len(re.findall(r"= %s\(" % name, f)) for f in c.fused)
+
+
+def test_cse_equal_work_is_done_once():
+    """The same op on the same inputs, written twice (a decomposition's mean and the mean a
+    layer norm asks for separately): computed once, in the fused plan and in the C."""
+    g = Graph()
+    x = g.input("float32", 2)
+    m1 = g.call("mean", x, axis=-1, keepdims=True)
+    v = g.call("var", x, axis=-1, keepdims=True)      # computes its own mean of x
+    m2 = g.call("mean", x, axis=-1, keepdims=True)
+    e1, e2 = g.call("exp", x), g.call("exp", x)
+    g.output(g.call("add", g.call("sub", e1, m1), g.call("mul", e2, g.call("add", m2, v))))
+    c = g.compile()
+    a = np.random.default_rng(4).standard_normal((7, 33), dtype=np.float32)
+    (got,) = c(a)
+    m, var = a.mean(-1, keepdims=True), a.var(-1, keepdims=True)
+    assert_close(got, (np.exp(a) - m) + np.exp(a) * (m + var), rtol=2e-5)
+    assert _ops_in(c, "exp") == 1, c.fused
+    assert _ops_in(c, "sum") == 2, c.fused           # the mean's sum and var's squared deviations
+    assert _ops_in(c, "rcount") == 1, c.fused
+    assert len(c.kernels) == 1 and c.kernels[0].source.count("acc") > 0
+    assert len(re.findall(r"double acc\d+ = 0;", c.kernels[0].source)) == 2
+
+
+def test_cse_keeps_what_differs():
+    """Nodes that differ in an input, an attribute, a cast target or a constant's bits stay apart:
+    x + 0.0 and x + -0.0 differ at x = -0.0; sums over different axes, or with and without
+    keepdims; casts to different dtypes."""
+    g = Graph()
+    x = g.input("float32", 2)
+    outs = [g.call("add", x, 0.0), g.call("add", x, -0.0),
+            g.call("sum", x, axis=0), g.call("sum", x, axis=1),
+            g.call("sum", x, axis=1, keepdims=True),
+            g.call("cast", x, dtype="float64"), g.call("cast", x, dtype="int32")]
+    g.output(*outs)
+    c = g.compile()
+    a = np.array([[-0.0, 1.5, -2.25], [3.0, -0.0, 0.5]], np.float32)
+    got = c(a)
+    want = [a + np.float32(0.0), a + np.float32(-0.0), a.sum(0), a.sum(1), a.sum(1, keepdims=True),
+            a.astype(np.float64), a.astype(np.int32)]
+    for gv, wv in zip(got, want):
+        assert_close(gv, wv)
+    assert np.signbit(got[0]).tolist() == [[False, False, True], [False, False, False]]
+    assert np.signbit(got[1]).tolist() == np.signbit(a).tolist()
+
+
+def test_cse_outputs_stay_separate_arrays():
+    """Two outputs of equal work are two arrays, as NumPy would return: writing one leaves the
+    other alone."""
+    g = Graph()
+    x = g.input("float32", 1)
+    g.output(g.call("exp", x), g.call("exp", x))
+    c = g.compile()
+    a = np.linspace(-1, 1, 50, dtype=np.float32)
+    p, q = c(a)
+    assert not np.shares_memory(p, q)
+    p[:] = 0
+    assert_close(q, np.exp(a))
+
+
+def test_cse_never_merges_externs_and_leaves_the_graph_alone():
+    """Extern calls run as often as written (they may have effects), even on the same input with
+    the same function; and merging happens on the compiled copy: the Graph keeps its nodes and
+    compiles again after it grows."""
+    calls = []
+
+    def f(v):
+        calls.append(1)
+        return v + 1
+    g = Graph()
+    x = g.input("float32", 1)
+    y1, y2 = g.extern(f, g.call("exp", x)), g.extern(f, g.call("exp", x))
+    g.output(g.call("add", y1, y2))
+    a = np.arange(5, dtype=np.float32)
+    (got,) = g.compile()(a)
+    assert calls == [1, 1]
+    assert_close(got, 2 * (np.exp(a) + 1))
+    g.output(g.call("mul", g.call("exp", x), g.call("exp", x)))
+    got2 = g.compile()(a)
+    assert_close(got2[-1], np.exp(a) ** 2)

@@ -117,6 +117,9 @@ literal(const FcExprGen *E, char *out, const FcNode *n, int dt)
         else if (isinf(n->fval)) {
             snprintf(out, EXPR, "((%s)%sINFINITY)", ty, n->fval < 0 ? "-" : "");
         }
+        else if (n->fval == 0 && signbit(n->fval)) {
+            snprintf(out, EXPR, "((%s)-0.0)", ty);     /* %.17g's "-0" is the int 0 */
+        }
         else {
             snprintf(out, EXPR, "((%s)%.17g)", ty, n->fval);
         }
