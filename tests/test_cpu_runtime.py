@@ -1021,7 +1021,8 @@ def test_bundles_never_put_one_symbol_twice_in_a_run(cache):
     assert os.stat(res[0]["so_path"]).st_ino != os.stat(res[-1]["so_path"]).st_ino
 
 
-@pytest.mark.parametrize("odd", ["other_include", "define", "spaced_define", "pragma_op", "pragma_gcc"])
+@pytest.mark.parametrize("odd", ["other_include", "define", "spaced_define", "pragma_op", "pragma_gcc",
+                                 "comment_define", "digraph_define", "trigraph_define", "omp_threadprivate"])
 def test_bundles_take_only_rendered_kernels(cache, odd):
     """A source that starts with another #include, or whose directives reach past the kernel
     (a macro, which would leak into the kernels after it, however it is spelled; a GCC pragma)
@@ -1029,7 +1030,10 @@ def test_bundles_take_only_rendered_kernels(cache, odd):
     n = WORKERS + 2
     bodies = {"define": "#define FC_TEST_ODD 1\n", "spaced_define": "  #  define FC_TEST_ODD 1\n",
               "pragma_op": "    _Pragma(\"GCC diagnostic ignored \\\"-Wall\\\"\")\n",
-              "pragma_gcc": "#pragma GCC diagnostic ignored \"-Wall\"\n"}
+              "pragma_gcc": "#pragma GCC diagnostic ignored \"-Wall\"\n",
+              "comment_define": "/**/ #define FC_TEST_ODD 1\n", "digraph_define": "%:define FC_TEST_ODD 1\n",
+              "trigraph_define": "??=define FC_TEST_ODD 1\n",
+              "omp_threadprivate": "    static int fc_tp = 0;\n#pragma omp threadprivate(fc_tp)\n    (void)fc_tp;\n"}
     if odd in bodies:
         src = named_kernel("fc_odd", 5, body=bodies[odd])
     else:

@@ -1010,16 +1010,17 @@ def test_cse_keeps_what_differs():
             g.call("sum", x, axis=0), g.call("sum", x, axis=1),
             g.call("sum", x, axis=1, keepdims=True),
             g.call("cast", x, dtype="float64"), g.call("cast", x, dtype="int32")]
-    g.output(*outs)
+    g.output(*[g.call("neg", o) for o in outs])    # readers: outputs themselves never merge
     c = g.compile()
     a = np.array([[-0.0, 1.5, -2.25], [3.0, -0.0, 0.5]], np.float32)
-    got = c(a)
+    got = [-v for v in c(a)]
     want = [a + np.float32(0.0), a + np.float32(-0.0), a.sum(0), a.sum(1), a.sum(1, keepdims=True),
             a.astype(np.float64), a.astype(np.int32)]
     for gv, wv in zip(got, want):
         assert_close(gv, wv)
     assert np.signbit(got[0]).tolist() == [[False, False, True], [False, False, False]]
     assert np.signbit(got[1]).tolist() == np.signbit(a).tolist()
+    assert _ops_in(c, "sum") == 3, c.fused
 
 
 def test_cse_outputs_stay_separate_arrays():
@@ -1036,23 +1037,57 @@ def test_cse_outputs_stay_separate_arrays():
     assert_close(q, np.exp(a))
 
 
-def test_cse_never_merges_externs_and_leaves_the_graph_alone():
-    """Extern calls run as often as written (they may have effects), even on the same input with
-    the same function; and merging happens on the compiled copy: the Graph keeps its nodes and
-    compiles again after it grows."""
+def test_cse_never_merges_externs_nor_redirects_their_arguments():
+    """Extern calls run as often as written, pure ones too (each call's result depends on how
+    many ran before); and an extern gets its own argument array even when an equal one feeds
+    another extern: one that writes its argument in place leaves the other's alone."""
     calls = []
 
     def f(v):
         calls.append(1)
-        return v + 1
+        return v + len(calls)
+
+    def bump(v):
+        v += 1
+        return v
     g = Graph()
     x = g.input("float32", 1)
-    y1, y2 = g.extern(f, g.call("exp", x)), g.extern(f, g.call("exp", x))
-    g.output(g.call("add", y1, y2))
+    y1, y2 = g.extern(f, g.call("exp", x), pure=True), g.extern(f, g.call("exp", x), pure=True)
+    z1, z2 = g.extern(bump, g.call("exp", x)), g.extern(bump, g.call("exp", x))
+    g.output(g.call("add", y1, y2), z1, z2)
     a = np.arange(5, dtype=np.float32)
-    (got,) = g.compile()(a)
+    got, w1, w2 = g.compile()(a)
     assert calls == [1, 1]
-    assert_close(got, 2 * (np.exp(a) + 1))
+    assert_close(got, 2 * np.exp(a) + 3)
+    assert_close(w1, np.exp(a) + 1)
+    assert_close(w2, np.exp(a) + 1)
+    assert not np.shares_memory(w1, w2)
+
+
+def test_cse_does_not_move_work_across_an_extern():
+    """exp(x) read before an extern and again after it: merging the two would store exp(x) in the
+    first segment and read it back in the second; each segment computes its own instead."""
+    g = Graph()
+    x = g.input("float32", 2)
+    s = g.call("sum", g.call("exp", x), axis=-1, keepdims=True)
+    y = g.extern(lambda v: v * 0.5, s)
+    g.output(g.call("mul", g.call("exp", x), y))
+    c = g.compile()
+    a = np.random.default_rng(5).standard_normal((6, 9), dtype=np.float32)
+    (got,) = c(a)
+    assert_close(got, np.exp(a) * (np.exp(a).sum(-1, keepdims=True) * 0.5))
+    assert c.nplans == 2 and _ops_in(c, "exp") == 2, c.fused
+    assert not re.search(r"= exp\([^\n]*-> buffer", "".join(c.fused)), c.fused
+
+
+def test_cse_leaves_the_graph_alone():
+    """Merging happens on the compiled copy: the Graph keeps its nodes and compiles again after
+    it grows."""
+    g = Graph()
+    x = g.input("float32", 1)
+    g.output(g.call("add", g.call("exp", x), g.call("exp", x)))
+    a = np.arange(5, dtype=np.float32)
+    assert_close(g.compile()(a)[0], 2 * np.exp(a))
     g.output(g.call("mul", g.call("exp", x), g.call("exp", x)))
-    got2 = g.compile()(a)
-    assert_close(got2[-1], np.exp(a) ** 2)
+    got = g.compile()(a)
+    assert_close(got[-1], np.exp(a) ** 2)

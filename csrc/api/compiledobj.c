@@ -102,13 +102,16 @@ sink_levels(CompiledObject *c, const char *live)
 
 /* Levels: externs split the graph; segment L runs after the externs of level L.
  * Dead nodes get level -1: neither computed nor called. A node is live when an
- * output needs it, or it is an extern not declared pure (it may act). */
+ * output needs it, or it is an extern not declared pure (it may act). Sets
+ * c->level (replacing any earlier one) and c->nlevels. GIL held; 0, or -1
+ * with MemoryError. */
 static int
-build_segments(CompiledObject *c)
+compute_levels(CompiledObject *c)
 {
     const FcGraph *g = &c->g;
     int maxl = 0;
     char *live;
+    PyMem_Free(c->level);
     c->level = PyMem_Calloc(g->nnodes + 1, sizeof(int));
     live = PyMem_Calloc(g->nnodes + 1, 1);
     if (c->level == NULL || live == NULL) {
@@ -146,6 +149,22 @@ build_segments(CompiledObject *c)
     }
     PyMem_Free(live);
     c->nlevels = maxl + 1;
+    return 0;
+}
+
+/* Levels, then equal work merged within each level (fc_graph_cse; levels
+ * again if any was), then one segment per level: its nodes, the values that
+ * enter it and those it must leave for later. GIL held; 0, or -1 with an
+ * exception set. */
+static int
+build_segments(CompiledObject *c)
+{
+    const FcGraph *g = &c->g;
+    int merged;
+    if (compute_levels(c) < 0 || (merged = fc_graph_cse(&c->g, c->level)) < 0
+        || (merged > 0 && compute_levels(c) < 0)) {
+        return -1;
+    }
     c->segs = PyMem_Calloc(c->nlevels, sizeof(SegmentSlot));
     if (c->segs == NULL) {
         PyErr_NoMemory();
@@ -234,8 +253,8 @@ fc_api_compiled_new(GraphObject *graph)
     c->compile_ms = 0;
     c->autotune = -1;
     PyObject_GC_Track(c);
-    /* on the copy: the Graph itself may grow further and be compiled again */
-    if (fc_graph_copy(&c->g, &graph->g) < 0 || fc_graph_cse(&c->g) < 0) {
+    /* on the copy (build_segments merges equal work): the Graph may grow further */
+    if (fc_graph_copy(&c->g, &graph->g) < 0) {
         Py_DECREF(c);
         return NULL;
     }

@@ -213,6 +213,7 @@ add_red(FcGraph *g, int op, int x, const FcNode *like, int keepdim)
         return -1;
     }
     a.keepdim = keepdim;
+    a.correction = 0;    /* var's: applied to the count afterwards, not a sum's attribute */
     a.quiet_empty = 1;   /* only composites add reductions here */
     return fc_graph_add(g, op, &x, 1, &a);
 }
@@ -442,12 +443,16 @@ cse_equal(const FcNode *a, const FcNode *b)
 }
 
 static uint64_t
-cse_hash(const FcNode *n)
+cse_hash(const FcNode *n, int level)
 {
-    uint64_t h = 1469598103934665603ULL;
-    int64_t parts[6] = {n->op, n->dtype, n->cast_to, n->axes, n->ival, n->nin};
-    for (int k = 0; k < 6; k++) {
-        h = (h ^ (uint64_t)parts[k]) * 1099511628211ULL;
+    uint64_t h = 1469598103934665603ULL, bits;
+    memcpy(&bits, &n->fval, sizeof(bits));
+    uint64_t parts[11] = {(uint64_t)n->op, (uint64_t)n->dtype, (uint64_t)n->ndim,
+                          (uint64_t)n->cast_to, n->axes, (uint64_t)n->ival, (uint64_t)n->nin,
+                          bits, (uint64_t)n->ckind, (uint64_t)(n->weak | n->keepdim << 1),
+                          (uint64_t)level};
+    for (int k = 0; k < 11; k++) {
+        h = (h ^ parts[k]) * 1099511628211ULL;
     }
     for (int j = 0; j < n->nin; j++) {
         h = (h ^ (uint64_t)n->in[j]) * 1099511628211ULL;
@@ -456,7 +461,7 @@ cse_hash(const FcNode *n)
 }
 
 int
-fc_graph_cse(FcGraph *g)
+fc_graph_cse(FcGraph *g, const int *level)
 {
     size_t cap = 16;
     int *rep, *slots, merged = 0;
@@ -476,15 +481,16 @@ fc_graph_cse(FcGraph *g)
     }
     for (int i = 0; i < g->nnodes; i++) {
         FcNode *n = &g->nodes[i];
-        for (int j = 0; j < n->nin; j++) {
+        /* an extern keeps its own arguments: it may write or return them */
+        for (int j = 0; j < n->nin && n->op != FC_OP_EXTERN; j++) {
             n->in[j] = rep[n->in[j]];        /* inputs are earlier nodes (fc_graph_verify) */
         }
         rep[i] = i;
-        if (!cse_candidate(n)) {
-            continue;
+        if (!cse_candidate(n) || level[i] < 0) {
+            continue;                        /* dead nodes need no merging */
         }
-        size_t k = (size_t)cse_hash(n) & (cap - 1);
-        while (slots[k] >= 0 && !cse_equal(&g->nodes[slots[k]], n)) {
+        size_t k = (size_t)cse_hash(n, level[i]) & (cap - 1);
+        while (slots[k] >= 0 && !(level[slots[k]] == level[i] && cse_equal(&g->nodes[slots[k]], n))) {
             k = (k + 1) & (cap - 1);
         }
         if (slots[k] >= 0) {

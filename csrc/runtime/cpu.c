@@ -1261,6 +1261,19 @@ shard_ready(FcJob *j)
     return 0;
 }
 
+/* Where source's kernel-header #include line starts (bundle_ok vouched for
+ * one, at the start of a line), or NULL. */
+static const char *
+header_include(const char *source)
+{
+    for (const char *p = source; p != NULL && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL) {
+        if (strncmp(p, FC_PCH_INCLUDE, strlen(FC_PCH_INCLUDE)) == 0) {
+            return p;
+        }
+    }
+    return NULL;
+}
+
 /* A bundle (see make_bundles): the leader's members, itself first, compiled
  * as one translation unit into one .so, which each member publishes under
  * its own key (hard links to one file: the loader maps it once and each
@@ -1294,7 +1307,7 @@ bundle_compile(FcJob *lead)
         if (m > 0 && shard_ready(j) < 0) {
             continue;                      /* fails alone; the others go on */
         }
-        const char *inc = n > 0 ? strstr(j->source, FC_PCH_INCLUDE) : NULL;
+        const char *inc = n > 0 ? header_include(j->source) : NULL;
         if (inc != NULL) {
             fc_str_printf(&b, "%.*s", (int)(inc - j->source), j->source);
             fc_str_puts(&b, inc + strlen(FC_PCH_INCLUDE));
@@ -1842,30 +1855,44 @@ pch_wanted(const FcJob *jobs, int njobs)
  * ------------------------------------------------------------------------- */
 
 /* Whether source may share a translation unit with other kernels: its
- * directives are the kernel header's #include (first) and then only
- * #pragma omp, #if, #else and #endif, which reach no further than the
- * kernel; nothing defines a macro or brings in another file. */
+ * directives are the kernel header's #include (first, at the start of its
+ * line) and then only #pragma omp simd|parallel|barrier, #if, #else and
+ * #endif, which reach no further than the kernel; nothing defines a macro,
+ * brings in another file or sets a file-wide pragma. Anything that could
+ * hide a directive from this scan (a '#' after other text on its line,
+ * digraphs, trigraphs, _Pragma, form feeds) keeps the source alone. */
 static int
 bundle_ok(const char *source)
 {
+    static const char *const allowed[] = {"pragma omp simd", "pragma omp parallel",
+                                          "pragma omp barrier", "if ", "else", "endif"};
     int includes = 0;
-    if (strstr(source, "_Pragma") != NULL) {
+    if (strstr(source, "_Pragma") || strstr(source, "%:") || strstr(source, "?\?=")
+        || strpbrk(source, "\f\v\r")) {
         return 0;
     }
     for (const char *p = source; *p;) {
         const char *q = p + strspn(p, " \t");
         size_t line = strcspn(p, "\n");
-        if (*q == '#') {
+        const char *hash = memchr(p, '#', line);
+        if (hash != NULL && hash != q) {
+            return 0;                          /* a '#' after other text */
+        }
+        if (hash != NULL) {
             q += 1 + strspn(q + 1, " \t");
             if (strncmp(q, "include", 7) == 0) {
                 if (includes++ > 0 || strncmp(p, FC_PCH_INCLUDE, strlen(FC_PCH_INCLUDE)) != 0) {
                     return 0;
                 }
             }
-            else if (!(strncmp(q, "pragma omp ", 11) == 0 || strncmp(q, "if ", 3) == 0
-                       || strncmp(q, "else", 4) == 0 || strncmp(q, "endif", 5) == 0)
-                     || includes == 0) {
-                return 0;
+            else {
+                int ok = 0;
+                for (size_t k = 0; k < sizeof(allowed) / sizeof(allowed[0]) && !ok; k++) {
+                    ok = strncmp(q, allowed[k], strlen(allowed[k])) == 0;
+                }
+                if (!ok || includes == 0) {
+                    return 0;
+                }
             }
         }
         p += line + (p[line] == '\n');
