@@ -714,7 +714,7 @@ typedef struct FcJob {
     int pch_build;          /* this job builds pch_gch instead of compiling a kernel */
     int read_disk;          /* 0 under always_compile */
     int timeout_s;
-    size_t weight;          /* the queue's cost estimate (job_prepare); a bundle's: its members' sum */
+    size_t weight;          /* its own compile-cost estimate (job_prepare); see job_cost */
     struct FcJob **members; /* owned array: set on a bundle's leader, members[0] being itself */
     int nmembers;           /* 0, or >= 2 on a bundle's leader */
     int in_bundle;          /* a member that another job (its leader) compiles: never queued */
@@ -1019,10 +1019,10 @@ publish(FcJob *j, const char *tmp_so, const char *tmp_meta, int shared)
             }
             return rc < 0 ? -1 : 0;
         }
-        if (errno != EEXIST && shared) {
-            return 1;              /* no hard links here (EPERM, ...): load the bundle's file */
-        }
         if (errno != EEXIST) {
+            if (shared) {
+                return 1;          /* no hard links here (EPERM, ...): load the bundle's file */
+            }
             job_fail(j, FC_JOB_OS, "fastcompile: cannot publish %s: %s", j->so_path,
                      strerror(errno));
             return -1;
@@ -1274,6 +1274,18 @@ header_include(const char *source)
     return NULL;
 }
 
+/* A bundle's fallback: each member that has not failed yet compiles alone.
+ * GIL-free. */
+static void
+compile_each_alone(FcJob *lead)
+{
+    for (int m = 0; m < lead->nmembers; m++) {
+        if (lead->members[m]->err == FC_JOB_OK) {
+            job_compile(lead->members[m]);
+        }
+    }
+}
+
 /* A bundle (see make_bundles): the leader's members, itself first, compiled
  * as one translation unit into one .so, which each member publishes under
  * its own key (hard links to one file: the loader maps it once and each
@@ -1292,20 +1304,17 @@ bundle_compile(FcJob *lead)
     FcStr b = {0};
     int keep_so = 0, rc = -1, n = 0;
 
-    if (shard_ready(lead) < 0) {
-        /* the bundle's temps go in the leader's shard: the others go alone */
-        for (int m = 1; m < lead->nmembers; m++) {
-            FcJob *j = lead->members[m];
-            if (shard_ready(j) == 0) {
-                job_compile(j);
-            }
-        }
+    for (int m = 0; m < lead->nmembers; m++) {
+        (void)shard_ready(lead->members[m]);   /* a member whose shard is not ours fails alone */
+    }
+    if (lead->err != FC_JOB_OK) {
+        compile_each_alone(lead);          /* the bundle's temps would go in the leader's shard */
         goto cleanup;
     }
     for (int m = 0; m < lead->nmembers; m++) {
         FcJob *j = lead->members[m];
-        if (m > 0 && shard_ready(j) < 0) {
-            continue;                      /* fails alone; the others go on */
+        if (j->err != FC_JOB_OK) {
+            continue;
         }
         const char *inc = n > 0 ? header_include(j->source) : NULL;
         if (inc != NULL) {
@@ -1334,12 +1343,7 @@ bundle_compile(FcJob *lead)
          * leader was clean before: its shard is ready) */
         fc_str_free(&lead->errmsg);
         lead->err = FC_JOB_OK;
-        for (int m = 0; m < lead->nmembers; m++) {
-            FcJob *j = lead->members[m];
-            if (j->err == FC_JOB_OK) {
-                job_compile(j);
-            }
-        }
+        compile_each_alone(lead);
         goto cleanup;
     }
     for (int m = 0; m < lead->nmembers; m++) {
@@ -1653,12 +1657,24 @@ job_thread(void *arg)
 
 #define FC_MAX_PARALLEL_CC 16
 
+/* A queued job's compile-cost estimate: its own, or a bundle leader's
+ * members' together. */
+static size_t
+job_cost(const FcJob *j)
+{
+    size_t w = j->nmembers ? 0 : j->weight;
+    for (int m = 0; m < j->nmembers; m++) {
+        w += j->members[m]->weight;
+    }
+    return w;
+}
+
 /* qsort order of FcJob pointers: heavier first; ties keep no order that
  * matters (each job writes only its own files). */
 static int
 cmp_job_heaviest(const void *a, const void *b)
 {
-    size_t la = (*(FcJob *const *)a)->weight, lb = (*(FcJob *const *)b)->weight;
+    size_t la = job_cost(*(FcJob *const *)a), lb = job_cost(*(FcJob *const *)b);
     return la < lb ? 1 : la > lb ? -1 : 0;
 }
 
@@ -1902,7 +1918,7 @@ bundle_ok(const char *source)
 
 /* Makes bundles of jobs[0..njobs) (see above) for `width` workers, if
  * may_bundle (fc_cpu_load_many's):
- * each bundle's first job leads it (members, nmembers, weight), the others
+ * each bundle's first job leads it (members, nmembers), the others
  * are marked in_bundle. Out of memory, it makes none (each job compiles
  * alone, as without bundles). GIL held. Returns the number of bundles made. */
 static int
@@ -1975,13 +1991,11 @@ make_bundles(FcJob *jobs, int njobs, int width, int may_bundle)
                 if (lead->members == NULL) {
                     goto cleanup;
                 }
-                lead->weight = 0;
             }
             else {
                 cand[c]->in_bundle = 1;
             }
             lead->members[lead->nmembers++] = cand[c];
-            lead->weight += cand[c]->weight;
         }
     }
     rc = made;
@@ -1991,7 +2005,6 @@ cleanup:
             free(jobs[k].members);
             jobs[k].members = NULL;
             jobs[k].nmembers = jobs[k].in_bundle = 0;
-            jobs[k].weight = jobs[k].source_len + FC_RUN_WEIGHT;
         }
         rc = 0;
     }
