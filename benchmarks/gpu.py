@@ -1,17 +1,22 @@
-"""GPU benchmark skeleton: memory-bound kernels against the device-to-device copy ceiling.
+"""GPU benchmark: memory-bound kernels against the device-to-device copy ceiling, side by side.
 
-    python benchmarks/gpu.py [--dtypes float32,bfloat16] [--min-log2 20] [--max-log2 28]
+    python benchmarks/gpu.py [--dtypes float32,bfloat16] [--min-log2 20] [--max-log2 28] [--step 2]
 
-Rows: copy (D2D, counts read + write bytes: the ceiling, ~3.0 TB/s on H100 and
-~4.3 TB/s on H200), then for GELU, x*sigmoid(x)*y, softmax and layernorm
-(last axis, rows of 4096) in float32 and bfloat16 over 2^20..2^28 elements:
-torch eager, torch.jit.script (GELU only), inductor (torch.compile), and
-fastcompile. Timing: CUDA events, warm-up, median of 50 runs, bytes = inputs
-read once + outputs written once. Refuses to run without a GPU.
+Rows: for GELU, x*sigmoid(x)*y, softmax and layernorm (last axis, rows of 4096) in float32 and
+bfloat16 over 2^min..2^max elements: the copy ceiling (D2D, read + write bytes; ~3.0 TB/s on
+H100 and ~4.3 TB/s on H200), torch eager, torch.jit.script (GELU only), inductor
+(torch.compile) and fastcompile (a core graph called with CUDA tensors). Each row gives the
+bandwidth (inputs read once + outputs written once over the median time), its share of the
+copy ceiling, and fastcompile's speed-up over each other implementation (their time / ours).
+Timing: CUDA events, 5 warm-ups, median of 50 runs, all implementations of a row in the same
+run. Then the NVRTC compile time of each fastcompile kernel, cold (an empty cache folder).
+Refuses to run without a GPU.
 """
 import argparse
 import statistics
 import sys
+import tempfile
+import time
 
 
 def die(msg):
@@ -54,11 +59,38 @@ def cases(torch):
             "layernorm": (layernorm, 1, 1)}
 
 
+def fc_graphs(dname):
+    """The same four as fastcompile core graphs: name -> (compiled, how to call it)."""
+    from fastcompile.graph import Graph
+
+    def one(build, nd, nin):
+        g = Graph()
+        ins = [g.input(dname, nd) for _ in range(nin)]
+        g.output(*build(g, *ins))
+        return g.compile()
+
+    def layernorm(g, x):
+        mu = g.call("mean", x, axis=-1, keepdims=True)
+        d = g.call("sub", x, mu)
+        var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
+        return [g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))]
+    gelu = one(lambda g, x: [g.call("gelu", x)], 1, 1)
+    silu = one(lambda g, x, y: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), y)], 1, 2)
+    smax = one(lambda g, x: [g.call("softmax", x, axis=-1)], 2, 1)
+    ln = one(layernorm, 2, 1)
+    return {"gelu": (gelu, lambda x, y: gelu(x)[0]),
+            "x*sigmoid(x)*y": (silu, lambda x, y: silu(x, y)[0]),
+            "softmax": (smax, lambda x, y: smax(x.view(-1, 4096))[0]),
+            "layernorm": (ln, lambda x, y: ln(x.view(-1, 4096))[0])}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--min-log2", type=int, default=20)
     ap.add_argument("--max-log2", type=int, default=28)
+    ap.add_argument("--step", type=int, default=2)
+    ap.add_argument("--no-inductor", action="store_true")
     args = ap.parse_args()
     try:
         import torch
@@ -69,30 +101,65 @@ def main():
     if not torch.cuda.is_available() or info["device_count"] == 0:
         die("needs a CUDA GPU and none is usable here (%s); nothing was measured"
             % (info["why_no_device"] or "torch.cuda.is_available() is False"))
-    print("device: %s, NVRTC %s" % (torch.cuda.get_device_name(0), info["nvrtc_version"] or "missing"))
+    fastcompile.config.set(cache_dir=tempfile.mkdtemp(prefix="fc-gpu-bench-"))   # cold NVRTC compiles
+    print("device: %s, torch %s, NVRTC %s (%s), driver %s" % (
+        torch.cuda.get_device_name(0), torch.__version__, info["nvrtc_version"] or "missing",
+        info["nvrtc_path"], info["driver_version"]))
+    print()
+    print("| workload | dtype | n | copy GB/s | eager | jit.script | inductor | fastcompile | fc % copy "
+          "| x eager | x jit | x inductor |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    compile_ms = []
     for dname in args.dtypes.split(","):
         dt = getattr(torch, dname)
-        for lg in range(args.min_log2, args.max_log2 + 1, 2):
+        fcs = fc_graphs(dname)
+        for lg in range(args.min_log2, args.max_log2 + 1, args.step):
             n = 1 << lg
             x = torch.randn(n, device="cuda", dtype=dt)
             y = torch.randn(n, device="cuda", dtype=dt)
             out = torch.empty_like(x)
-            t = timed(lambda: out.copy_(x))
-            print("%-16s %-9s 2^%-3d %8.1f GB/s" % ("copy (D2D)", dname, lg, 2 * n * x.element_size() / t / 1e9))
+            t_copy = timed(lambda: out.copy_(x))
+            copy_bw = 2 * n * x.element_size() / t_copy / 1e9
             for name, (fn, nin, nout) in cases(torch).items():
                 nbytes = (nin + nout) * n * x.element_size()
-                impls = {"eager": fn, "inductor": torch.compile(fn)}
+                compiled, call = fcs[name]
+                t0 = time.perf_counter()
+                got = call(x, y)
+                torch.cuda.synchronize()
+                first_ms = (time.perf_counter() - t0) * 1e3
+                if lg == args.min_log2:
+                    compile_ms.append((name, dname, first_ms, len(compiled.kernels)))
+                want = fn(x, y)
+                err = (got.float() - want.float()).abs().max().item()
+                tol = 1e-3 if dname == "float32" else 5e-2
+                if not err <= tol * max(1.0, want.float().abs().max().item()):
+                    die("%s %s 2^%d: fastcompile differs from eager by %g" % (name, dname, lg, err))
+                impls = {"eager": fn}
                 if name == "gelu":
-                    impls["jit.script"] = torch.jit.script(fn)
-                # fastcompile: plan execution on CUDA is not wired yet (see README, CUDA);
-                # this row reports "n/a" until torch CUDA tensors run through the plan
-                impls["fastcompile"] = None
-                for impl, f in impls.items():
-                    if f is None:
-                        print("%-16s %-9s 2^%-3d %-11s n/a" % (name, dname, lg, impl))
-                        continue
-                    t = timed(lambda: f(x, y))
-                    print("%-16s %-9s 2^%-3d %-11s %8.1f GB/s" % (name, dname, lg, impl, nbytes / t / 1e9))
+                    impls["jit"] = torch.jit.script(fn)
+                if not args.no_inductor:
+                    impls["inductor"] = torch.compile(fn, dynamic=False)
+                impls["fc"] = call
+                t = {k: timed(lambda f=f: f(x, y)) for k, f in impls.items()}
+                gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
+
+                def cell(k):
+                    return "%.0f" % gbs[k] if k in gbs else "-"
+
+                def ratio(k):
+                    return "%.2f" % (t[k] / t["fc"]) if k in t else "-"
+                print("| %s | %s | 2^%d | %.0f | %s | %s | %s | %s | %.0f%% | %s | %s | %s |" % (
+                    name, dname, lg, copy_bw, cell("eager"), cell("jit"), cell("inductor"), cell("fc"),
+                    100 * gbs["fc"] / copy_bw, ratio("eager"), ratio("jit"), ratio("inductor")), flush=True)
+            del x, y, out
+            torch.cuda.empty_cache()
+    print()
+    print("first call (NVRTC compile, cold cache, + load + run), per graph:")
+    for name, dname, ms, nk in compile_ms:
+        print("  %-16s %-9s %7.1f ms  (%d kernel%s)" % (name, dname, ms, nk, "" if nk == 1 else "s"))
+    st = fastcompile.stats() if hasattr(fastcompile, "stats") else {}
+    if st:
+        print("fastcompile.stats():", {k: v for k, v in st.items() if "cuda" in k or "compile" in k})
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include "runtime/alloc.h"
 #include "runtime/cpu.h"
 #include "runtime/cuda.h"
+#include "runtime/devarray.h"
 #include "runtime/plan.h"
 
 
@@ -99,6 +100,7 @@ mod_exec(PyObject *m)
 static void
 mod_free(void *m)
 {
+    fc_dev_free();
     fc_cuda_free();
     fc_cpu_free();
     fc_alloc_free();

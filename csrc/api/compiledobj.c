@@ -11,6 +11,7 @@
 #include "../core/strbuf.h"
 #include "../fc_numpy.h"
 #include "../runtime/cuda.h"
+#include "../runtime/devarray.h"
 #include "../runtime/plan.h"
 #include "objects.h"
 
@@ -336,14 +337,14 @@ kernel_record(const FcPlanKernel *pk, const FcPlan *p)
     return NULL;
 }
 
-/* seg's plan for metas, moved to the front of its list (most recently used
- * first), or NULL. Returns: borrowed (seg owns its plans). */
+/* seg's plan for metas on dev (0: CPU, d + 1: CUDA device d), moved to the
+ * front of its list (most recently used first), or NULL. Returns: borrowed (seg owns its plans). */
 static FcPlan *
-cached_plan(FcSegment *seg, const FcMeta *metas)
+cached_plan(FcSegment *seg, const FcMeta *metas, int dev)
 {
     FcPlan *p, *prev = NULL;
     for (p = seg->plans; p != NULL; prev = p, p = p->next) {
-        if (memcmp(p->metas, metas, seg->ninputs * sizeof(FcMeta)) == 0) {
+        if (p->dev == dev && memcmp(p->metas, metas, seg->ninputs * sizeof(FcMeta)) == 0) {
             if (prev != NULL) {
                 prev->next = p->next;
                 p->next = seg->plans;
@@ -377,7 +378,7 @@ plan_loaded(CompiledObject *c, const FcPlan *p)
  * unloaded is loaded now. Returns: borrowed (seg owns its plans), or NULL +
  * exception. */
 static FcPlan *
-find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer)
+find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer, int dev)
 {
     FcMeta stack[16], *metas = stack;
     FcPlan *p;
@@ -391,18 +392,26 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer)
     memset(metas, 0, (seg->ninputs ? seg->ninputs : 1) * sizeof(FcMeta));
     for (int k = 0; k < seg->ninputs; k++) {
         PyObject *a = vals[seg->inputs[k]];
-        if (fc_plan_meta(a, &metas[k]) < 0) {
+        FcDevArr da;
+        if (dev > 0) {
+            if (fc_dev_view(a, &da) < 0) {
+                p = NULL;
+                goto done;
+            }
+            fc_dev_meta(&da, &metas[k]);
+        }
+        else if (fc_plan_meta(a, &metas[k]) < 0) {
             p = NULL;
             goto done;
         }
     }
-    if ((p = cached_plan(seg, metas)) == NULL) {
-        if ((p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin))) == NULL) {
+    if ((p = cached_plan(seg, metas, dev)) == NULL) {
+        if ((p = fc_plan_build(&c->g, seg, metas, PyUnicode_AsUTF8(c->origin), dev)) == NULL) {
             goto done;
         }
         /* the build may let other threads in (its debug log runs Python):
          * one of them may have added the same plan meanwhile */
-        FcPlan *q = cached_plan(seg, metas);
+        FcPlan *q = cached_plan(seg, metas, dev);
         if (q != NULL) {
             fc_plan_free(p);
             p = q;
@@ -445,7 +454,7 @@ as_array(PyObject *obj)
 }
 
 static PyObject *
-const_array(const FcNode *n)
+const_array(const FcNode *n, int dev)
 {
     PyObject *v, *r;
     if (n->ckind == FC_CONST_FLOAT) {
@@ -460,6 +469,11 @@ const_array(const FcNode *n)
     if (v == NULL) {
         return NULL;
     }
+    if (dev > 0) {                 /* a 0-d tensor on the graph's device */
+        r = fc_dev_full(v, n->dtype, dev - 1);
+        Py_DECREF(v);
+        return r;
+    }
     r = PyArray_FROM_O(v);
     Py_DECREF(v);
     if (r != NULL && !n->weak) {
@@ -471,11 +485,12 @@ const_array(const FcNode *n)
 }
 
 /* calls extern node e: externs is the list of callables (the graph's own, or
- * _warm's stand-ins), borrowed. Python code may change the list meanwhile (an
+ * _warm's stand-ins), borrowed; dev > 0 (CUDA): results are kept as the
+ * extern returns them (tensors), else made NumPy arrays. Python code may change the list meanwhile (an
  * extern, another thread while a kernel runs): the callable is looked up with
  * a bounds check and held for the call. */
 static int
-run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
+run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals, int dev)
 {
     const FcNode *n = &c->g.nodes[e];
     PyObject *args = PyTuple_New(n->nin), *res = NULL, *fn = NULL;   /* args, res, fn: owned */
@@ -487,7 +502,7 @@ run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
         int u = n->in[j];
         PyObject *a = vals[u];
         if (a == NULL && c->g.nodes[u].op == FC_OP_CONST) {
-            if ((vals[u] = const_array(&c->g.nodes[u])) == NULL) {
+            if ((vals[u] = const_array(&c->g.nodes[u], dev)) == NULL) {
                 goto done;
             }
             a = vals[u];
@@ -507,7 +522,7 @@ run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
         goto done;
     }
     if (n->item < 0) {
-        Py_XSETREF(vals[e], as_array(res));
+        Py_XSETREF(vals[e], dev > 0 ? Py_NewRef(res) : as_array(res));
         rc = vals[e] ? 0 : -1;
         goto done;
     }
@@ -529,7 +544,7 @@ run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals)
             if (x == NULL) {
                 goto done;
             }
-            Py_XSETREF(vals[i], as_array(x));
+            Py_XSETREF(vals[i], dev > 0 ? Py_NewRef(x) : as_array(x));
             Py_DECREF(x);
             if (vals[i] == NULL) {
                 goto done;
@@ -544,26 +559,90 @@ done:
     return rc;
 }
 
+/* The device a call runs on: 0 (CPU) when no argument is a CUDA tensor, else
+ * d + 1 for CUDA device d, which every argument must then be on. CUDA needs
+ * the driver and NVRTC: without them the error says why. args: borrowed.
+ * 0, or -1 + exception. */
 static int
-check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot)
+call_device(PyObject *const *args, Py_ssize_t nargs, int *dev)
+{
+    Py_ssize_t first = -1, other = -1;
+    int d = -1;
+    *dev = 0;
+    for (Py_ssize_t k = 0; k < nargs; k++) {
+        int r = PyArray_Check(args[k]) ? 0 : fc_dev_is_cuda(args[k], &d);
+        if (r < 0) {
+            return -1;
+        }
+        if (r == 0) {
+            other = other < 0 ? k : other;
+        }
+        else if (first < 0) {
+            first = k;
+            *dev = d + 1;
+        }
+        else if (d + 1 != *dev) {
+            PyErr_Format(PyExc_ValueError, "fastcompile: argument %zd is on cuda:%d and argument %zd on "
+                         "cuda:%d: a compiled graph runs on one device", first, *dev - 1, k, d);
+            return -1;
+        }
+    }
+    if (first >= 0 && other >= 0) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: argument %zd is on cuda:%d but argument %zd (%.100s) "
+                     "is not a CUDA tensor: a compiled graph runs on one device; move it with .to('cuda:%d')",
+                     first, *dev - 1, other, Py_TYPE(args[other])->tp_name, *dev - 1);
+        return -1;
+    }
+    if (first >= 0) {
+        const char *why = fc_cuda_unavailable();
+        if (why != NULL) {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: got a tensor on cuda:%d, but CUDA cannot run "
+                         "here: %s", *dev - 1, why);
+            return -1;
+        }
+        if (!fc_cuda_nvrtc_found()) {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: got a tensor on cuda:%d, but CUDA kernels need "
+                         "NVRTC (see fastcompile.cuda_info())", *dev - 1);
+            return -1;
+        }
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static int
+check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev)
 {
     const FcNode *n = &c->g.nodes[c->g.inputs[k]];
     FcMeta m;
     PyObject *a;
-    if (!PyArray_Check(arg)) {
-        if (fc_cuda_check_host(arg) < 0) {   /* a CUDA array: say why it cannot run */
+    if (dev > 0) {
+        FcDevArr da;
+        if (fc_dev_view(arg, &da) < 0) {
             return -1;
         }
-        PyErr_Format(PyExc_TypeError, "fastcompile: argument %d must be a numpy.ndarray, got %.100s",
-                     k, Py_TYPE(arg)->tp_name);
+        fc_dev_meta(&da, &m);
+        a = Py_NewRef(arg);
+    }
+    else if (!PyArray_Check(arg)) {
+        int d = 0;
+        if (fc_dev_foreign_cuda(arg, &d)) {
+            PyErr_Format(PyExc_RuntimeError, "fastcompile: argument %d is a %.100s on CUDA device %d: "
+                         "compiled graphs run on CUDA for torch tensors only (torch.from_dlpack makes one "
+                         "without a copy)", k, Py_TYPE(arg)->tp_name, d);
+            return -1;
+        }
+        PyErr_Format(PyExc_TypeError, "fastcompile: argument %d must be a numpy.ndarray or a CUDA "
+                     "torch.Tensor, got %.100s", k, Py_TYPE(arg)->tp_name);
         return -1;
     }
-    if ((a = as_array(arg)) == NULL) {
-        return -1;
-    }
-    if (fc_plan_meta(a, &m) < 0) {
-        Py_DECREF(a);
-        return -1;
+    else {
+        if ((a = as_array(arg)) == NULL) {
+            return -1;
+        }
+        if (fc_plan_meta(a, &m) < 0) {
+            Py_DECREF(a);
+            return -1;
+        }
     }
     if (m.dtype != n->dtype) {
         PyErr_Format(PyExc_TypeError, "fastcompile: argument %d was declared %s but is an array of %s",
@@ -592,11 +671,14 @@ static PyObject *
 run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *externs, int tune, int dry)
 {
     PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
-    int nn = c->g.nnodes;
+    int nn = c->g.nnodes, dev = 0;
 
     if (nargs != c->g.ninputs) {
         PyErr_Format(PyExc_TypeError, "fastcompile: the compiled graph takes %d array%s, got %zd",
                      c->g.ninputs, c->g.ninputs == 1 ? "" : "s", nargs);
+        return NULL;
+    }
+    if (call_device(args, nargs, &dev) < 0) {
         return NULL;
     }
     if (nn > FC_STACK_VALS) {
@@ -607,7 +689,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
     }
     memset(vals, 0, nn * sizeof(PyObject *));
     for (int k = 0; k < c->g.ninputs; k++) {
-        if (check_input(c, k, args[k], &vals[c->g.inputs[k]]) < 0) {
+        if (check_input(c, k, args[k], &vals[c->g.inputs[k]], dev) < 0) {
             goto done;
         }
     }
@@ -616,7 +698,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         FcPlan *p;
         if (L > 0) {
             for (int i = 0; i < nn; i++) {
-                if (c->g.nodes[i].op == FC_OP_EXTERN && c->level[i] == L && run_extern(c, externs, i, vals) < 0) {
+                if (c->g.nodes[i].op == FC_OP_EXTERN && c->level[i] == L && run_extern(c, externs, i, vals, dev) < 0) {
                     goto done;
                 }
             }
@@ -624,7 +706,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         if (seg->noutputs == 0) {
             continue;
         }
-        if ((p = find_plan(c, seg, vals, dry)) == NULL || fc_plan_run(p, vals, tune, dry) < 0) {
+        if ((p = find_plan(c, seg, vals, dry, dev)) == NULL || fc_plan_run(p, vals, tune, dry) < 0) {
             goto done;
         }
     }
@@ -636,7 +718,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         int v = c->g.outputs[k];
         PyObject *o = vals[v];
         if (o == NULL && c->g.nodes[v].op == FC_OP_CONST) {
-            o = const_array(&c->g.nodes[v]);
+            o = const_array(&c->g.nodes[v], dev);
         }
         else {
             Py_XINCREF(o);

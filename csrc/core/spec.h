@@ -67,7 +67,9 @@ typedef struct {
 /* An input's part of a plan key. zlast: the last dim, of size > 1, has
  * stride 0 (an expanded view such as torch's x.expand(n, k)); pointwise runs
  * then read it once instead of falling to the strided loop. */
-typedef struct { int dtype, ndim; uint32_t ones; int contig, zlast; } FcMeta;
+/* A plan's key per segment input. dev: 0 for a CPU (NumPy) array, d + 1 for
+ * a tensor on CUDA device d. Compared with memcmp: always zero it first. */
+typedef struct { int dtype, ndim; uint32_t ones; int contig, zlast, dev; } FcMeta;
 
 typedef struct {
     const FcGraph *g;

@@ -29,6 +29,8 @@ typedef struct _nvrtcProgram *nvrtcProgram;
 
 #define FC_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
 #define FC_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+#define FC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define FC_CU_THREADS 256                 /* as fc_cuda_kernel.h */
 #define FC_CU_LAUNCH_PARAM_END ((void *)0x00)
 #define FC_CU_LAUNCH_PARAM_BUFFER_POINTER ((void *)0x01)
 #define FC_CU_LAUNCH_PARAM_BUFFER_SIZE ((void *)0x02)
@@ -74,6 +76,7 @@ typedef struct {
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, CUstream, void **, void **);
     CUcontext ctx[16];                    /* retained primary contexts (torch's), per device */
+    int sms[16];                          /* multiprocessors per device (0: not asked yet) */
     int probed;
 } FcCudaRt;
 
@@ -195,9 +198,13 @@ open_from_wheel(char **path_out)
             PyErr_Clear();
             continue;
         }
-        snprintf(dir, sizeof(dir), "%s/nvidia/cuda_nvrtc/lib", s[0] ? s : ".");
-        if ((h = open_in_dir(dir, path_out)) != NULL) {
-            return h;
+        /* CUDA 12's wheel, then CUDA 13's (one folder for every component) */
+        static const char *sub[] = {"nvidia/cuda_nvrtc/lib", "nvidia/cu13/lib"};
+        for (int j = 0; j < 2; j++) {
+            snprintf(dir, sizeof(dir), "%s/%s", s[0] ? s : ".", sub[j]);
+            if ((h = open_in_dir(dir, path_out)) != NULL) {
+                return h;
+            }
         }
     }
     return NULL;
@@ -362,6 +369,13 @@ probe(void)
     }
 }
 
+int
+fc_cuda_nvrtc_found(void)
+{
+    probe();
+    return cu.nvrtc != NULL;
+}
+
 const char *
 fc_cuda_unavailable(void)
 {
@@ -425,6 +439,12 @@ device_arch(int dev)
         return 0;
     }
     return major * 10 + minor;
+}
+
+int
+fc_cuda_device_arch(int dev)
+{
+    return device_arch(dev);
 }
 
 static void
@@ -559,7 +579,9 @@ fc_cuda_compile(const char *source, const char *arch, FcCudaImage *out)
     snprintf(opt_arch, sizeof(opt_arch), "--gpu-architecture=%s", out->arch);
     opts[nopts++] = opt_arch;
     opts[nopts++] = "--std=c++17";
-    opts[nopts++] = "--fmad=true";      /* as nvcc's default; never --use_fast_math */
+    /* no contraction of a * b + c, as the CPU kernels (-ffp-contract=off): arithmetic
+     * gives NumPy's results bit for bit; the math library keeps its own fmas */
+    opts[nopts++] = "--fmad=false";     /* never --use_fast_math */
     if (read_headers(headers) < 0) {
         goto error;
     }
@@ -627,13 +649,12 @@ cleanup:
  * ------------------------------------------------------------------------- */
 
 int
-fc_cuda_load(const FcCudaImage *img, const char *symbol, int dev, void **fn)
+fc_cuda_load(const FcCudaImage *img, const char *const *symbols, int n, int dev, void **fns)
 {
     const char *why = fc_cuda_unavailable();
     CUdevice d;
     CUcontext ctx = NULL, popped;
     CUmodule mod = NULL;
-    CUfunction f = NULL;
     int pushed = 0;
     if (why != NULL) {
         PyErr_Format(PyExc_RuntimeError, "fastcompile: no CUDA device: %s", why);
@@ -654,19 +675,52 @@ fc_cuda_load(const FcCudaImage *img, const char *symbol, int dev, void **fn)
         FC_CUDA_CHECK(FC_DRIVER, cu.cuDevicePrimaryCtxRetain(&ctx, d), NULL, NULL);
         cu.ctx[dev] = ctx;
     }
+    if (cu.sms[dev] == 0) {
+        FC_CUDA_CHECK(FC_DRIVER, cu.cuDeviceGetAttribute(&cu.sms[dev], FC_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                                         d), NULL, NULL);
+    }
     ctx = cu.ctx[dev];
     FC_CUDA_CHECK(FC_DRIVER, cu.cuCtxPushCurrent(ctx), NULL, NULL);
     pushed = 1;
     FC_CUDA_CHECK(FC_DRIVER, cu.cuModuleLoadData(&mod, img->image), NULL, NULL);
-    FC_CUDA_CHECK(FC_DRIVER, cu.cuModuleGetFunction(&f, mod, symbol), NULL, NULL);
+    for (int i = 0; i < n; i++) {
+        CUfunction f = NULL;
+        FC_CUDA_CHECK(FC_DRIVER, cu.cuModuleGetFunction(&f, mod, symbols[i]), NULL, NULL);
+        fns[i] = f;
+    }
     cu.cuCtxPopCurrent(&popped);
-    *fn = f;
     return 0;
 error:
     if (pushed) {
         cu.cuCtxPopCurrent(&popped);
     }
     return -1;
+}
+
+int
+fc_cuda_load_kernel(const char *source, const char *name, int dev, void *fns[2], char key[65], char arch[16])
+{
+    FcCudaImage img;
+    char want[16], s32[96], s64[96];
+    const char *syms[2] = {s32, s64};
+    int a = device_arch(dev), rc;
+    if (a == 0) {
+        const char *why = fc_cuda_unavailable();
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: no CUDA device %d: %s", dev,
+                     why ? why : "the driver does not report its compute capability");
+        return -1;
+    }
+    snprintf(want, sizeof(want), "sm_%d", a);
+    snprintf(s32, sizeof(s32), "%s_i32", name);
+    snprintf(s64, sizeof(s64), "%s_i64", name);
+    if (fc_cuda_compile(source, want, &img) < 0) {
+        return -1;
+    }
+    rc = fc_cuda_load(&img, syms, 2, dev, fns);
+    memcpy(key, img.key, 65);
+    memcpy(arch, img.arch, 16);
+    fc_cuda_image_free(&img);
+    return rc;
 }
 
 int
@@ -700,48 +754,82 @@ error:
     return -1;
 }
 
+/* The kernel parameter fc_cu_launch<nops, nd> (fc_cuda_kernel.h) packed from
+ * the CPU's launch description: every field 8 bytes, in its order. Returns
+ * the bytes used. flat: operands are indexed by i (no strides read). Sets
+ * *maxoff to the largest element offset any operand reaches. */
+static size_t
+pack_launch(const fc_launch *L, int nd, int flat, int64_t *buf, int64_t *maxoff)
+{
+    const int nops = L->nops;
+    size_t n = 0;
+    *maxoff = flat ? L->n_outer : 0;
+    buf[n++] = L->n_outer;
+    buf[n++] = L->n_inner;
+    buf[n++] = L->nd_outer;
+    buf[n++] = L->nd_inner;
+    buf[n++] = 0;                          /* err: NULL, unchecked (see fc_cuda_run) */
+    for (int q = 0; q < nops; q++) {
+        buf[n++] = (int64_t)(intptr_t)L->ptr[q];
+    }
+    for (int d = 0; d < nd; d++) {
+        buf[n++] = d < L->nd_outer ? L->oshape[d] : 1;
+    }
+    for (int d = 0; d < nd; d++) {
+        buf[n++] = d < L->nd_inner ? L->ishape[d] : 1;
+    }
+    for (int q = 0; q < nops; q++) {
+        int64_t off = 0;
+        for (int d = 0; d < nd; d++) {
+            int64_t st = !flat && d < L->nd_outer ? L->ostride[q][d] : 0;
+            buf[n++] = st;
+            off += (L->oshape[d < L->nd_outer ? d : 0] - 1) * (st < 0 ? -st : st);
+        }
+        for (int d = 0; d < nd; d++) {
+            int64_t st = !flat && d < L->nd_inner ? L->istride[q][d] : 0;
+            buf[n++] = st;
+            off += (L->ishape[d < L->nd_inner ? d : 0] - 1) * (st < 0 ? -st : st);
+        }
+        *maxoff = off > *maxoff ? off : *maxoff;
+    }
+    return n * sizeof(int64_t);
+}
+
+#define FC_CU_PARAM_WORDS (5 + FC_LAUNCH_MAXOPS + 2 * FC_LAUNCH_MAXDIM + 2 * FC_LAUNCH_MAXOPS * FC_LAUNCH_MAXDIM)
+
+int
+fc_cuda_run(void *const fns[2], int dev, const fc_launch *L, int nd, int flat, int reduction, void *stream)
+{
+    int64_t buf[FC_CU_PARAM_WORDS], maxoff, grid, sms;
+    const int64_t i32max = 2147483647;
+    size_t nbytes;
+    int use32;
+    nd = nd > 0 ? nd : 1;
+    if (dev < 0 || dev >= 16 || cu.ctx[dev] == NULL || L->nops > FC_LAUNCH_MAXOPS || nd > FC_LAUNCH_MAXDIM) {
+        PyErr_SetString(PyExc_SystemError, "fastcompile: a CUDA launch before its kernel was loaded");
+        return -1;
+    }
+    sms = cu.sms[dev] > 0 ? cu.sms[dev] : 1;
+    /* pointwise: a grid-stride loop, one full wave of 256-thread blocks;
+     * reductions: a block per row, grid-stride over rows */
+    if (reduction) {
+        grid = L->n_outer < sms * 32 ? L->n_outer : sms * 32;
+    }
+    else {
+        grid = (L->n_outer + FC_CU_THREADS - 1) / FC_CU_THREADS;
+        grid = grid < sms * 8 ? grid : sms * 8;
+    }
+    grid = grid > 0 ? grid : 1;
+    nbytes = pack_launch(L, nd, flat, buf, &maxoff);
+    /* 32-bit index math when no index, offset or loop step can pass 2^31 - 1 */
+    use32 = maxoff < i32max && L->n_outer + grid * FC_CU_THREADS < i32max &&
+            L->n_inner + FC_CU_THREADS < i32max;
+    return fc_cuda_launch(fns[use32 ? 0 : 1], dev, (unsigned)grid, FC_CU_THREADS, stream, buf, nbytes);
+}
+
 /* ---------------------------------------------------------------------------
  * Python surface
  * ------------------------------------------------------------------------- */
-
-/* kDLCUDA, kDLCUDAHost, kDLCUDAManaged */
-#define FC_DL_CUDA(t) ((t) == 2 || (t) == 3 || (t) == 13)
-
-int
-fc_cuda_check_host(PyObject *obj)
-{
-    PyObject *dev;
-    long type = 1, id = 0;
-    if (!PyObject_HasAttrString(obj, "__dlpack_device__")) {
-        return 0;
-    }
-    dev = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
-    if (dev == NULL || !PyTuple_Check(dev) || PyTuple_GET_SIZE(dev) != 2) {
-        Py_XDECREF(dev);
-        PyErr_Clear();
-        return 0;
-    }
-    type = PyLong_AsLong(PyTuple_GET_ITEM(dev, 0));
-    id = PyLong_AsLong(PyTuple_GET_ITEM(dev, 1));
-    Py_DECREF(dev);
-    PyErr_Clear();
-    if (!FC_DL_CUDA(type)) {
-        return 0;
-    }
-    {
-        const char *why = fc_cuda_unavailable();
-        if (why != NULL) {
-            PyErr_Format(PyExc_RuntimeError, "fastcompile: got an array on CUDA device %ld, but CUDA "
-                         "cannot run here: %s", id, why);
-        }
-        else {
-            PyErr_Format(PyExc_RuntimeError, "fastcompile: got an array on CUDA device %ld; compiled "
-                         "graphs run on CPU arrays only so far (CUDA kernels render and compile, "
-                         "see fastcompile.cuda_info(), but plan execution on the GPU is not wired yet)", id);
-        }
-    }
-    return -1;
-}
 
 PyObject *
 fc_cuda_py_info(PyObject *self, PyObject *unused)

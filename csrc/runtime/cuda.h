@@ -5,6 +5,7 @@
 
 #include <Python.h>
 #include "../core/ir.h"
+#include "cpu.h"
 
 /* A compiled image for one arch. */
 typedef struct {
@@ -23,25 +24,35 @@ typedef struct {
 FC_INTERNAL int fc_cuda_compile(const char *source, const char *arch, FcCudaImage *out);
 FC_INTERNAL void fc_cuda_image_free(FcCudaImage *img);
 
-/* GPU only (untested without a device): load an image into torch's primary
- * context of device `dev` and look up `symbol`. Returns 0 and *fn, or -1 + exception. */
-FC_INTERNAL int fc_cuda_load(const FcCudaImage *img, const char *symbol, int dev, void **fn);
+/* GPU only: load an image into torch's primary context of device `dev` and
+ * look up symbols[0..n) into fns. Returns 0, or -1 + exception. */
+FC_INTERNAL int fc_cuda_load(const FcCudaImage *img, const char *const *symbols, int n, int dev, void **fns);
+/* A rendered kernel (gen_cuda) compiled for device dev's arch through the disk
+ * cache and loaded: fns[0] = name_i32, fns[1] = name_i64; its cache key and
+ * arch are copied out. Returns 0, or -1 + exception. */
+FC_INTERNAL int fc_cuda_load_kernel(const char *source, const char *name, int dev, void *fns[2],
+                                    char key[65], char arch[16]);
 /* Launch fn (from fc_cuda_load on dev) with the packed fc_cu_launch (params,
- * nbytes <= 4096: 8 * (5 + nops + 2 nd + 2 nops nd)) on stream (a CUstream,
- * e.g. torch.cuda.current_stream().cuda_stream), grid x FC_CU_THREADS.
+ * nbytes <= 4096) on stream (a CUstream), grid x block threads.
  * Asynchronous: errors inside the kernel surface at torch's next sync.
  * Returns 0 or -1 + exception. */
 FC_INTERNAL int fc_cuda_launch(void *fn, int dev, unsigned grid, unsigned block, void *stream,
                                void *params, size_t nbytes);
+/* One launch of a loaded kernel (fns from fc_cuda_load_kernel) over the
+ * space L describes (filled as for the CPU; L->ptr are device pointers; nd:
+ * the kernel's rank; flat: a flat pointwise kernel). Chooses the grid and
+ * 32- or 64-bit index math. The kernel's error flag is not passed: CUDA
+ * kernels report no errors (integer negative powers give what the kernel
+ * computes, as torch on CUDA). GIL held. 0, or -1 + exception. */
+FC_INTERNAL int fc_cuda_run(void *const fns[2], int dev, const fc_launch *L, int nd, int flat, int reduction,
+                            void *stream);
+/* The compute capability of device dev as major * 10 + minor; 0 without one. */
+FC_INTERNAL int fc_cuda_device_arch(int dev);
 
+/* 1 when NVRTC was found (fc_cuda_compile can run), else 0. GIL held. */
+FC_INTERNAL int fc_cuda_nvrtc_found(void);
 /* Why the CUDA path cannot run, or NULL when a device is there. Borrowed. GIL held. */
 FC_INTERNAL const char *fc_cuda_unavailable(void);
-
-/* 0 when obj is not a DLPack array on a CUDA device (CPU tensors, anything
- * else: NumPy decides); -1 + RuntimeError for CUDA arrays: the plan runs
- * on the CPU only for now, and the message says why CUDA cannot run here.
- * obj: borrowed. GIL held. */
-FC_INTERNAL int fc_cuda_check_host(PyObject *obj);
 
 /* Python: _C.cuda_info() -> dict; _C._cuda_compile(source, arch=None) -> dict.
  * self, args: borrowed; returns: new reference. */

@@ -9,6 +9,8 @@
 #include "../core/strbuf.h"
 #include "../fc_numpy.h"
 #include "alloc.h"
+#include "cuda.h"
+#include "devarray.h"
 #include "disk.h"
 #include "plan.h"
 #include "tune.h"
@@ -140,6 +142,24 @@ log_debug(const char *text)
 }
 
 
+/* A CUDA plan's kernels compiled (NVRTC, disk cache) and loaded on its
+ * device. GIL held. 0, or -1 + exception (the plan stays unloaded). */
+static int
+load_cuda(FcPlan *p)
+{
+    double t0 = fc_disk_now_ms();
+    for (int o = 0; o < p->nkernels; o++) {
+        FcPlanKernel *pk = &p->kernels[o];
+        if (fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, pk->cu_fn, pk->cu_key, pk->cu_arch) < 0) {
+            return -1;
+        }
+        pk->loaded.key = pk->cu_key;
+    }
+    p->loaded = 1;
+    p->compile_ms += fc_disk_now_ms() - t0;
+    return 0;
+}
+
 int
 fc_plan_load(FcPlan *const *plans, int n, char *newly)
 {
@@ -160,6 +180,15 @@ fc_plan_load(FcPlan *const *plans, int n, char *newly)
         int dup = 0;
         for (int k = 0; k < i && !dup; k++) {
             dup = batch[k] && plans[k] == plans[i];     /* a plan listed twice loads once */
+        }
+        if (!plans[i]->loaded && plans[i]->dev > 0) {  /* CUDA: NVRTC, one kernel at a time */
+            if (load_cuda(plans[i]) < 0) {
+                goto cleanup;
+            }
+            if (newly != NULL) {
+                newly[i] = 1;
+            }
+            continue;
         }
         if (!plans[i]->loaded && !dup) {
             batch[i] = 1;
@@ -341,7 +370,7 @@ render_kernel(Renderer render, const FcSpec *s, int k, const char *ghash, const 
 }
 
 FcPlan *
-fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin)
+fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin, int dev)
 {
     FcPlan *p = NULL;
     FcSpec *s;
@@ -354,6 +383,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         return NULL;
     }
     s = &p->spec;
+    p->dev = dev;
     p->metas = PyMem_Malloc((seg->ninputs + 1) * sizeof(FcMeta));
     if (p->metas == NULL) {
         PyErr_NoMemory();
@@ -400,7 +430,8 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         FcPlanKernel *pk = &p->kernels[o];
         char name[40];
         pk->kernel = k;
-        pk->source = render_kernel(fc_gen_c, s, k, ghash, origin, name);
+        pk->source = render_kernel(dev ? fc_gen_cuda : fc_gen_c, s, k, ghash, origin, name);
+        pk->nonempty = dev ? fc_gen_cuda_needs_nonempty(s, k) : 0;
         pk->name = pk->source ? PyMem_Malloc(strlen(name) + 1) : NULL;
         if (pk->source == NULL || pk->name == NULL) {
             /* p->nkernels does not count this one yet: free what it got here */
@@ -418,7 +449,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         }
         {
             char stage[64];
-            snprintf(stage, sizeof(stage), "kernel%d.%s.c", o, pk->name);
+            snprintf(stage, sizeof(stage), "kernel%d.%s.%s", o, pk->name, dev ? "cu" : "c");
             dump_stage(ghash, stage, pk->source);
         }
     }
@@ -509,19 +540,34 @@ fc_plan_free(FcPlan *p)
  * run
  * ---------------------------------------------------------------------- */
 
+/* input k's rank and dims: devs[k] where given (CUDA), else the NumPy array in vals */
+static int
+input_dims(const FcSpec *s, PyObject **vals, const FcDevArr *devs, int k, const Py_intptr_t **dims)
+{
+    PyArrayObject *a;
+    if (devs != NULL) {
+        *dims = devs[k].dims;
+        return devs[k].nd;
+    }
+    a = (PyArrayObject *)vals[s->inputs[k]];
+    *dims = PyArray_DIMS(a);
+    return PyArray_NDIM(a);
+}
+
 static void
-raise_broadcast(const FcSpec *s, PyObject **vals)
+raise_broadcast(const FcSpec *s, PyObject **vals, const FcDevArr *devs)
 {
     FcStr b = {0};
     char *text;
     fc_str_puts(&b, "operands could not be broadcast together with shapes");
     for (int k = 0; k < s->ninputs; k++) {
-        PyArrayObject *a = (PyArrayObject *)vals[s->inputs[k]];
+        const Py_intptr_t *dims;
+        int nd = input_dims(s, vals, devs, k, &dims);
         fc_str_puts(&b, " (");
-        for (int d = 0; d < PyArray_NDIM(a); d++) {
-            fc_str_printf(&b, d ? ",%lld" : "%lld", (long long)PyArray_DIM(a, d));
+        for (int d = 0; d < nd; d++) {
+            fc_str_printf(&b, d ? ",%lld" : "%lld", (long long)dims[d]);
         }
-        fc_str_puts(&b, PyArray_NDIM(a) == 1 ? ",)" : ")");
+        fc_str_puts(&b, nd == 1 ? ",)" : ")");
     }
     text = fc_str_take(&b);
     if (text != NULL) {
@@ -690,18 +736,22 @@ tune_launch(void *ctx, int nthreads, int64_t block)
     return err;
 }
 
-/* Runs kernel o of p over arrs. autotune: time the settings tune.c offers for
- * a launch shape not seen before and use the fastest from then on. */
-static int
-launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotune)
+/* One kernel operand as fill_launch reads it: a NumPy array or a CUDA tensor */
+typedef struct {
+    char *data;
+    int nd;
+    const Py_intptr_t *dims, *strides;   /* strides in bytes */
+    int64_t itemsize;
+} Operand;
+
+/* The launch of kernel K over ops (one per kernel operand): the outer and
+ * inner spaces collapsed (see fc_launch), strides in elements; elsize gets
+ * each operand's bytes per element. Threads and blocks are the caller's. */
+static void
+fill_launch(const FcKernelIR *K, const Operand *ops, const int64_t *sizes, fc_launch *L, int64_t *elsize)
 {
-    const FcSpec *s = &p->spec;
-    FcPlanKernel *pk = &p->kernels[o];
-    int k = pk->kernel;
-    const FcKernelIR *K = &s->kernels[k];
-    fc_launch L;
-    int64_t fsz[FC_MAXDIM], st[FC_MAXOPS][FC_MAXDIM], elsize[FC_MAXOPS], bw = 0;
-    int outer[FC_MAXDIM], inner[FC_MAXDIM], nouter = 0, ninner = 0, err;
+    int64_t fsz[FC_MAXDIM], st[FC_MAXOPS][FC_MAXDIM];
+    int outer[FC_MAXDIM], inner[FC_MAXDIM], nouter = 0, ninner = 0;
 
     for (int d = 0; d < K->nd; d++) {
         fsz[d] = K->F[d] ? sizes[K->F[d]] : 1;
@@ -712,14 +762,12 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
             outer[nouter++] = d;
         }
     }
-    L.nops = K->nops;
-    L.nthreads = plan_rt.c.num_threads;
-    L.serial_below = plan_rt.c.serial_below;
+    L->nops = K->nops;
     for (int q = 0; q < K->nops; q++) {
-        PyArrayObject *a = arrs[K->ops[q].slot];
-        int nda = PyArray_NDIM(a);
-        int64_t el = PyArray_ITEMSIZE(a);
-        L.ptr[q] = PyArray_BYTES(a);
+        const Operand *a = &ops[q];
+        int nda = a->nd;
+        int64_t el = a->itemsize;
+        L->ptr[q] = a->data;
         elsize[q] = el;
         if (K->flat) {
             continue;
@@ -739,7 +787,7 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
                 }
                 sd = qpos - (nouter - nda);
             }
-            st[q][d] = (sd >= 0 && PyArray_DIM(a, sd) != 1) ? PyArray_STRIDE(a, sd) / el : 0;
+            st[q][d] = (sd >= 0 && a->dims[sd] != 1) ? a->strides[sd] / el : 0;
         }
     }
     if (K->flat) {
@@ -747,15 +795,44 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
         for (int d = 0; d < K->nd; d++) {
             n *= fsz[d];
         }
-        L.n_outer = n;
-        L.n_inner = 1;
-        L.nd_outer = L.nd_inner = 1;
-        L.oshape[0] = n;
-        L.ishape[0] = 1;
+        L->n_outer = n;
+        L->n_inner = 1;
+        L->nd_outer = L->nd_inner = 1;
+        L->oshape[0] = n;
+        L->ishape[0] = 1;
     }
     else {
-        L.nd_outer = collapse(outer, nouter, fsz, st, K->nops, L.oshape, L.ostride, &L.n_outer);
-        L.nd_inner = collapse(inner, ninner, fsz, st, K->nops, L.ishape, L.istride, &L.n_inner);
+        L->nd_outer = collapse(outer, nouter, fsz, st, K->nops, L->oshape, L->ostride, &L->n_outer);
+        L->nd_inner = collapse(inner, ninner, fsz, st, K->nops, L->ishape, L->istride, &L->n_inner);
+    }
+}
+
+/* Runs kernel o of p over arrs. autotune: time the settings tune.c offers for
+ * a launch shape not seen before and use the fastest from then on. */
+static int
+launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotune)
+{
+    const FcSpec *s = &p->spec;
+    FcPlanKernel *pk = &p->kernels[o];
+    int k = pk->kernel;
+    const FcKernelIR *K = &s->kernels[k];
+    fc_launch L;
+    Operand ops[FC_MAXOPS];
+    int64_t elsize[FC_MAXOPS], bw = 0;
+    int err;
+
+    for (int q = 0; q < K->nops; q++) {
+        PyArrayObject *a = arrs[K->ops[q].slot];
+        ops[q].data = PyArray_BYTES(a);
+        ops[q].nd = PyArray_NDIM(a);
+        ops[q].dims = PyArray_DIMS(a);
+        ops[q].strides = PyArray_STRIDES(a);
+        ops[q].itemsize = PyArray_ITEMSIZE(a);
+    }
+    fill_launch(K, ops, sizes, &L, elsize);
+    L.nthreads = plan_rt.c.num_threads;
+    L.serial_below = plan_rt.c.serial_below;
+    if (!K->flat) {
         bw = K->mask == 0 ? column_block(&L) : 0;
     }
     /* nothing to compute, unless a reduction with no identity must raise
@@ -799,6 +876,148 @@ done:
 #define FC_STACK_SLOTS 64
 #define FC_STACK_CLASSES 64
 
+/* sizes of every symbolic dim (s->nclasses entries) from the inputs' dims
+ * (devs: CUDA, as input_dims); a mismatch raises NumPy's broadcast error.
+ * 0, or -1 + ValueError. */
+static int
+bind_sizes(const FcSpec *s, PyObject **vals, const FcDevArr *devs, int64_t *sizes)
+{
+    for (int c = 0; c < s->nclasses; c++) {
+        sizes[c] = -1;
+    }
+    sizes[0] = 1;
+    for (int k = 0; k < s->ninputs; k++) {
+        int v = s->inputs[k];
+        const Py_intptr_t *dims;
+        input_dims(s, vals, devs, k, &dims);
+        for (int d = 0; d < s->sn[v].ndim; d++) {
+            int c = s->sn[v].dims[d];
+            if (c == 0) {
+                continue;
+            }
+            if (sizes[c] < 0) {
+                sizes[c] = dims[d];
+            }
+            else if (sizes[c] != dims[d]) {
+                raise_broadcast(s, vals, devs);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Kernel o of CUDA plan p over the slots' tensors on stream. GIL held. */
+static int
+launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *stream)
+{
+    const FcSpec *s = &p->spec;
+    FcPlanKernel *pk = &p->kernels[o];
+    const FcKernelIR *K = &s->kernels[pk->kernel];
+    fc_launch L;
+    Operand ops[FC_MAXOPS];
+    int64_t elsize[FC_MAXOPS];
+
+    for (int q = 0; q < K->nops; q++) {
+        const FcDevArr *a = &arrs[K->ops[q].slot];
+        ops[q].data = a->data;
+        ops[q].nd = a->nd;
+        ops[q].dims = a->dims;
+        ops[q].strides = a->strides;
+        ops[q].itemsize = a->itemsize;
+    }
+    fill_launch(K, ops, sizes, &L, elsize);
+    /* what the CPU kernels raise from inside is checked here, before the
+     * launch: a reduction with no identity over an empty row */
+    if (K->mask != 0 && L.n_inner == 0 && pk->nonempty) {
+        raise_kernel_error(s, pk->kernel, FC_ERR_EMPTY_REDUCE);
+        return -1;
+    }
+    if (L.n_outer == 0) {
+        return 0;
+    }
+    return fc_cuda_run(pk->cu_fn, p->dev - 1, &L, K->nd, K->flat, K->mask != 0, stream);
+}
+
+/* fc_plan_run for a CUDA plan: vals hold torch tensors on device p->dev - 1. */
+static int
+run_cuda(FcPlan *p, PyObject **vals, int dry)
+{
+    const FcSpec *s = &p->spec;
+    const int dev = p->dev - 1;
+    FcDevArr *arrs = NULL, *ins = NULL;
+    PyObject **objs = NULL;              /* per slot: borrowed (inputs) or owned (allocated) */
+    int64_t *sizes = NULL;
+    void *stream = NULL;
+    int rc = -1;
+
+    arrs = PyMem_Calloc(s->nslots + 1, sizeof(FcDevArr));
+    ins = PyMem_Calloc(s->ninputs + 1, sizeof(FcDevArr));
+    objs = PyMem_Calloc(s->nslots + 1, sizeof(PyObject *));
+    sizes = PyMem_Calloc(s->nclasses + 1, sizeof(int64_t));
+    if (arrs == NULL || ins == NULL || objs == NULL || sizes == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (int k = 0; k < s->ninputs; k++) {
+        if (fc_dev_view(vals[s->inputs[k]], &ins[k]) < 0) {
+            goto cleanup;
+        }
+        if (ins[k].dev != dev) {
+            PyErr_Format(PyExc_ValueError, "fastcompile: a value on cuda:%d reached a plan for cuda:%d",
+                         ins[k].dev, dev);
+            goto cleanup;
+        }
+    }
+    if (bind_sizes(s, vals, ins, sizes) < 0) {
+        goto cleanup;
+    }
+    for (int i = 0; i < s->nslots; i++) {
+        const FcSlot *sl = &s->slots[i];
+        if (sl->kind == FC_SLOT_INPUT) {
+            objs[i] = vals[sl->node];
+            arrs[i] = ins[sl->input];
+            continue;
+        }
+        {
+            Py_intptr_t shape[FC_MAXDIM];
+            for (int d = 0; d < sl->ndim; d++) {
+                shape[d] = sl->dims[d] ? sizes[sl->dims[d]] : 1;
+            }
+            if ((objs[i] = fc_dev_empty(sl->ndim, shape, sl->dtype, dev)) == NULL ||
+                    fc_dev_view(objs[i], &arrs[i]) < 0) {
+                goto cleanup;
+            }
+        }
+    }
+    if (!dry && p->nkernels > 0 && fc_dev_stream(dev, &stream) < 0) {
+        goto cleanup;
+    }
+    for (int o = 0; !dry && o < p->nkernels; o++) {
+        if (launch_cuda(p, o, arrs, sizes, stream) < 0) {
+            goto cleanup;
+        }
+    }
+    for (int q = 0; q < s->noutputs; q++) {
+        int v = s->outputs[q];
+        PyObject *a = objs[s->sn[v].slot];
+        Py_INCREF(a);
+        Py_XSETREF(vals[v], a);
+    }
+    rc = 0;
+cleanup:
+    for (int i = 0; objs != NULL && i < s->nslots; i++) {
+        if (s->slots[i].kind == FC_SLOT_ALLOC) {
+            Py_XDECREF(objs[i]);
+        }
+    }
+    PyMem_Free(objs);
+    PyMem_Free(arrs);
+    PyMem_Free(ins);
+    PyMem_Free(sizes);
+    return rc;
+}
+
 int
 fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
 {
@@ -811,6 +1030,9 @@ fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
         PyErr_SetString(PyExc_SystemError, "fastcompile: a plan ran before its kernels were loaded");
         return -1;
     }
+    if (p->dev > 0) {
+        return run_cuda(p, vals, dry);
+    }
     if (s->nslots > FC_STACK_SLOTS) {
         arrs = PyMem_Malloc(s->nslots * sizeof(PyArrayObject *));
     }
@@ -821,28 +1043,8 @@ fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
         PyErr_NoMemory();
         goto cleanup;
     }
-    for (int c = 0; c < s->nclasses; c++) {
-        sizes[c] = -1;
-    }
-    sizes[0] = 1;
-    /* sizes of every symbolic dim; a mismatch is NumPy's broadcast error */
-    for (int k = 0; k < s->ninputs; k++) {
-        int v = s->inputs[k];
-        PyArrayObject *a = (PyArrayObject *)vals[v];
-        for (int d = 0; d < s->sn[v].ndim; d++) {
-            int c = s->sn[v].dims[d];
-            npy_intp n = PyArray_DIM(a, d);
-            if (c == 0) {
-                continue;
-            }
-            if (sizes[c] < 0) {
-                sizes[c] = n;
-            }
-            else if (sizes[c] != n) {
-                raise_broadcast(s, vals);
-                goto cleanup;
-            }
-        }
+    if (bind_sizes(s, vals, NULL, sizes) < 0) {
+        goto cleanup;
     }
     for (int i = 0; i < s->nslots; i++) {
         const FcSlot *sl = &s->slots[i];

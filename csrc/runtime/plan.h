@@ -16,6 +16,11 @@ typedef struct {
     FcLoaded loaded;     /* function, .so/.c paths */
     int kernel;          /* index into spec.kernels */
     FcTuneTable tune;    /* settings chosen per launch shape when autotuning */
+    /* CUDA plans: the source is gen_cuda's; loaded are these instead of loaded.fn */
+    void *cu_fn[2];      /* name_i32, name_i64 (CUfunction, borrowed: modules are never unloaded) */
+    char cu_key[65];     /* the cubin's disk-cache key */
+    char cu_arch[16];    /* "sm_90", or "compute_90" for PTX */
+    int nonempty;        /* a reduction without identity: an empty row raises */
 } FcPlanKernel;
 
 typedef struct FcPlan {
@@ -26,6 +31,7 @@ typedef struct FcPlan {
     char *dump;               /* the fused segment, for explain() and debug */
     double compile_ms;
     int loaded;               /* kernels loaded (fc_plan_load); 0 from fc_plan_build until then */
+    int dev;                  /* 0: CPU kernels (gen_c); d + 1: CUDA device d (gen_cuda) */
 } FcPlan;
 
 /* A segment: the core nodes between two rounds of extern calls. */
@@ -57,11 +63,11 @@ FC_INTERNAL int fc_plan_typenum(int dtype);
 FC_INTERNAL int fc_plan_meta(PyObject *arr, FcMeta *m);
 
 /* Build a plan for `metas` (shape inference, fusion, codegen): its kernels
- * rendered, none loaded; fc_plan_load compiles and loads them, for many plans
+ * rendered (C for dev 0, CUDA for device dev - 1), none loaded; fc_plan_load compiles and loads them, for many plans
  * in one batch. origin: "file:line" for kernel headers. Returns a new plan or
  * NULL + exception. */
 FC_INTERNAL FcPlan *fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
-                                  const char *origin);
+                                  const char *origin, int dev);
 /* Loads the kernels of every plan in plans[0..n) that is not loaded yet, in
  * one batch (the compiler runs for all of them at once, without the GIL).
  * newly[i] (may be NULL) is set to 1 for each plan this call loaded: 0 for
@@ -78,7 +84,9 @@ FC_INTERNAL void fc_plan_free(FcPlan *p);
 FC_INTERNAL PyObject *fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
                                           const char *origin);
 
-/* Run: vals[node] holds a new reference to each available array; the
+/* Run: vals[node] holds a new reference to each available array (CUDA
+ * plans: torch tensors on the plan's device, outputs allocated by torch and
+ * kernels launched on its current stream, asynchronously); the
  * segment's outputs are stored there (new references). autotune: choose each
  * kernel's launch settings by timing (tune.h). dry: allocate the outputs but
  * launch nothing (their contents are undefined; p need not be loaded), for

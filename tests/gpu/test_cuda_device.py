@@ -1,10 +1,8 @@
 """CUDA with a device (tinygrad's test/backend): skipped, with the reason, without one.
 
-What runs today: the device's arch is detected and the kernels compile for it
-(cubin, or PTX when the GPU is newer than NVRTC); a torch CUDA tensor fed to a
-compiled graph raises the clear not-wired-yet error. When plan execution on the
-GPU lands (csrc/runtime/cuda.c: fc_cuda_load / fc_cuda_launch are written for
-it), the xfail below turns into the NumPy/torch-eager comparison.
+The device's arch is detected and the kernels compile for it (cubin, or PTX
+when the GPU is newer than NVRTC); a torch CUDA tensor fed to a compiled graph
+runs the plan on the GPU. test_cuda_matrix and test_cuda_torch cover the rest.
 """
 import pytest
 
@@ -36,8 +34,11 @@ def test_device_arch_compiles():
     assert r["arch"].endswith(str(INFO["device_arch"])) or r["kind"] == "ptx"
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="plan execution on CUDA is not wired yet")
 def test_gelu_on_device_matches_torch():
     x = torch.randn(1 << 20, device="cuda")
-    (y,) = gelu_graph()(x)
+    f = gelu_graph()
+    (y,) = f(x)
+    assert y.is_cuda and y.shape == x.shape and y.dtype == x.dtype
     torch.testing.assert_close(y, torch.nn.functional.gelu(x))
+    (k,) = f.kernels
+    assert k.so_path is None and len(k.key) == 64 and "__global__" in k.source

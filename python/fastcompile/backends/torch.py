@@ -167,10 +167,14 @@ class _Cluster:
 
 
 def _to_torch(arr, tshape, dtype):
-    """A NumPy array from the core -> a torch tensor of the torch shape and dtype (views)."""
-    if not arr.flags.writeable:
-        arr = arr.copy()
-    t = torch.from_numpy(arr)
+    """A NumPy array (or, on CUDA, a tensor) from the core -> a torch tensor of the torch shape
+    and dtype (views)."""
+    if isinstance(arr, torch.Tensor):
+        t = arr
+    else:
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        t = torch.from_numpy(arr)
     if t.dim() != len(tshape):
         t = t.reshape(t.shape[t.dim() - len(tshape):] if t.dim() > len(tshape) else
                       (1,) * (len(tshape) - t.dim()) + tuple(t.shape))
@@ -199,9 +203,38 @@ def _layout(meta, from_core):
 
 
 def _restride(t, layout, dtype=None):
-    out = torch.empty_strided(layout[0], layout[1], dtype=dtype or t.dtype)
+    out = torch.empty_strided(layout[0], layout[1], dtype=dtype or t.dtype, device=t.device)
     out.copy_(t)
     return out
+
+
+def _to_core(t):
+    """On CUDA: a tensor as the core reads it (bfloat16 is carried as float32, as on the CPU)."""
+    if not isinstance(t, torch.Tensor):
+        return t                                # a None or scalar slot nobody reads
+    t = t.detach()
+    return t.float() if t.dtype == torch.bfloat16 else t
+
+
+def _on_device(arr, device):
+    """A constant of the lowering (a NumPy array, or on CUDA a tensor) as a tensor on ``device``;
+    dims NumPy broadcasts with stride 0 stay broadcast."""
+    if isinstance(arr, torch.Tensor):
+        return _to_core(arr).to(device)
+    idx = tuple(slice(0, 1) if n > 1 and st == 0 else slice(None) for n, st in zip(arr.shape, arr.strides))
+    return torch.from_numpy(np.ascontiguousarray(arr[idx])).to(device).expand(arr.shape)
+
+
+def _graph_device(example_inputs):
+    """The CUDA device of a graph's tensor inputs, or None for CPU; raises _GraphFallback where
+    they are on several devices (the core runs a graph on one)."""
+    devs = {t.device for t in example_inputs or () if isinstance(t, torch.Tensor)}
+    cuda = [d for d in devs if d.type == "cuda"]
+    if not cuda:
+        return None
+    if len(devs) > 1:
+        raise _GraphFallback("inputs on several devices: %s" % ", ".join(sorted(map(str, devs))))
+    return cuda[0]
 
 
 def _to_numpy(t):
@@ -273,6 +306,7 @@ class _Lowering:
         self.input_values = set()
         self.extern_values = set()
         self.example_inputs = example_inputs
+        self.device = _graph_device(example_inputs)   # None: CPU (NumPy arrays); else CUDA tensors
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, dtype, ndim, kind, payload, shape=None, strides=None):
@@ -280,7 +314,9 @@ class _Lowering:
         self.inputs.append((kind, payload))
         self.input_values.add(v.node)
         self.g.leaf_shape[v.node] = tuple(payload.shape) if kind == "const" else tuple(shape)
-        if kind == "const":
+        if kind == "const" and isinstance(payload, torch.Tensor):
+            strides = tuple(payload.stride())
+        elif kind == "const":
             strides = tuple(s // payload.itemsize for s in payload.strides)
         if strides is not None:
             self.g.leaf_strides[v.node] = tuple(strides)
@@ -397,7 +433,7 @@ class _Lowering:
                 raise _GraphFallback("%s returns %s to the core" % (m.format_node(), type(meta).__name__))
             if _core_dtype(meta.dtype) is None:
                 raise _GraphFallback("%s: dtype %s cannot enter the core" % (m, meta.dtype))
-        fn = _make_cluster_fn(self.gm, members, specs, consts, outs)
+        fn = _make_cluster_fn(self.gm, members, specs, consts, outs, cuda=self.device is not None)
         self.extern_calls += 1
         if len(outs) == 1:
             res = [self.g.extern(fn, *values, replay=outs)]
@@ -444,7 +480,8 @@ class _Lowering:
                     continue
                 self.check_tensor(t, node)
                 shape = tuple(t.shape)
-                v = self._input(_core_dtype(t.dtype), len(shape), "const", _to_numpy(t))
+                v = self._input(_core_dtype(t.dtype), len(shape), "const",
+                                _to_numpy(t) if self.device is None else _to_core(t))
                 self.env[node] = _Rec(v, shape, shape, t.dtype)
             elif node.op == "output":
                 return node
@@ -453,7 +490,7 @@ class _Lowering:
         raise _GraphFallback("graph without output")
 
     def check_tensor(self, t, node):
-        if t.device.type != "cpu":
+        if t.device != (self.device or torch.device("cpu")):
             raise _GraphFallback("%s is on %s" % (node.name, t.device))
         if t.layout != torch.strided:
             raise _GraphFallback("%s has layout %s" % (node.name, t.layout))
@@ -507,8 +544,9 @@ _VIEW_METHODS = {
 }
 
 
-def _make_cluster_fn(gm, members, specs, consts, outs):
-    """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out.
+def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False):
+    """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out
+    (cuda: CUDA tensors in and out, bfloat16 carried as float32 as on the CPU).
 
     It is generated Python (one straight-line function per cluster), so a call pays for the
     torch ops it runs and little else: no per-node interpretation, views as Tensor methods
@@ -516,7 +554,7 @@ def _make_cluster_fn(gm, members, specs, consts, outs):
     alias), and the common conversions inline with the general ones as fallbacks."""
     views = _VIEW_METHODS
     glob = {"_to_torch": _to_torch, "_restride": _restride, "_to_numpy": _to_numpy,
-            "_from_numpy": torch.from_numpy}
+            "_from_numpy": torch.from_numpy, "_to_core": _to_core}
     names = {}
 
     def ref(v):
@@ -543,9 +581,13 @@ def _make_cluster_fn(gm, members, specs, consts, outs):
         var = "x%d" % j
         names[node] = var
         glob["s%d" % j], glob["d%d" % j], glob["l%d" % j] = shape, dtype, layout
-        lines.append("t = _from_numpy(a%d) if a%d.flags.writeable else None" % (j, j))
-        lines.append("%s = t if t is not None and t.shape == s%d and t.dtype is d%d else _to_torch(a%d, s%d, d%d)"
-                     % (var, j, j, j, j, j))
+        if cuda:
+            lines.append("%s = a%d if a%d.shape == s%d and a%d.dtype is d%d else _to_torch(a%d, s%d, d%d)"
+                         % (var, j, j, j, j, j, j, j, j))
+        else:
+            lines.append("t = _from_numpy(a%d) if a%d.flags.writeable else None" % (j, j))
+            lines.append("%s = t if t is not None and t.shape == s%d and t.dtype is d%d else _to_torch(a%d, s%d, d%d)"
+                         % (var, j, j, j, j, j))
         if layout is not None:
             lines.append("%s = _restride(%s, l%d)" % (var, var, j))
     for i, m in enumerate(members):
@@ -572,6 +614,10 @@ def _make_cluster_fn(gm, members, specs, consts, outs):
     rets = []
     for o in outs:
         var = names[o]
+        if cuda:
+            lines.append("r%s = _to_core(%s)" % (var, var))
+            rets.append("r" + var)
+            continue
         lines.append("try:\n        r%s = %s.numpy()\n    except (TypeError, RuntimeError, AttributeError):\n        r%s = _to_numpy(%s)"
                      % (var, var, var, var))
         rets.append("r" + var)
@@ -1032,6 +1078,8 @@ def _push_view(L, node, r, new):
     value where an extern view and a copy kernel did. Raises _NotLowered where this cannot be done
     (a reduction or a transcendental inside, more than _PUSH_MAX_NODES ops, an extern user)."""
     G = L.g
+    if L.device is not None:        # the leaf views are NumPy functions: on CUDA, torch does the view
+        raise _NotLowered("view %s -> %s on %s" % (r.tshape, new, L.device))
     if not _feeds_core(node):
         raise _NotLowered("view %s -> %s feeds an extern" % (r.tshape, new))
     vf = _np_view(node, r.tshape, new)
@@ -1240,6 +1288,7 @@ class FxGraphRunner:
         self.mode = mode
         self.fallback = None
         self.compiled = None
+        self.device = None        # the CUDA device the graph runs on; None: CPU
         self.core_ops = self.extern_nodes = self.extern_calls = 0
         self.lowered_targets = []
         self._warming = None      # async compile: the background build (_Warming), once started
@@ -1254,7 +1303,10 @@ class FxGraphRunner:
             log.warning("fastcompile: graph runs as plain torch: %s", self.fallback, exc_info=True)
         self._pending = False     # batch compile: plans rendered, waiting for _load_pending()
         self._batch = None        # batch compile: the _Batch that took them, once one did
-        if self.compiled is not None and self.fallback is None and config.get("batch_compile"):
+        # batch compile renders the plans of NumPy stand-ins: CPU graphs only (NVRTC compiles
+        # a CUDA graph's kernels at its first call)
+        if self.compiled is not None and self.fallback is None and config.get("batch_compile") \
+                and self.device is None:
             self._prebuild()
         self.lower_s = time.perf_counter() - t0
         self._async = self.compiled is not None and bool(config.get("async_compile"))
@@ -1319,7 +1371,9 @@ class FxGraphRunner:
         self.lowered_targets = [n.target for n in L.lowered]
         self._arg_bf16 = {i for k, i in L.inputs if k == "arg" and isinstance(example_inputs[i], torch.Tensor)
                           and example_inputs[i].dtype == torch.bfloat16} if example_inputs else set()
-        self._arrays = [p if k == "const" else None for k, p in L.inputs]
+        self.device = L.device
+        self._arrays = [(p if L.device is None else _on_device(p, L.device)) if k == "const" else None
+                        for k, p in L.inputs]
         self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg"]
         self._cache = {}
         self._replays = L.g.replays
@@ -1342,7 +1396,10 @@ class FxGraphRunner:
             if hit is not None and hit[0] == key:
                 return hit[1]
         d = t.detach()
-        a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
+        if self.device is not None:
+            a = d.float() if d.dtype == torch.bfloat16 else d
+        else:
+            a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
         if cached:
             self._cache[i] = (key, a, t)
         return a
@@ -1445,7 +1502,7 @@ class FxGraphRunner:
             kind = p[0]
             if kind == "core":
                 _, k, tshape, dtype, copy, layout = p
-                t = torch.from_numpy(res[k])
+                t = res[k] if self.device is not None else torch.from_numpy(res[k])
                 if t.dim() != len(tshape) or tuple(t.shape) != tshape:
                     t = _to_torch(res[k], tshape, dtype)
                 if layout is not None:
@@ -1585,8 +1642,10 @@ def _fake_results(nodes):
 
 
 def _replay(values, nodes):
-    """An extern stand-in returning, as an extern cluster would, the arrays of recorded values."""
-    return _stand_in([_to_numpy(values[n]) for n in nodes])
+    """An extern stand-in returning, as an extern cluster would, the arrays of recorded values
+    (CUDA tensors stay tensors)."""
+    return _stand_in([_to_core(values[n]) if isinstance(values[n], torch.Tensor) and values[n].is_cuda
+                      else _to_numpy(values[n]) for n in nodes])
 
 
 def fx_to_graph(gm, example_inputs, mode="default"):

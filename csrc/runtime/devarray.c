@@ -1,0 +1,335 @@
+/* Runtime, device arrays: torch CUDA tensors as the plans read them.
+ * In: torch tensors. Out: pointer, dims, strides and key metadata; new outputs from torch's allocator. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#include "devarray.h"
+
+/* Module state: python/fastcompile/_cuda_bridge.py and the torch objects it
+ * exposes, loaded once a torch tensor first reaches a compiled graph. All
+ * owned; released by fc_dev_free. */
+static struct {
+    int loaded;
+    PyObject *tensor_type;          /* torch.Tensor */
+    PyObject *dtypes[FC_NDTYPES];   /* torch dtype per FC dtype (NULL: this torch lacks it) */
+    PyObject *empty, *full, *stream;
+    PyObject *s_is_cuda, *s_get_device, *s_dtype, *s_shape, *s_stride, *s_data_ptr;
+} dev_rt;
+
+/* 1 loaded; 0 torch is not imported (so nothing is a tensor); -1 + exception */
+static int
+load_bridge(void)
+{
+    PyObject *name = NULL, *torch = NULL, *mod = NULL;
+    int rc = -1;
+    if (dev_rt.loaded) {
+        return 1;
+    }
+    if ((name = PyUnicode_FromString("torch")) == NULL) {
+        return -1;
+    }
+    torch = PyImport_GetModule(name);          /* new reference, or NULL without an error */
+    Py_DECREF(name);
+    if (torch == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if ((mod = PyImport_ImportModule("fastcompile._cuda_bridge")) == NULL) {
+        goto cleanup;
+    }
+    for (int i = 0; i < FC_NDTYPES; i++) {
+        dev_rt.dtypes[i] = PyObject_GetAttrString(torch, fc_dtypes[i].name);
+        if (dev_rt.dtypes[i] == NULL) {
+            PyErr_Clear();                     /* an older torch without uint32: never matched */
+        }
+    }
+    if ((dev_rt.tensor_type = PyObject_GetAttrString(mod, "TENSOR")) == NULL ||
+            (dev_rt.empty = PyObject_GetAttrString(mod, "empty")) == NULL ||
+            (dev_rt.full = PyObject_GetAttrString(mod, "full")) == NULL ||
+            (dev_rt.stream = PyObject_GetAttrString(mod, "stream")) == NULL ||
+            (dev_rt.s_is_cuda = PyUnicode_InternFromString("is_cuda")) == NULL ||
+            (dev_rt.s_get_device = PyUnicode_InternFromString("get_device")) == NULL ||
+            (dev_rt.s_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
+            (dev_rt.s_shape = PyUnicode_InternFromString("shape")) == NULL ||
+            (dev_rt.s_stride = PyUnicode_InternFromString("stride")) == NULL ||
+            (dev_rt.s_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL) {
+        fc_dev_free();
+        goto cleanup;
+    }
+    if (!PyType_Check(dev_rt.tensor_type)) {
+        PyErr_SetString(PyExc_TypeError, "fastcompile._cuda_bridge.TENSOR is not a type");
+        fc_dev_free();
+        goto cleanup;
+    }
+    dev_rt.loaded = 1;
+    rc = 1;
+cleanup:
+    Py_XDECREF(mod);
+    Py_DECREF(torch);
+    return rc;
+}
+
+void
+fc_dev_free(void)
+{
+    for (int i = 0; i < FC_NDTYPES; i++) {
+        Py_CLEAR(dev_rt.dtypes[i]);
+    }
+    Py_CLEAR(dev_rt.tensor_type);
+    Py_CLEAR(dev_rt.empty);
+    Py_CLEAR(dev_rt.full);
+    Py_CLEAR(dev_rt.stream);
+    Py_CLEAR(dev_rt.s_is_cuda);
+    Py_CLEAR(dev_rt.s_get_device);
+    Py_CLEAR(dev_rt.s_dtype);
+    Py_CLEAR(dev_rt.s_shape);
+    Py_CLEAR(dev_rt.s_stride);
+    Py_CLEAR(dev_rt.s_data_ptr);
+    dev_rt.loaded = 0;
+}
+
+/* obj.name() as a C integer; -1 + exception (a real -1 is told apart by PyErr_Occurred) */
+static long long
+call_int(PyObject *obj, PyObject *name)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(obj, name);
+    long long v;
+    if (r == NULL) {
+        return -1;
+    }
+    v = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    return v;
+}
+
+int
+fc_dev_is_cuda(PyObject *obj, int *dev)
+{
+    PyObject *flag;
+    int on, rc;
+    long long d;
+    if ((rc = load_bridge()) <= 0) {
+        return rc;
+    }
+    if (!PyObject_TypeCheck(obj, (PyTypeObject *)dev_rt.tensor_type)) {
+        return 0;
+    }
+    if ((flag = PyObject_GetAttr(obj, dev_rt.s_is_cuda)) == NULL) {
+        return -1;
+    }
+    on = PyObject_IsTrue(flag);
+    Py_DECREF(flag);
+    if (on <= 0) {
+        return on;
+    }
+    d = call_int(obj, dev_rt.s_get_device);
+    if (d < 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "fastcompile: a CUDA tensor reported device -1");
+        }
+        return -1;
+    }
+    *dev = (int)d;
+    return 1;
+}
+
+/* tuple of ints -> out[0..n); n must equal nd */
+static int
+read_ints(PyObject *seq, int nd, Py_intptr_t *out, const char *what)
+{
+    PyObject *fast = PySequence_Fast(seq, "fastcompile: tensor shape/stride is not a sequence");
+    int rc = -1;
+    if (fast == NULL) {
+        return -1;
+    }
+    if (PySequence_Fast_GET_SIZE(fast) != nd) {
+        PyErr_Format(PyExc_RuntimeError, "fastcompile: tensor %s has %zd entries for rank %d", what,
+                     PySequence_Fast_GET_SIZE(fast), nd);
+        goto done;
+    }
+    for (int d = 0; d < nd; d++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, d));
+        if (v == -1 && PyErr_Occurred()) {
+            goto done;
+        }
+        out[d] = (Py_intptr_t)v;
+    }
+    rc = 0;
+done:
+    Py_DECREF(fast);
+    return rc;
+}
+
+int
+fc_dev_view(PyObject *t, FcDevArr *a)
+{
+    PyObject *dt = NULL, *shape = NULL, *stride = NULL;
+    long long ptr, d;
+    Py_ssize_t nd;
+    int rc = -1;
+    a->dtype = -1;
+    if (!dev_rt.loaded || !PyObject_TypeCheck(t, (PyTypeObject *)dev_rt.tensor_type)) {
+        PyErr_Format(PyExc_TypeError, "fastcompile: a graph running on CUDA got a %.100s where it needs a "
+                     "CUDA torch.Tensor (an extern must return tensors on the graph's device)",
+                     Py_TYPE(t)->tp_name);
+        return -1;
+    }
+    if ((dt = PyObject_GetAttr(t, dev_rt.s_dtype)) == NULL) {
+        return -1;
+    }
+    for (int i = 0; i < FC_NDTYPES; i++) {
+        if (dev_rt.dtypes[i] == dt) {
+            a->dtype = i;
+        }
+    }
+    if (a->dtype < 0) {
+        PyErr_Format(PyExc_TypeError, "fastcompile: tensors of dtype %S are not supported by the core "
+                     "(supported: bool, int8-64, uint8-64, float16, bfloat16, float32, float64)", dt);
+        goto done;
+    }
+    if ((shape = PyObject_GetAttr(t, dev_rt.s_shape)) == NULL ||
+            (stride = PyObject_CallMethodNoArgs(t, dev_rt.s_stride)) == NULL) {
+        goto done;
+    }
+    if ((nd = PyObject_Length(shape)) < 0) {
+        goto done;
+    }
+    if (nd > FC_MAXDIM) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: arrays of rank %zd are not supported (at most %d)",
+                     nd, FC_MAXDIM);
+        goto done;
+    }
+    a->nd = (int)nd;
+    a->itemsize = fc_dtypes[a->dtype].size;
+    if (read_ints(shape, a->nd, a->dims, "shape") < 0 || read_ints(stride, a->nd, a->strides, "stride") < 0) {
+        goto done;
+    }
+    for (int k = 0; k < a->nd; k++) {
+        a->strides[k] *= (Py_intptr_t)a->itemsize;     /* elements -> bytes, as NumPy */
+    }
+    ptr = call_int(t, dev_rt.s_data_ptr);
+    if (ptr == -1 && PyErr_Occurred()) {
+        goto done;
+    }
+    d = call_int(t, dev_rt.s_get_device);
+    if (d == -1 && PyErr_Occurred()) {
+        goto done;
+    }
+    if (d < 0) {
+        PyErr_SetString(PyExc_ValueError, "fastcompile: a graph running on CUDA got a CPU tensor (an extern "
+                        "must return tensors on the graph's device)");
+        goto done;
+    }
+    a->data = (char *)(intptr_t)ptr;
+    a->dev = (int)d;
+    rc = 0;
+done:
+    Py_XDECREF(stride);
+    Py_XDECREF(shape);
+    Py_DECREF(dt);
+    return rc;
+}
+
+void
+fc_dev_meta(const FcDevArr *a, FcMeta *m)
+{
+    Py_intptr_t want = (Py_intptr_t)a->itemsize;
+    int contig = 1;
+    m->dtype = a->dtype;
+    m->ndim = a->nd;
+    m->ones = 0;
+    m->dev = a->dev + 1;
+    for (int d = a->nd - 1; d >= 0; d--) {
+        if (a->dims[d] == 1) {
+            m->ones |= 1u << d;
+            continue;
+        }
+        if (a->dims[d] == 0) {
+            contig = 2;                        /* empty: contiguous, as NumPy says */
+        }
+        else if (contig == 1 && a->strides[d] != want) {
+            contig = 0;
+        }
+        want *= a->dims[d];
+    }
+    m->contig = contig != 0;
+    m->zlast = !m->contig && a->nd > 0 && a->dims[a->nd - 1] > 1 && a->strides[a->nd - 1] == 0;
+}
+
+PyObject *
+fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev)
+{
+    PyObject *tup = PyTuple_New(nd), *r = NULL;
+    if (tup == NULL) {
+        return NULL;
+    }
+    for (int d = 0; d < nd; d++) {
+        PyObject *n = PyLong_FromSsize_t(shape[d]);
+        if (n == NULL) {
+            Py_DECREF(tup);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(tup, d, n);
+    }
+    if (dev_rt.dtypes[dtype] == NULL) {
+        PyErr_Format(PyExc_TypeError, "fastcompile: this torch has no %s", fc_dtypes[dtype].name);
+    }
+    else {
+        r = PyObject_CallFunction(dev_rt.empty, "OOi", tup, dev_rt.dtypes[dtype], dev);
+    }
+    Py_DECREF(tup);
+    return r;
+}
+
+PyObject *
+fc_dev_full(PyObject *value, int dtype, int dev)
+{
+    if (load_bridge() <= 0) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_RuntimeError, "fastcompile: CUDA constants need torch");
+        }
+        return NULL;
+    }
+    if (dev_rt.dtypes[dtype] == NULL) {
+        PyErr_Format(PyExc_TypeError, "fastcompile: this torch has no %s", fc_dtypes[dtype].name);
+        return NULL;
+    }
+    return PyObject_CallFunction(dev_rt.full, "OOi", value, dev_rt.dtypes[dtype], dev);
+}
+
+int
+fc_dev_stream(int dev, void **stream)
+{
+    PyObject *r = PyObject_CallFunction(dev_rt.stream, "i", dev);
+    if (r == NULL) {
+        return -1;
+    }
+    *stream = PyLong_AsVoidPtr(r);
+    Py_DECREF(r);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* kDLCUDA, kDLCUDAHost, kDLCUDAManaged */
+#define FC_DL_CUDA(t) ((t) == 2 || (t) == 3 || (t) == 13)
+
+int
+fc_dev_foreign_cuda(PyObject *obj, int *dev)
+{
+    PyObject *d;
+    long type, id;
+    if (!PyObject_HasAttrString(obj, "__dlpack_device__")) {
+        return 0;
+    }
+    d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (d == NULL || !PyTuple_Check(d) || PyTuple_GET_SIZE(d) != 2) {
+        Py_XDECREF(d);
+        PyErr_Clear();
+        return 0;
+    }
+    type = PyLong_AsLong(PyTuple_GET_ITEM(d, 0));
+    id = PyLong_AsLong(PyTuple_GET_ITEM(d, 1));
+    Py_DECREF(d);
+    PyErr_Clear();
+    *dev = (int)id;
+    return FC_DL_CUDA(type) ? 1 : 0;
+}

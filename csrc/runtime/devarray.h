@@ -1,0 +1,54 @@
+/* Runtime, device arrays: torch CUDA tensors as the plans read them.
+ * In: torch tensors. Out: pointer, dims, strides and key metadata; new outputs from torch's allocator. */
+#ifndef FC_DEVARRAY_H
+#define FC_DEVARRAY_H
+
+#include <Python.h>
+
+#include "../core/spec.h"
+
+/* One CUDA tensor as a plan reads it. dims and strides as NumPy's (strides
+ * in bytes), so the CPU's launch setup reads both kinds alike. */
+typedef struct {
+    char *data;               /* device pointer (data_ptr(): storage offset included) */
+    int nd;
+    int dtype;                /* FC_* */
+    int dev;                  /* CUDA device index */
+    Py_intptr_t dims[FC_MAXDIM];
+    Py_intptr_t strides[FC_MAXDIM];
+    int64_t itemsize;
+} FcDevArr;
+
+/* 1 and *dev when obj is a torch tensor on a CUDA device; 0 when it is
+ * anything else (a NumPy array, a CPU tensor: no error); -1 + exception.
+ * Never imports torch: without torch in sys.modules nothing is a CUDA
+ * tensor. obj: borrowed. GIL held. */
+FC_INTERNAL int fc_dev_is_cuda(PyObject *obj, int *dev);
+
+/* Reads CUDA tensor t into *a. 0, or -1 with TypeError for anything but a
+ * torch tensor or a dtype the core lacks, ValueError for a CPU tensor or a
+ * rank above FC_MAXDIM. t: borrowed. */
+FC_INTERNAL int fc_dev_view(PyObject *t, FcDevArr *a);
+
+/* The plan key of a: as fc_plan_meta's, with m->dev = a->dev + 1. */
+FC_INTERNAL void fc_dev_meta(const FcDevArr *a, FcMeta *m);
+
+/* A new C-contiguous CUDA tensor (contents undefined), from torch's caching
+ * allocator. Returns: new reference, or NULL + exception. */
+FC_INTERNAL PyObject *fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev);
+
+/* A new 0-d CUDA tensor of dtype holding value (borrowed). Returns: new
+ * reference, or NULL + exception. */
+FC_INTERNAL PyObject *fc_dev_full(PyObject *value, int dtype, int dev);
+
+/* torch's current stream on dev, as a CUstream. 0, or -1 + exception. */
+FC_INTERNAL int fc_dev_stream(int dev, void **stream);
+
+/* 1 and *dev when obj is some other library's CUDA array (DLPack says so:
+ * CuPy, JAX), which compiled graphs do not take; else 0. Never raises.
+ * obj: borrowed. */
+FC_INTERNAL int fc_dev_foreign_cuda(PyObject *obj, int *dev);
+
+FC_INTERNAL void fc_dev_free(void);
+
+#endif
