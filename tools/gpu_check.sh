@@ -8,6 +8,10 @@ set -u
 OUT=${1:-${OUT:-/tmp/fc-gpu-check}}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+if ls .whl/*.whl > /dev/null 2>&1; then     # packages the machine lacks, carried as wheels (bytecode)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fc-site .whl/*.whl && \
+        export PYTHONPATH=$PYTHONPATH:/tmp/fc-site
+fi
 T0=$(date +%s)
 step() { echo "== $(( $(date +%s) - T0 ))s: $*"; }
 step start

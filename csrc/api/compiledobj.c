@@ -560,13 +560,15 @@ done:
 }
 
 /* The device a call runs on: 0 (CPU) when no argument is a CUDA tensor, else
- * d + 1 for CUDA device d, which every argument must then be on. CUDA needs
- * the driver and NVRTC: without them the error says why. args: borrowed.
- * 0, or -1 + exception. */
+ * d + 1 for CUDA device d, the device of every CUDA tensor among them. The
+ * other arguments of a CUDA call may only be read by externs (a CPU scalar
+ * tensor that an attention kernel's backward takes): a kernel that would read
+ * one raises (fc_dev_view). CUDA needs the driver and NVRTC: without them the
+ * error says why. args: borrowed. 0, or -1 + exception. */
 static int
 call_device(PyObject *const *args, Py_ssize_t nargs, int *dev)
 {
-    Py_ssize_t first = -1, other = -1;
+    Py_ssize_t first = -1;
     int d = -1;
     *dev = 0;
     for (Py_ssize_t k = 0; k < nargs; k++) {
@@ -574,24 +576,15 @@ call_device(PyObject *const *args, Py_ssize_t nargs, int *dev)
         if (r < 0) {
             return -1;
         }
-        if (r == 0) {
-            other = other < 0 ? k : other;
-        }
-        else if (first < 0) {
+        if (r == 1 && first < 0) {
             first = k;
             *dev = d + 1;
         }
-        else if (d + 1 != *dev) {
+        else if (r == 1 && d + 1 != *dev) {
             PyErr_Format(PyExc_ValueError, "fastcompile: argument %zd is on cuda:%d and argument %zd on "
                          "cuda:%d: a compiled graph runs on one device", first, *dev - 1, k, d);
             return -1;
         }
-    }
-    if (first >= 0 && other >= 0) {
-        PyErr_Format(PyExc_ValueError, "fastcompile: argument %zd is on cuda:%d but argument %zd (%.100s) "
-                     "is not a CUDA tensor: a compiled graph runs on one device; move it with .to('cuda:%d')",
-                     first, *dev - 1, other, Py_TYPE(args[other])->tp_name, *dev - 1);
-        return -1;
     }
     if (first >= 0) {
         const char *why = fc_cuda_unavailable();
@@ -617,6 +610,14 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev)
     PyObject *a;
     if (dev > 0) {
         FcDevArr da;
+        int d = -1, r = PyArray_Check(arg) ? 0 : fc_dev_is_cuda(arg, &d);
+        if (r < 0) {
+            return -1;
+        }
+        if (r == 0) {                 /* for externs only (call_device); kernels check again */
+            *slot = Py_NewRef(arg);
+            return 0;
+        }
         if (fc_dev_view(arg, &da) < 0) {
             return -1;
         }

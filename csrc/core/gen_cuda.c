@@ -9,7 +9,8 @@
  *
  * Shape of the output: a template body NAME_body<I> over an index type I and
  * two entry points, NAME_i32 (every offset fits in 32 bits) and NAME_i64.
- *   pointwise:  a grid-stride loop over the outer space; contiguous kernels
+ *   pointwise:  a grid-stride loop over the outer space, unroll_of elements
+ *               per thread and trip; contiguous kernels
  *               index the operands with i, the others unravel i into
  *               per-operand offsets (same collapsed dims and strides as the
  *               CPU's fc_launch).
@@ -29,12 +30,22 @@
 #define LINE(G, ...) FC_LINE(&(G)->e, __VA_ARGS__)
 #define CLOSE(G) FC_CLOSE(&(G)->e)
 
-typedef enum { SP_FLAT, SP_STRIDED, SP_INNER, SP_OUTER_POINT } Space;
+typedef enum { SP_FLAT, SP_STRIDED, SP_INNER, SP_CACHED, SP_OUTER_POINT } Space;
+
+/* Row cache: a reduction kernel's sweeps over its row read the inputs from
+ * registers after the first sweep that loads them, for the first
+ * FC_CU_ROWCACHE elements of each thread (rows of up to 4096 elements
+ * whole); the rest of a longer row is read again from memory by each sweep.
+ * Softmax and layernorm then read their row from memory once, all of a
+ * thread's loads out together. */
+#define ROWCACHE 16
 
 typedef struct {
     FcExprGen e;         /* shared with gen_expr.c (first member: mem_expr casts back) */
     int nd;              /* the launch struct's ND: the kernel's rank, at least 1 */
     Space sp;            /* how buffer operands are addressed right now */
+    char filled[FC_MAXOPS];    /* SP_CACHED: rc<o> holds operand o (an earlier sweep loaded it) */
+    char filling[FC_MAXOPS];   /* SP_CACHED: this sweep loads operand o into rc<o> */
 } Gen;
 
 /* memory expression of operand o at the current point (FcExprTarget.mem) */
@@ -51,6 +62,18 @@ mem_expr(const FcExprGen *E, int o, char *out)
         break;
     case SP_INNER:
         snprintf(out, EXPR, "%s[ob[%d] + ib[%d]]", E->opname[o], o, o);
+        break;
+    case SP_CACHED:
+        if (E->K->ops[o].is_out) {
+            snprintf(out, EXPR, "%s[ob[%d] + ib[%d]]", E->opname[o], o, o);
+        }
+        else if (G->filled[o]) {
+            snprintf(out, EXPR, "rc%d[k]", o);
+        }
+        else {
+            snprintf(out, EXPR, "(rc%d[k] = %s[ob[%d] + ib[%d]])", o, E->opname[o], o, o);
+            ((Gen *)G)->filling[o] = 1;      /* the renderer's own state, behind E */
+        }
         break;
     case SP_OUTER_POINT:
         snprintf(out, EXPR, "%s[ob[%d]]", E->opname[o], o);
@@ -85,13 +108,70 @@ combine_block(Gen *G, int v)
  * sweeps over one row
  * ---------------------------------------------------------------------- */
 
-/* one block-strided loop over the row's inner space: feeds `reds`, or with
- * store set, writes the materialized full-size values */
+/* one loop of a sweep: cached, the first ROWCACHE elements of the thread
+ * (fully unrolled, inputs through the row cache), else the rest of the row */
+static int
+emit_sweep_loop(Gen *G, const char *need, const int *reds, int nreds, int store, int cached)
+{
+    const FcSpec *s = G->e.s;
+    const FcKernelIR *K = G->e.K;
+    int nn = s->g->nnodes;
+    memset(G->e.loaded, 0, FC_MAXOPS);
+    if (cached) {
+        G->sp = SP_CACHED;
+        LINE(G, "#pragma unroll");
+        LINE(G, "for (int k = 0; k < %d; k++) {", ROWCACHE);
+        G->e.depth++;
+        LINE(G, "const I j = (I)threadIdx.x + (I)k * FC_CU_THREADS;");
+        LINE(G, "if (j < (I)L.n_inner) {");
+        G->e.depth++;
+    }
+    else {
+        G->sp = SP_INNER;
+        LINE(G, "#pragma unroll 4");
+        LINE(G, "for (I j = (I)threadIdx.x + (I)(%d * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {",
+             ROWCACHE);
+        G->e.depth++;
+    }
+    LINE(G, "I ib[%d];", K->nops);
+    if (__builtin_popcount(K->mask) == 1) {
+        /* one reduced dim: the inner space never has more (and the general
+         * unravelling, unrolled ROWCACHE times, cost NVRTC seconds) */
+        for (int q = 0; q < K->nops; q++) {
+            LINE(G, "ib[%d] = j * (I)L.istride[%d][0];", q, q);
+        }
+    }
+    else {
+        LINE(G, "fc_cu_offsets<I, %d, %d>(j, (int)L.nd_inner, L.ishape, L.istride, ib);", K->nops, G->nd);
+    }
+    for (int v = 0; v < nn; v++) {
+        if (need[v] && fc_expr_emit_node(&G->e, v) < 0) {
+            return -1;
+        }
+    }
+    for (int r = 0; r < nreds; r++) {
+        if (fc_expr_feed(&G->e, reds[r], "(int64_t)j") < 0) {
+            return -1;
+        }
+    }
+    for (int v = 0; store && v < nn; v++) {
+        if (need[v] && s->sn[v].materialize) {
+            fc_expr_emit_store(&G->e, v);
+        }
+    }
+    if (cached) {
+        CLOSE(G);
+    }
+    CLOSE(G);
+    return 0;
+}
+
+/* one sweep over the row's inner space: feeds `reds`, or with store set,
+ * writes the materialized full-size values */
 static int
 emit_sweep(Gen *G, const int *reds, int nreds, int store)
 {
     const FcSpec *s = G->e.s;
-    const FcKernelIR *K = G->e.K;
     int nn = s->g->nnodes, rc = -1;
     char *need = PyMem_Calloc(nn + 1, 1), saved[FC_MAXOPS];
 
@@ -101,28 +181,14 @@ emit_sweep(Gen *G, const int *reds, int nreds, int store)
     }
     fc_expr_need_sweep(&G->e, reds, nreds, store, need);
     memcpy(saved, G->e.loaded, FC_MAXOPS);
-    memset(G->e.loaded, 0, FC_MAXOPS);
-    G->sp = SP_INNER;
-    LINE(G, "for (I j = threadIdx.x; j < (I)L.n_inner; j += FC_CU_THREADS) {");
-    G->e.depth++;
-    LINE(G, "I ib[%d];", K->nops);
-    LINE(G, "fc_cu_offsets<I, %d, %d>(j, (int)L.nd_inner, L.ishape, L.istride, ib);", K->nops, G->nd);
-    for (int v = 0; v < nn; v++) {
-        if (need[v] && fc_expr_emit_node(&G->e, v) < 0) {
-            goto cleanup;
-        }
+    memset(G->filling, 0, FC_MAXOPS);
+    if (emit_sweep_loop(G, need, reds, nreds, store, 1) < 0 ||
+            emit_sweep_loop(G, need, reds, nreds, store, 0) < 0) {
+        goto cleanup;
     }
-    for (int r = 0; r < nreds; r++) {
-        if (fc_expr_feed(&G->e, reds[r], "(int64_t)j") < 0) {
-            goto cleanup;
-        }
+    for (int o = 0; o < FC_MAXOPS; o++) {
+        G->filled[o] |= G->filling[o];
     }
-    for (int v = 0; store && v < nn; v++) {
-        if (need[v] && s->sn[v].materialize) {
-            fc_expr_emit_store(&G->e, v);
-        }
-    }
-    CLOSE(G);
     rc = 0;
 cleanup:
     G->sp = SP_OUTER_POINT;
@@ -135,17 +201,42 @@ cleanup:
  * kernel bodies
  * ---------------------------------------------------------------------- */
 
+/* Elements a thread takes per trip of the grid-stride loop: its loads go out
+ * together, so enough bytes are in flight to cover the memory's latency (one
+ * 4-byte element per thread at a time gave 63% of the copy bandwidth on an
+ * H200, 2-byte elements 33%): 4, or 8 where no operand is wider than 2 bytes. */
+static int
+unroll_of(const Gen *G)
+{
+    const FcSpec *s = G->e.s;
+    const FcKernelIR *K = G->e.K;
+    int widest = 1;
+    for (int q = 0; q < K->nops; q++) {
+        int size = fc_dtypes[s->slots[K->ops[q].slot].dtype].size;
+        widest = size > widest ? size : widest;
+    }
+    return widest <= 2 ? 8 : 4;
+}
+
 static int
 emit_pointwise(Gen *G)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
+    const int unroll = unroll_of(G);
     LINE(G, "int fc_err = 0;");
     fc_expr_emit_operand_decls(&G->e);
     LINE(G, "#pragma unroll 1");
-    LINE(G, "for (I i = (I)blockIdx.x * FC_CU_THREADS + (I)threadIdx.x; i < (I)L.n_outer;");
-    LINE(G, "     i += (I)gridDim.x * FC_CU_THREADS) {");
+    LINE(G, "for (I i0 = (I)blockIdx.x * (FC_CU_THREADS * %d) + (I)threadIdx.x; i0 < (I)L.n_outer;", unroll);
+    LINE(G, "     i0 += (I)gridDim.x * (FC_CU_THREADS * %d)) {", unroll);
     G->e.depth++;
+    LINE(G, "#pragma unroll");
+    LINE(G, "for (int u = 0; u < %d; u++) {", unroll);
+    G->e.depth++;
+    /* past the end, a lane loads the last element again and stores nothing:
+     * every load is unconditional, so they can all go out first */
+    LINE(G, "const I iu = i0 + (I)u * FC_CU_THREADS;");
+    LINE(G, "const I i = iu < (I)L.n_outer ? iu : (I)L.n_outer - 1;");
     if (K->flat) {
         G->sp = SP_FLAT;
     }
@@ -161,11 +252,15 @@ emit_pointwise(Gen *G)
             return -1;
         }
     }
+    LINE(G, "if (iu < (I)L.n_outer) {");
+    G->e.depth++;
     for (int m = 0; m < K->nnodes; m++) {
         if (s->sn[K->nodes[m]].materialize) {
             fc_expr_emit_store(&G->e, K->nodes[m]);
         }
     }
+    CLOSE(G);
+    CLOSE(G);
     CLOSE(G);
     LINE(G, "fc_cu_report(L.err, fc_err);");
     return 0;
@@ -199,6 +294,12 @@ emit_reduction(Gen *G)
     G->e.depth++;
     LINE(G, "I ob[%d];", K->nops);
     LINE(G, "fc_cu_offsets<I, %d, %d>(o, (int)L.nd_outer, L.oshape, L.ostride, ob);", K->nops, G->nd);
+    for (int q = 0; q < K->nops; q++) {      /* the row cache (registers: unused ones vanish) */
+        if (!K->ops[q].is_out) {
+            LINE(G, "%s rc%d[%d];", fc_expr_storetype(s->slots[K->ops[q].slot].dtype), q, ROWCACHE);
+        }
+    }
+    memset(G->filled, 0, FC_MAXOPS);
     G->sp = SP_OUTER_POINT;
     memset(G->e.loaded, 0, FC_MAXOPS);
     for (int level = 0; level <= K->nphases; level++) {
@@ -270,13 +371,16 @@ fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment
     G.e.depth++;
     rc = G.e.K->mask ? emit_reduction(&G) : emit_pointwise(&G);
     CLOSE(&G);
+    /* the runtime compiles one of them (-DFC_CU_INDEX=32, or 64 when a launch needs it) */
     for (int w = 32; rc == 0 && w <= 64; w += 32) {
         fc_str_puts(&b, "\n");
+        LINE(&G, "#if !defined(FC_CU_INDEX) || FC_CU_INDEX == %d", w);
         LINE(&G, "extern \"C\" __global__ void __launch_bounds__(FC_CU_THREADS)");
         LINE(&G, "%s_i%d(const %s_launch L)", name, w, name);
         LINE(&G, "{");
         LINE(&G, "    %s_body<int%d_t>(L);", name, w);
         LINE(&G, "}");
+        LINE(&G, "#endif");
     }
     if (rc < 0) {
         fc_str_free(&b);

@@ -529,11 +529,11 @@ fc_cuda_image_free(FcCudaImage *img)
 }
 
 int
-fc_cuda_compile(const char *source, const char *arch, FcCudaImage *out)
+fc_cuda_compile(const char *source, const char *arch, const char *define, FcCudaImage *out)
 {
     char *headers[NHEADERS] = {NULL};
     char opt_arch[64], ver[32];
-    const char *opts[4];
+    const char *opts[5];
     const char *dir;
     nvrtcProgram prog = NULL;
     int want, use = 0, rc = -1, nopts = 0;
@@ -582,6 +582,9 @@ fc_cuda_compile(const char *source, const char *arch, FcCudaImage *out)
     /* no contraction of a * b + c, as the CPU kernels (-ffp-contract=off): arithmetic
      * gives NumPy's results bit for bit; the math library keeps its own fmas */
     opts[nopts++] = "--fmad=false";     /* never --use_fast_math */
+    if (define != NULL) {
+        opts[nopts++] = define;
+    }
     if (read_headers(headers) < 0) {
         goto error;
     }
@@ -698,11 +701,12 @@ error:
 }
 
 int
-fc_cuda_load_kernel(const char *source, const char *name, int dev, void *fns[2], char key[65], char arch[16])
+fc_cuda_load_kernel(const char *source, const char *name, int dev, int bits, void **fn, char key[65],
+                    char arch[16])
 {
     FcCudaImage img;
-    char want[16], s32[96], s64[96];
-    const char *syms[2] = {s32, s64};
+    char want[16], sym[96], define[32];
+    const char *syms[1] = {sym};
     int a = device_arch(dev), rc;
     if (a == 0) {
         const char *why = fc_cuda_unavailable();
@@ -711,12 +715,12 @@ fc_cuda_load_kernel(const char *source, const char *name, int dev, void *fns[2],
         return -1;
     }
     snprintf(want, sizeof(want), "sm_%d", a);
-    snprintf(s32, sizeof(s32), "%s_i32", name);
-    snprintf(s64, sizeof(s64), "%s_i64", name);
-    if (fc_cuda_compile(source, want, &img) < 0) {
+    snprintf(sym, sizeof(sym), "%s_i%d", name, bits);
+    snprintf(define, sizeof(define), "-DFC_CU_INDEX=%d", bits);
+    if (fc_cuda_compile(source, want, define, &img) < 0) {
         return -1;
     }
-    rc = fc_cuda_load(&img, syms, 2, dev, fns);
+    rc = fc_cuda_load(&img, syms, 1, dev, fn);
     memcpy(key, img.key, 65);
     memcpy(arch, img.arch, 16);
     fc_cuda_image_free(&img);
@@ -778,17 +782,24 @@ pack_launch(const fc_launch *L, int nd, int flat, int64_t *buf, int64_t *maxoff)
     for (int d = 0; d < nd; d++) {
         buf[n++] = d < L->nd_inner ? L->ishape[d] : 1;
     }
+    /* ostride[NOPS][ND], then istride[NOPS][ND] */
     for (int q = 0; q < nops; q++) {
-        int64_t off = 0;
         for (int d = 0; d < nd; d++) {
-            int64_t st = !flat && d < L->nd_outer ? L->ostride[q][d] : 0;
-            buf[n++] = st;
-            off += (L->oshape[d < L->nd_outer ? d : 0] - 1) * (st < 0 ? -st : st);
+            buf[n++] = !flat && d < L->nd_outer ? L->ostride[q][d] : 0;
         }
+    }
+    for (int q = 0; q < nops; q++) {
         for (int d = 0; d < nd; d++) {
-            int64_t st = !flat && d < L->nd_inner ? L->istride[q][d] : 0;
-            buf[n++] = st;
-            off += (L->ishape[d < L->nd_inner ? d : 0] - 1) * (st < 0 ? -st : st);
+            buf[n++] = !flat && d < L->nd_inner ? L->istride[q][d] : 0;
+        }
+    }
+    for (int q = 0; q < nops && !flat; q++) {
+        int64_t off = 0;
+        for (int d = 0; d < L->nd_outer; d++) {
+            off += (L->oshape[d] - 1) * (L->ostride[q][d] < 0 ? -L->ostride[q][d] : L->ostride[q][d]);
+        }
+        for (int d = 0; d < L->nd_inner; d++) {
+            off += (L->ishape[d] - 1) * (L->istride[q][d] < 0 ? -L->istride[q][d] : L->istride[q][d]);
         }
         *maxoff = off > *maxoff ? off : *maxoff;
     }
@@ -797,34 +808,49 @@ pack_launch(const fc_launch *L, int nd, int flat, int64_t *buf, int64_t *maxoff)
 
 #define FC_CU_PARAM_WORDS (5 + FC_LAUNCH_MAXOPS + 2 * FC_LAUNCH_MAXDIM + 2 * FC_LAUNCH_MAXOPS * FC_LAUNCH_MAXDIM)
 
-int
-fc_cuda_run(void *const fns[2], int dev, const fc_launch *L, int nd, int flat, int reduction, void *stream)
+/* the grid of a launch over L: see fc_cuda_run */
+static int64_t
+grid_of(int dev, const fc_launch *L, int reduction)
 {
-    int64_t buf[FC_CU_PARAM_WORDS], maxoff, grid, sms;
-    const int64_t i32max = 2147483647;
-    size_t nbytes;
-    int use32;
-    nd = nd > 0 ? nd : 1;
-    if (dev < 0 || dev >= 16 || cu.ctx[dev] == NULL || L->nops > FC_LAUNCH_MAXOPS || nd > FC_LAUNCH_MAXDIM) {
-        PyErr_SetString(PyExc_SystemError, "fastcompile: a CUDA launch before its kernel was loaded");
-        return -1;
-    }
-    sms = cu.sms[dev] > 0 ? cu.sms[dev] : 1;
+    int64_t sms = dev >= 0 && dev < 16 && cu.sms[dev] > 0 ? cu.sms[dev] : 1, grid;
     /* pointwise: a grid-stride loop, one full wave of 256-thread blocks;
      * reductions: a block per row, grid-stride over rows */
     if (reduction) {
         grid = L->n_outer < sms * 32 ? L->n_outer : sms * 32;
     }
     else {
-        grid = (L->n_outer + FC_CU_THREADS - 1) / FC_CU_THREADS;
+        grid = (L->n_outer + FC_CU_THREADS * 4 - 1) / (FC_CU_THREADS * 4);   /* 4-8 elements a thread */
         grid = grid < sms * 8 ? grid : sms * 8;
     }
-    grid = grid > 0 ? grid : 1;
+    return grid > 0 ? grid : 1;
+}
+
+int
+fc_cuda_index_bits(int dev, const fc_launch *L, int nd, int flat, int reduction)
+{
+    int64_t buf[FC_CU_PARAM_WORDS], maxoff, grid = grid_of(dev, L, reduction);
+    const int64_t i32max = 2147483647;
+    pack_launch(L, nd > 0 ? nd : 1, flat, buf, &maxoff);
+    /* 32-bit index math when no index, offset or loop step can pass 2^31 - 1
+     * (a pointwise trip steps by grid x threads x at most 8 elements) */
+    return maxoff < i32max && L->n_outer + (grid + 1) * FC_CU_THREADS * 8 < i32max &&
+           L->n_inner + FC_CU_THREADS * 4 < i32max ? 32 : 64;
+}
+
+int
+fc_cuda_run(void *fn, int dev, const fc_launch *L, int nd, int flat, int reduction, void *stream)
+{
+    int64_t buf[FC_CU_PARAM_WORDS], maxoff, grid;
+    size_t nbytes;
+    nd = nd > 0 ? nd : 1;
+    if (fn == NULL || dev < 0 || dev >= 16 || cu.ctx[dev] == NULL || L->nops > FC_LAUNCH_MAXOPS ||
+            nd > FC_LAUNCH_MAXDIM) {
+        PyErr_SetString(PyExc_SystemError, "fastcompile: a CUDA launch before its kernel was loaded");
+        return -1;
+    }
+    grid = grid_of(dev, L, reduction);
     nbytes = pack_launch(L, nd, flat, buf, &maxoff);
-    /* 32-bit index math when no index, offset or loop step can pass 2^31 - 1 */
-    use32 = maxoff < i32max && L->n_outer + grid * FC_CU_THREADS < i32max &&
-            L->n_inner + FC_CU_THREADS < i32max;
-    return fc_cuda_launch(fns[use32 ? 0 : 1], dev, (unsigned)grid, FC_CU_THREADS, stream, buf, nbytes);
+    return fc_cuda_launch(fn, dev, (unsigned)grid, FC_CU_THREADS, stream, buf, nbytes);
 }
 
 /* ---------------------------------------------------------------------------
@@ -877,7 +903,7 @@ fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|z:_cuda_compile", kwlist, &source, &arch)) {
         return NULL;
     }
-    if (fc_cuda_compile(source, arch, &img) < 0) {
+    if (fc_cuda_compile(source, arch, NULL, &img) < 0) {
         return NULL;
     }
     r = Py_BuildValue("{s:y#,s:s,s:s,s:s,s:O}", "image", img.image, (Py_ssize_t)img.size,

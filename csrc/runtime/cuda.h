@@ -18,19 +18,21 @@ typedef struct {
 } FcCudaImage;
 
 /* Compile `source` for arch ("sm_80", "sm_90", ...; NULL: the device's,
- * or sm_80 without one) through the disk cache. Returns 0, or -1 with
+ * or sm_80 without one) through the disk cache; define: NULL, or one more
+ * NVRTC option ("-DFC_CU_INDEX=32"), part of the key. Returns 0, or -1 with
  * RuntimeError carrying the NVRTC log and the numbered source, or ImportError
  * when NVRTC cannot be found. */
-FC_INTERNAL int fc_cuda_compile(const char *source, const char *arch, FcCudaImage *out);
+FC_INTERNAL int fc_cuda_compile(const char *source, const char *arch, const char *define, FcCudaImage *out);
 FC_INTERNAL void fc_cuda_image_free(FcCudaImage *img);
 
 /* GPU only: load an image into torch's primary context of device `dev` and
  * look up symbols[0..n) into fns. Returns 0, or -1 + exception. */
 FC_INTERNAL int fc_cuda_load(const FcCudaImage *img, const char *const *symbols, int n, int dev, void **fns);
 /* A rendered kernel (gen_cuda) compiled for device dev's arch through the disk
- * cache and loaded: fns[0] = name_i32, fns[1] = name_i64; its cache key and
- * arch are copied out. Returns 0, or -1 + exception. */
-FC_INTERNAL int fc_cuda_load_kernel(const char *source, const char *name, int dev, void *fns[2],
+ * cache with only its entry point for `bits`-bit index math (32 or 64:
+ * name_i32, name_i64), loaded into *fn; its cache key and arch are copied
+ * out. Returns 0, or -1 + exception. */
+FC_INTERNAL int fc_cuda_load_kernel(const char *source, const char *name, int dev, int bits, void **fn,
                                     char key[65], char arch[16]);
 /* Launch fn (from fc_cuda_load on dev) with the packed fc_cu_launch (params,
  * nbytes <= 4096) on stream (a CUstream), grid x block threads.
@@ -38,14 +40,16 @@ FC_INTERNAL int fc_cuda_load_kernel(const char *source, const char *name, int de
  * Returns 0 or -1 + exception. */
 FC_INTERNAL int fc_cuda_launch(void *fn, int dev, unsigned grid, unsigned block, void *stream,
                                void *params, size_t nbytes);
-/* One launch of a loaded kernel (fns from fc_cuda_load_kernel) over the
- * space L describes (filled as for the CPU; L->ptr are device pointers; nd:
- * the kernel's rank; flat: a flat pointwise kernel). Chooses the grid and
- * 32- or 64-bit index math. The kernel's error flag is not passed: CUDA
- * kernels report no errors (integer negative powers give what the kernel
- * computes, as torch on CUDA). GIL held. 0, or -1 + exception. */
-FC_INTERNAL int fc_cuda_run(void *const fns[2], int dev, const fc_launch *L, int nd, int flat, int reduction,
-                            void *stream);
+/* The index width (32 or 64) the launch of a kernel over L needs: 32 when
+ * no index, offset or loop step can pass 2^31 - 1 (L filled as for the CPU;
+ * nd: the kernel's rank; flat: a flat pointwise kernel). */
+FC_INTERNAL int fc_cuda_index_bits(int dev, const fc_launch *L, int nd, int flat, int reduction);
+/* One launch of fn (the entry point for fc_cuda_index_bits's width) over the
+ * space L describes (L->ptr are device pointers), on stream, with the grid
+ * chosen here. The kernel's error flag is not passed: CUDA kernels report
+ * no errors (integer negative powers give what the kernel computes, as
+ * torch on CUDA). GIL held. 0, or -1 + exception. */
+FC_INTERNAL int fc_cuda_run(void *fn, int dev, const fc_launch *L, int nd, int flat, int reduction, void *stream);
 /* The compute capability of device dev as major * 10 + minor; 0 without one. */
 FC_INTERNAL int fc_cuda_device_arch(int dev);
 

@@ -169,9 +169,9 @@ fc_dev_view(PyObject *t, FcDevArr *a)
     int rc = -1;
     a->dtype = -1;
     if (!dev_rt.loaded || !PyObject_TypeCheck(t, (PyTypeObject *)dev_rt.tensor_type)) {
-        PyErr_Format(PyExc_TypeError, "fastcompile: a graph running on CUDA got a %.100s where it needs a "
-                     "CUDA torch.Tensor (an extern must return tensors on the graph's device)",
-                     Py_TYPE(t)->tp_name);
+        PyErr_Format(PyExc_TypeError, "fastcompile: a graph running on CUDA got a %.100s where a kernel "
+                     "needs a CUDA torch.Tensor: a compiled graph runs on one device (its arguments, and "
+                     "what its externs return)", Py_TYPE(t)->tp_name);
         return -1;
     }
     if ((dt = PyObject_GetAttr(t, dev_rt.s_dtype)) == NULL) {
@@ -216,8 +216,9 @@ fc_dev_view(PyObject *t, FcDevArr *a)
         goto done;
     }
     if (d < 0) {
-        PyErr_SetString(PyExc_ValueError, "fastcompile: a graph running on CUDA got a CPU tensor (an extern "
-                        "must return tensors on the graph's device)");
+        PyErr_SetString(PyExc_ValueError, "fastcompile: a graph running on CUDA got a CPU tensor where a "
+                        "kernel needs a CUDA one: a compiled graph runs on one device (its arguments, and "
+                        "what its externs return); move it with .cuda()");
         goto done;
     }
     a->data = (char *)(intptr_t)ptr;

@@ -143,14 +143,18 @@ log_debug(const char *text)
 
 
 /* A CUDA plan's kernels compiled (NVRTC, disk cache) and loaded on its
- * device. GIL held. 0, or -1 + exception (the plan stays unloaded). */
+ * device, with 32-bit index math; a launch that needs 64 bits compiles that
+ * entry point then (launch_cuda). GIL held. 0, or -1 + exception (the plan
+ * stays unloaded). */
 static int
 load_cuda(FcPlan *p)
 {
     double t0 = fc_disk_now_ms();
     for (int o = 0; o < p->nkernels; o++) {
         FcPlanKernel *pk = &p->kernels[o];
-        if (fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, pk->cu_fn, pk->cu_key, pk->cu_arch) < 0) {
+        if (pk->cu_fn[0] == NULL &&
+                fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 32, &pk->cu_fn[0], pk->cu_key,
+                                    pk->cu_arch) < 0) {
             return -1;
         }
         pk->loaded.key = pk->cu_key;
@@ -936,7 +940,15 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
     if (L.n_outer == 0) {
         return 0;
     }
-    return fc_cuda_run(pk->cu_fn, p->dev - 1, &L, K->nd, K->flat, K->mask != 0, stream);
+    if (fc_cuda_index_bits(p->dev - 1, &L, K->nd, K->flat, K->mask != 0) == 64) {
+        char key[65], arch[16];
+        if (pk->cu_fn[1] == NULL &&
+                fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 64, &pk->cu_fn[1], key, arch) < 0) {
+            return -1;
+        }
+        return fc_cuda_run(pk->cu_fn[1], p->dev - 1, &L, K->nd, K->flat, K->mask != 0, stream);
+    }
+    return fc_cuda_run(pk->cu_fn[0], p->dev - 1, &L, K->nd, K->flat, K->mask != 0, stream);
 }
 
 /* fc_plan_run for a CUDA plan: vals hold torch tensors on device p->dev - 1. */

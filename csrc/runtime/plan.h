@@ -17,8 +17,9 @@ typedef struct {
     int kernel;          /* index into spec.kernels */
     FcTuneTable tune;    /* settings chosen per launch shape when autotuning */
     /* CUDA plans: the source is gen_cuda's; loaded are these instead of loaded.fn */
-    void *cu_fn[2];      /* name_i32, name_i64 (CUfunction, borrowed: modules are never unloaded) */
-    char cu_key[65];     /* the cubin's disk-cache key */
+    void *cu_fn[2];      /* name_i32, name_i64 (CUfunction, borrowed: modules are never unloaded;
+                          * name_i64 NULL until a launch needs 64-bit indexes) */
+    char cu_key[65];     /* the disk-cache key of name_i32's cubin */
     char cu_arch[16];    /* "sm_90", or "compute_90" for PTX */
     int nonempty;        /* a reduction without identity: an empty row raises */
 } FcPlanKernel;

@@ -18,7 +18,8 @@ SKIP = [
 def to_cuda(a):
     """A NumPy array as a CUDA tensor with the same element strides (zero strides stay zero).
     torch has no negative strides: such arrays arrive C-contiguous (same values)."""
-    a = np.asarray(a)
+    if not isinstance(a, np.ndarray) or not a.dtype.isnative or a.dtype.kind not in "biuf":
+        return a                    # what torch cannot hold goes in as it is (the graph raises)
     if any(s < 0 or s % a.itemsize for s in a.strides):
         a = np.ascontiguousarray(a)
     strides = tuple(s // a.itemsize for s in a.strides)

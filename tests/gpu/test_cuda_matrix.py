@@ -39,9 +39,17 @@ def _load(name):
     return mod
 
 
+def _is_fixture(obj):
+    return hasattr(obj, "_pytestfixturefunction") or hasattr(obj, "_fixture_function_marker") or \
+        "Fixture" in type(obj).__name__
+
+
 for _name in MODULES:
     _mod = _load(_name)
     for _k, _fn in list(vars(_mod).items()):
+        if _is_fixture(_fn) and not _k.startswith("test_"):
+            globals()[_k] = _fn                 # the module's own fixtures (add_f32, ...)
+            continue
         if not (_k.startswith("test_") and inspect.isfunction(_fn)):
             continue
         _src = inspect.getsource(_fn)

@@ -117,10 +117,25 @@ def test_cpu_then_cuda_recompiles_and_stays_correct():
 
 def test_mixed_devices_raise_a_clear_error():
     f = compiled(lambda g, x, y: [g.call("add", x, y)], ("float32", 1), ("float32", 1))
-    with pytest.raises(ValueError, match="one device"):
+    with pytest.raises(TypeError, match="one device"):
         f(torch.ones(3, device="cuda"), np.ones(3, np.float32))
     with pytest.raises(ValueError, match="one device"):
         f(torch.ones(3, device="cuda"), torch.ones(3))
+    (y,) = f(torch.ones(3, device="cuda"), torch.ones(3, device="cuda"))
+    assert y.is_cuda and float(y.sum()) == 6.0
+
+
+def test_cpu_tensor_for_an_extern_in_a_cuda_graph():
+    """A CPU tensor may ride along in a CUDA call when only an extern reads it (an attention
+    backward's RNG state): the extern gets it as it is."""
+    g = Graph()
+    x, s = g.input("float32", 1), g.input("float32", 0)
+    e = g.extern(lambda a, b: a * b.item(), g.call("exp", x), s)
+    g.output(g.call("add", e, 1.0))
+    f = g.compile()
+    x = torch.randn(1000, device="cuda")
+    (y,) = f(x, torch.tensor(2.0))
+    torch.testing.assert_close(y, torch.exp(x) * 2 + 1)
 
 
 def test_side_stream_orders_with_torch():

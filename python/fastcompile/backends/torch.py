@@ -227,14 +227,12 @@ def _on_device(arr, device):
 
 def _graph_device(example_inputs):
     """The CUDA device of a graph's tensor inputs, or None for CPU; raises _GraphFallback where
-    they are on several devices (the core runs a graph on one)."""
-    devs = {t.device for t in example_inputs or () if isinstance(t, torch.Tensor)}
-    cuda = [d for d in devs if d.type == "cuda"]
-    if not cuda:
-        return None
-    if len(devs) > 1:
-        raise _GraphFallback("inputs on several devices: %s" % ", ".join(sorted(map(str, devs))))
-    return cuda[0]
+    they are on several CUDA devices (the core runs a graph on one). CPU tensors among CUDA
+    inputs (the RNG state an attention backward takes) only feed externs (_Lowering.rec)."""
+    cuda = {t.device for t in example_inputs or () if isinstance(t, torch.Tensor) and t.device.type == "cuda"}
+    if len(cuda) > 1:
+        raise _GraphFallback("inputs on several CUDA devices: %s" % ", ".join(sorted(map(str, cuda))))
+    return cuda.pop() if cuda else None
 
 
 def _to_numpy(t):
@@ -307,6 +305,7 @@ class _Lowering:
         self.extern_values = set()
         self.example_inputs = example_inputs
         self.device = _graph_device(example_inputs)   # None: CPU (NumPy arrays); else CUDA tensors
+        self.foreign = set()       # core nodes of inputs on another device than self.device: externs only
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, dtype, ndim, kind, payload, shape=None, strides=None):
@@ -338,6 +337,8 @@ class _Lowering:
             v = self.env[arg]
         if not isinstance(v, _Rec):
             raise _NotLowered("%s is not a tensor" % arg)
+        if v.value.node in self.foreign:
+            raise _NotLowered("%s is not on %s" % (arg, self.device))
         return v
 
     def operand(self, arg, dtype=None):
@@ -464,12 +465,14 @@ class _Lowering:
                     meta = self.example_inputs[idx]
                 if not isinstance(meta, torch.Tensor):
                     raise _GraphFallback("input %s is a %s" % (node.name, type(meta).__name__))
-                self.check_tensor(meta, node)
+                self.check_tensor(meta, node, placeholder=True)
                 shape = _static_shape(meta)
                 if not node.users:
                     self.env[node] = None
                     continue
                 v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape, _meta_strides(meta))
+                if self.device is not None and meta.device != self.device:
+                    self.foreign.add(v.node)
                 self.arg_layouts[idx] = _layout_of(meta)
                 self.env[node] = _Rec(v, shape, shape, meta.dtype)
             elif node.op == "get_attr":
@@ -489,9 +492,13 @@ class _Lowering:
                 self.lower(node)
         raise _GraphFallback("graph without output")
 
-    def check_tensor(self, t, node):
-        if t.device != (self.device or torch.device("cpu")):
+    def check_tensor(self, t, node, placeholder=False):
+        """placeholder: an input, which may sit on the CPU in a CUDA graph (rec keeps it from the
+        core); a constant there is moved to the device once (FxGraphRunner._arrays)."""
+        if self.device is None and t.device.type != "cpu":
             raise _GraphFallback("%s is on %s" % (node.name, t.device))
+        if self.device is not None and t.device not in (self.device, torch.device("cpu")):
+            raise _GraphFallback("%s is on %s, the graph on %s" % (node.name, t.device, self.device))
         if t.layout != torch.strided:
             raise _GraphFallback("%s has layout %s" % (node.name, t.layout))
         if _core_dtype(t.dtype) is None:
@@ -1396,8 +1403,8 @@ class FxGraphRunner:
             if hit is not None and hit[0] == key:
                 return hit[1]
         d = t.detach()
-        if self.device is not None:
-            a = d.float() if d.dtype == torch.bfloat16 else d
+        if self.device is not None:            # CPU inputs of a CUDA graph stay as they are: externs read them
+            a = d.float() if d.dtype == torch.bfloat16 and d.device == self.device else d
         else:
             a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
         if cached:

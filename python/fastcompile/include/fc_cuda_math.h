@@ -61,6 +61,27 @@ FC_DEV float fc__bits_f32(uint32_t u) { return __uint_as_float(u); }
 FC_DEV float fc_gelu_f32(float x) { return 0.5f * x * erfcf(-0.70710678118654752f * x); }
 FC_DEV double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
 
+/* ---- hypot in float64: CUDA's overflows to inf where the result is near the
+ * largest double (hypot(DBL_MAX, 1e300)); this one scales by the larger
+ * magnitude. inf wins over NaN, as IEEE and NumPy. */
+FC_DEV double fc__hypot_f64(double a, double b) {
+    a = fabs(a);
+    b = fabs(b);
+    if (a == INFINITY || b == INFINITY) {
+        return INFINITY;
+    }
+    if (a != a || b != b) {
+        return a + b;
+    }
+    double m = a > b ? a : b, n = a > b ? b : a;
+    if (m == 0.0) {
+        return 0.0;
+    }
+    n /= m;
+    return m * sqrt(1.0 + n * n);
+}
+#define FC_HYPOT_F64(a, b) fc__hypot_f64(a, b)
+
 /* ---- maximum, minimum, fmax, fmin, clamp of floats (ints: fc_math_common.h):
  * NaN rules as fc_math.h's, without isunordered() */
 #define FC__MINMAX_F(t, T)                                                     \

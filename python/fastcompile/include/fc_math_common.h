@@ -34,7 +34,12 @@ FC__FLOAT1(asin, asin) FC__FLOAT1(acos, acos) FC__FLOAT1(atan, atan)
 FC__FLOAT1(sinh, sinh) FC__FLOAT1(cosh, cosh) FC__FLOAT1(tanh, tanh)
 FC__FLOAT1(asinh, asinh) FC__FLOAT1(acosh, acosh) FC__FLOAT1(atanh, atanh)
 FC__FLOAT1(erf, erf)
-FC__FLOAT2(atan2, atan2) FC__FLOAT2(hypot, hypot) FC__FLOAT2(copysign, copysign)
+FC__FLOAT2(atan2, atan2) FC__FLOAT2(copysign, copysign)
+#ifndef FC_HYPOT_F64
+#define FC_HYPOT_F64(a, b) hypot(a, b)
+#endif
+FC_FN float fc_hypot_f32(float a, float b) { return hypotf(a, b); }
+FC_FN double fc_hypot_f64(double a, double b) { return FC_HYPOT_F64(a, b); }
 #undef FC__FLOAT1
 #undef FC__FLOAT2
 

@@ -1,0 +1,235 @@
+"""Child process of tests/test_cuda_emulated.py: compiled graphs run through the CUDA path
+against emu_cuda.so (a fake NVRTC + driver: kernels built by g++, CUDA threads as fibers) on
+CPU tensors that say they are on cuda:0. Checks each result against NumPy; prints one line per
+case and "EMULATED OK <n>" at the end, or raises.
+
+What this covers without a GPU: the device-array bridge, plan keys per device, gen_cuda's
+kernels (grid-stride loops, unrolling, block reductions, the row cache), the launch packing
+(fc_cu_launch's layout), 32-bit index selection and the errors. What it cannot: the real
+NVRTC/driver, timing, 64-bit indexing (needs > 2^31 elements)."""
+import sys
+import types
+
+import numpy as np
+import torch
+
+import fastcompile
+from fastcompile.graph import Graph
+
+
+class EmuCuda(torch.Tensor):
+    """A CPU tensor that reports cuda:0: its data pointer is host memory the emulated kernels
+    read and write."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+    def get_device(self):
+        return 0
+
+
+bridge = types.ModuleType("fastcompile._cuda_bridge")
+bridge.TENSOR = EmuCuda
+bridge.empty = lambda shape, dtype, dev: torch.empty(shape, dtype=dtype).as_subclass(EmuCuda)
+bridge.full = lambda value, dtype, dev: torch.full((), value, dtype=dtype).as_subclass(EmuCuda)
+bridge.stream = lambda dev: 0
+sys.modules["fastcompile._cuda_bridge"] = bridge
+
+
+def dev(a):
+    """a NumPy array as an EmuCuda tensor with the same element strides (no negative ones)"""
+    strides = tuple(s // a.itemsize for s in a.strides)
+    if a.size == 0:
+        return torch.from_numpy(np.ascontiguousarray(a)).as_subclass(EmuCuda)
+    span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
+    flat = np.lib.stride_tricks.as_strided(a, (span,), (a.itemsize,))
+    return torch.as_strided(torch.from_numpy(np.array(flat)), a.shape, strides).as_subclass(EmuCuda)
+
+
+def host(t):
+    assert isinstance(t, EmuCuda), type(t)
+    return t.as_subclass(torch.Tensor).numpy()
+
+
+def run(build, *arrays):
+    g = Graph()
+    ins = [g.input(a.dtype.name if a.dtype != np.uint16 else "bfloat16", a.ndim) for a in arrays]
+    g.output(*build(g, *ins))
+    f = g.compile()
+    outs = f(*[dev(a) for a in arrays])
+    return f, [host(o) for o in outs]
+
+
+def close(got, want, rtol=2e-6, atol=1e-6, what=""):
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+    assert got.dtype == np.asarray(want).dtype or rtol > 0, what
+
+
+rng = np.random.default_rng(0)
+n_ok = 0
+
+
+def case(name):
+    def deco(fn):
+        global n_ok
+        fn()
+        n_ok += 1
+        print("ok", name, flush=True)
+        return fn
+    return deco
+
+
+info = fastcompile.cuda_info()
+assert info["device_count"] == 1 and info["nvrtc_version"] == "99.0", info
+
+
+@case("flat pointwise, a tail shorter than a trip")
+def _():
+    x = rng.standard_normal(5000).astype(np.float32)
+    y = rng.standard_normal(5000).astype(np.float32)
+    f, (z,) = run(lambda g, a, b: [g.call("add", g.call("mul", a, b), 1.0)], x, y)
+    np.testing.assert_array_equal(z, x * y + np.float32(1))          # no contraction: exact
+    assert f.kernels[0].so_path is None and "__global__" in f.kernels[0].source
+
+
+@case("transposed and broadcast operands (strided kernel)")
+def _():
+    x = rng.standard_normal((37, 300)).astype(np.float32).T
+    y = rng.standard_normal((1, 37)).astype(np.float32)
+    _, (z,) = run(lambda g, a, b: [g.call("sub", g.call("exp", a), b)], x, np.broadcast_to(y, (300, 37)))
+    close(z, np.exp(x) - y)
+
+
+@case("int32 and bool")
+def _():
+    x = rng.integers(-1000, 1000, (50, 70)).astype(np.int32)
+    _, (a, b) = run(lambda g, u: [g.call("floordiv", u, 7), g.call("gt", u, 3)], x)
+    np.testing.assert_array_equal(a, x // 7)
+    np.testing.assert_array_equal(b, x > 3)
+
+
+@case("float16 in, float16 out")
+def _():
+    x = rng.standard_normal(3000).astype(np.float16)
+    _, (y,) = run(lambda g, u: [g.call("gelu", u)], x)
+    assert y.dtype == np.float16
+    xf = x.astype(np.float64)
+    from math import erf
+    want = np.array([0.5 * v * (1 + erf(v / 2 ** 0.5)) for v in xf]).astype(np.float16)
+    close(y.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+@case("softmax over rows shorter than the row cache, and longer (its tail from memory)")
+def _():
+    for cols in (7, 1000, 4096, 5000, 9001):
+        x = (rng.standard_normal((5, cols)) * 3).astype(np.float32)
+        _, (y,) = run(lambda g, u: [g.call("softmax", u, axis=-1)], x)
+        e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+        close(y, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-9, what="cols %d" % cols)
+
+
+@case("layernorm, one kernel")
+def _():
+    x = rng.standard_normal((33, 4100)).astype(np.float32)
+    w = rng.standard_normal(4100).astype(np.float32)
+
+    def build(g, u, v):
+        mu = g.call("mean", u, axis=-1, keepdims=True)
+        d = g.call("sub", u, mu)
+        var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
+        return [g.call("mul", g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5))), v)]
+    f, (y,) = run(build, x, w)
+    xd = x.astype(np.float64)
+    want = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + 1e-5) * w
+    close(y, want, rtol=1e-4, atol=1e-5)
+    assert len(f.kernels) == 1
+
+
+@case("reductions over a middle axis and over two axes (the general unravelling)")
+def _():
+    x = rng.standard_normal((6, 50, 7)).astype(np.float32)
+    _, (a, b, c) = run(lambda g, u: [g.call("sum", u, axis=1), g.call("amax", u, axis=(0, 2)),
+                                     g.call("argmax", u, axis=1)], x)
+    close(a, x.astype(np.float64).sum(1), rtol=1e-5)
+    np.testing.assert_array_equal(b, x.max((0, 2)))
+    np.testing.assert_array_equal(c, x.argmax(1))
+
+
+@case("NaN in amax, any/all, var")
+def _():
+    x = rng.standard_normal((4, 300)).astype(np.float64)
+    x[2, 17] = np.nan
+    _, (a, b, c) = run(lambda g, u: [g.call("amax", u, axis=-1), g.call("any", g.call("gt", u, 2.5), axis=-1),
+                                     g.call("var", u, axis=-1)], x)
+    np.testing.assert_array_equal(np.isnan(a), np.isnan(x.max(-1)))
+    np.testing.assert_array_equal(b, (x > 2.5).any(-1))
+    close(c, x.var(-1), rtol=1e-10, atol=0)
+
+
+@case("empty inputs and an empty reduction's error")
+def _():
+    x = np.zeros((3, 0), np.float32)
+    _, (s,) = run(lambda g, u: [g.call("sum", u, axis=-1)], x)
+    np.testing.assert_array_equal(s, np.zeros(3, np.float32))
+    try:
+        run(lambda g, u: [g.call("amax", u, axis=-1)], x)
+    except ValueError as e:
+        assert "zero-size array" in str(e)
+    else:
+        raise AssertionError("amax over an empty axis did not raise")
+
+
+@case("an extern between two segments; a constant output")
+def _():
+    x = rng.standard_normal(100).astype(np.float32)
+    g = Graph()
+    u = g.input("float32", 1)
+    e = g.extern(lambda t: (t * 2), g.call("exp", u))
+    g.output(g.call("add", e, 1.0), g.constant(3.0))
+    f = g.compile()
+    y, c = f(dev(x))
+    close(host(y), np.exp(x) * 2 + 1, rtol=1e-6)
+    assert isinstance(c, EmuCuda) and float(c) == 3.0
+
+
+@case("one graph on the CPU and on the device: a plan each, both right")
+def _():
+    g = Graph()
+    u = g.input("float32", 1)
+    g.output(g.call("tanh", u))
+    f = g.compile()
+    x = rng.standard_normal(999).astype(np.float32)
+    (a,) = f(x)
+    n = len(f.kernels)
+    (b,) = f(dev(x))
+    (c,) = f(x)
+    assert len(f.kernels) == n + 1
+    close(host(b), np.tanh(x), rtol=2e-6)
+    np.testing.assert_array_equal(a, c)
+
+
+@case("errors: two kinds of argument, a foreign array for a kernel")
+def _():
+    g = Graph()
+    u, v = g.input("float32", 1), g.input("float32", 1)
+    g.output(g.call("add", u, v))
+    f = g.compile()
+    x = np.ones(4, np.float32)
+    # (a CPU tensor is no EmuCuda here: TypeError; with torch's own CUDA, ValueError)
+    for bad, exc in ((x, TypeError), (torch.ones(4), (TypeError, ValueError))):
+        try:
+            f(dev(x), bad)
+        except exc as e:
+            assert "one device" in str(e), e
+        else:
+            raise AssertionError("a %s beside a CUDA tensor was accepted" % type(bad).__name__)
+    try:
+        f(dev(x), dev(x.astype(np.float64)))
+    except TypeError as e:
+        assert "declared float32" in str(e)
+    else:
+        raise AssertionError("a float64 tensor for a float32 input was accepted")
+
+
+print("EMULATED OK %d" % n_ok)
