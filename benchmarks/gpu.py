@@ -5,9 +5,11 @@
 Rows: for GELU, x*sigmoid(x)*y, softmax and layernorm (last axis, rows of 4096) in float32 and
 bfloat16 over 2^min..2^max elements: the copy ceiling (D2D, read + write bytes; ~3.0 TB/s on
 H100 and ~4.3 TB/s on H200), torch eager, torch.jit.script (GELU only), inductor
-(torch.compile) and fastcompile (a core graph called with CUDA tensors). Each row gives the
-bandwidth (inputs read once + outputs written once over the median time), its share of the
-copy ceiling, and fastcompile's speed-up over each other implementation (their time / ours).
+(torch.compile) and fastcompile (a core graph called with CUDA tensors), as built by default
+(no a*b+c contraction: NumPy's arithmetic bit for bit) and with config.cuda_fmad (fmas, as
+nvcc and torch). Each row gives the bandwidth (inputs read once + outputs written once over the
+median time), its share of the copy ceiling, and fastcompile's speed-up over each other
+implementation (their time / ours).
 Timing: CUDA events, 5 warm-ups, median of 50 runs, all implementations of a row in the same
 run. Then the NVRTC compile time of each fastcompile kernel, cold (an empty cache folder).
 Refuses to run without a GPU.
@@ -129,14 +131,20 @@ def main():
         torch.cuda.get_device_name(0), torch.__version__, info["nvrtc_version"] or "missing",
         info["nvrtc_path"], info["driver_version"]))
     print()
-    print("| workload | dtype | n | copy GB/s | eager | jit.script | inductor | fastcompile | fc % copy "
-          "| x eager | x jit | x inductor |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| workload | dtype | n | copy GB/s | eager | jit.script | inductor | fastcompile | fc fmad "
+          "| fc % copy | fmad % copy | x eager | x jit | x inductor | x inductor (fmad) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     compile_ms = []
+    dyn = torch._dynamo.config
+    for knob in ("recompile_limit", "cache_size_limit"):     # every (dtype, size) compiles anew
+        if hasattr(dyn, knob):
+            setattr(dyn, knob, 1 << 16)
     for dname in args.dtypes.split(","):
         dt = getattr(torch, dname)
         fcs = fc_graphs(dname)
+        fmads = fc_graphs(dname)
         for lg in range(args.min_log2, args.max_log2 + 1, args.step):
+            torch._dynamo.reset()
             n = 1 << lg
             x = torch.randn(n, device="cuda", dtype=dt)
             y = torch.randn(n, device="cuda", dtype=dt)
@@ -145,35 +153,39 @@ def main():
             copy_bw = 2 * n * x.element_size() / t_copy / 1e9
             for name, (fn, nin, nout) in cases(torch).items():
                 nbytes = (nin + nout) * n * x.element_size()
-                compiled, call = fcs[name]
-                t0 = time.perf_counter()
-                got = call(x, y)
-                torch.cuda.synchronize()
-                first_ms = (time.perf_counter() - t0) * 1e3
-                if lg == args.min_log2:
-                    compile_ms.append((name, dname, first_ms, len(compiled.kernels)))
                 want = fn(x, y)
-                err = (got.float() - want.float()).abs().max().item()
-                tol = 1e-3 if dname == "float32" else 5e-2
-                if not err <= tol * max(1.0, want.float().abs().max().item()):
-                    die("%s %s 2^%d: fastcompile differs from eager by %g" % (name, dname, lg, err))
+                for label, fmad, (compiled, call) in (("", False, fcs[name]), (" fmad", True, fmads[name])):
+                    fastcompile.config.set(cuda_fmad=fmad)       # read when the first call compiles
+                    t0 = time.perf_counter()
+                    got = call(x, y)
+                    torch.cuda.synchronize()
+                    first_ms = (time.perf_counter() - t0) * 1e3
+                    fastcompile.config.set(cuda_fmad=False)
+                    if lg == args.min_log2:
+                        compile_ms.append((name + label, dname, first_ms, len(compiled.kernels)))
+                    err = (got.float() - want.float()).abs().max().item()
+                    tol = 1e-3 if dname == "float32" else 5e-2
+                    if not err <= tol * max(1.0, want.float().abs().max().item()):
+                        die("%s%s %s 2^%d: fastcompile differs from eager by %g" % (name, label, dname, lg, err))
                 impls = {"eager": fn}
                 if name == "gelu":
                     impls["jit"] = torch.jit.script(fn)
                 if not args.no_inductor:
                     impls["inductor"] = torch.compile(fn, dynamic=False)
-                impls["fc"] = call
+                impls["fc"] = fcs[name][1]
+                impls["fmad"] = fmads[name][1]
                 t = {k: timed(lambda f=f: f(x, y)) for k, f in impls.items()}
                 gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
 
                 def cell(k):
                     return "%.0f" % gbs[k] if k in gbs else "-"
 
-                def ratio(k):
-                    return "%.2f" % (t[k] / t["fc"]) if k in t else "-"
-                print("| %s | %s | 2^%d | %.0f | %s | %s | %s | %s | %.0f%% | %s | %s | %s |" % (
+                def ratio(k, ours="fc"):
+                    return "%.2f" % (t[k] / t[ours]) if k in t else "-"
+                print("| %s | %s | 2^%d | %.0f | %s | %s | %s | %s | %s | %.0f%% | %.0f%% | %s | %s | %s | %s |" % (
                     name, dname, lg, copy_bw, cell("eager"), cell("jit"), cell("inductor"), cell("fc"),
-                    100 * gbs["fc"] / copy_bw, ratio("eager"), ratio("jit"), ratio("inductor")), flush=True)
+                    cell("fmad"), 100 * gbs["fc"] / copy_bw, 100 * gbs["fmad"] / copy_bw, ratio("eager"),
+                    ratio("jit"), ratio("inductor"), ratio("inductor", "fmad")), flush=True)
             del x, y, out
             torch.cuda.empty_cache()
     print()

@@ -27,7 +27,7 @@ mod_configure(PyObject *self, PyObject *cfg)
         PyErr_SetString(PyExc_TypeError, "_configure expects a dict");
         return NULL;
     }
-    if (fc_cpu_configure(cfg) < 0 || fc_plan_configure(cfg) < 0) {
+    if (fc_cpu_configure(cfg) < 0 || fc_plan_configure(cfg) < 0 || fc_cuda_configure(cfg) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -81,7 +81,7 @@ static PyMethodDef mod_methods[] = {
     {"cuda_info", fc_cuda_py_info, METH_NOARGS,
      "CUDA status: NVRTC and driver found (paths, versions), device count or why there is none"},
     {"_cuda_compile", (PyCFunction)(void (*)(void))fc_cuda_py_compile, METH_VARARGS | METH_KEYWORDS,
-     "_cuda_compile(source, arch=None) -> {image, kind, arch, key, cached}: NVRTC through the disk cache (tests)"},
+     "_cuda_compile(source, arch=None, define=None) -> {image, kind, arch, key, cached}: NVRTC through the disk cache (tests)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -203,6 +203,30 @@ def test_disk_cache_hit():
     assert c["key"] != a["key"]
 
 
+@needs_nvrtc
+def test_cubin_key_index_width_and_fmad():
+    """Each NVRTC option is part of the key: the index width the runtime compiles (one entry
+    point per cubin) and config.cuda_fmad (--fmad)."""
+    (k,) = gelu_kernels()
+    name = re.search(r"(fc_\w+)_i32\(", k["source"]).group(1)
+    i32 = _C._cuda_compile(k["source"], "sm_80", "-DFC_CU_INDEX=32")
+    i64 = _C._cuda_compile(k["source"], "sm_80", "-DFC_CU_INDEX=64")
+    both = _C._cuda_compile(k["source"], "sm_80")
+    assert len({i32["key"], i64["key"], both["key"]}) == 3
+    assert (name + "_i32").encode() in i32["image"] and (name + "_i64").encode() not in i32["image"]
+    assert (name + "_i64").encode() in i64["image"] and (name + "_i32").encode() not in i64["image"]
+    with pytest.raises(ValueError):
+        _C._cuda_compile(k["source"], "sm_80", "FC_CU_INDEX=32")
+    try:
+        fastcompile.config.set(cuda_fmad=True)
+        fmad = _C._cuda_compile(k["source"], "sm_80", "-DFC_CU_INDEX=32")
+    finally:
+        fastcompile.config.set(cuda_fmad=False)
+    assert fmad["key"] != i32["key"] and not fmad["cached"]
+    again = _C._cuda_compile(k["source"], "sm_80", "-DFC_CU_INDEX=32")
+    assert again["cached"] and again["key"] == i32["key"]
+
+
 def _unary(dt):
     def build(g, x):
         a = g.call("cast", x, dtype=dt)

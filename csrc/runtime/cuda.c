@@ -75,6 +75,7 @@ typedef struct {
     CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, CUstream, void **, void **);
+    int fmad;                             /* fastcompile.config.cuda_fmad: contract a * b + c */
     CUcontext ctx[16];                    /* retained primary contexts (torch's), per device */
     int sms[16];                          /* multiprocessors per device (0: not asked yet) */
     int probed;
@@ -579,9 +580,10 @@ fc_cuda_compile(const char *source, const char *arch, const char *define, FcCuda
     snprintf(opt_arch, sizeof(opt_arch), "--gpu-architecture=%s", out->arch);
     opts[nopts++] = opt_arch;
     opts[nopts++] = "--std=c++17";
-    /* no contraction of a * b + c, as the CPU kernels (-ffp-contract=off): arithmetic
-     * gives NumPy's results bit for bit; the math library keeps its own fmas */
-    opts[nopts++] = "--fmad=false";     /* never --use_fast_math */
+    /* by default no contraction of a * b + c, as the CPU kernels
+     * (-ffp-contract=off): arithmetic gives NumPy's results bit for bit.
+     * config.cuda_fmad: contract, as nvcc's default and torch's kernels */
+    opts[nopts++] = cu.fmad ? "--fmad=true" : "--fmad=false";     /* never --use_fast_math */
     if (define != NULL) {
         opts[nopts++] = define;
     }
@@ -896,14 +898,18 @@ error:
 PyObject *
 fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"source", "arch", NULL};
-    const char *source, *arch = NULL;
+    static char *kwlist[] = {"source", "arch", "define", NULL};
+    const char *source, *arch = NULL, *define = NULL;
     FcCudaImage img;
     PyObject *r;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|z:_cuda_compile", kwlist, &source, &arch)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "s|zz:_cuda_compile", kwlist, &source, &arch, &define)) {
         return NULL;
     }
-    if (fc_cuda_compile(source, arch, NULL, &img) < 0) {
+    if (define != NULL && strncmp(define, "-D", 2) != 0) {
+        PyErr_Format(PyExc_ValueError, "fastcompile: define must look like '-DNAME=VALUE', got '%s'", define);
+        return NULL;
+    }
+    if (fc_cuda_compile(source, arch, define, &img) < 0) {
         return NULL;
     }
     r = Py_BuildValue("{s:y#,s:s,s:s,s:s,s:O}", "image", img.image, (Py_ssize_t)img.size,
@@ -911,6 +917,20 @@ fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
                       "cached", img.cached ? Py_True : Py_False);
     fc_cuda_image_free(&img);
     return r;
+}
+
+int
+fc_cuda_configure(PyObject *cfg)
+{
+    PyObject *v = PyDict_GetItemString(cfg, "cuda_fmad");     /* borrowed */
+    if (v != NULL) {
+        int on = PyObject_IsTrue(v);
+        if (on < 0) {
+            return -1;
+        }
+        cu.fmad = on;
+    }
+    return 0;
 }
 
 void

@@ -61,6 +61,9 @@ KNOBS = [
          "torch backend: when a graph is compiled, render every kernel its first call will need (from "
          "the FX metadata), and compile all pending kernels of all graphs (forward and backward) in one "
          "batch on every core at the first call; 0: each segment compiles when a call first reaches it"),
+    Knob("cuda_fmad", "FASTCOMPILE_CUDA_FMAD", _bool, False,
+         "CUDA kernels contract a * b + c into one fma (nvcc's default, as torch's kernels): faster "
+         "transcendentals, arithmetic no longer NumPy's bit for bit; 0: exact, as the CPU kernels"),
     Knob("autotune", "FASTCOMPILE_AUTOTUNE", _bool, False,
          "time a few thread counts and column-block widths per kernel and launch shape on first use; "
          "keep the fastest (torch.compile mode='max-autotune' turns it on for its graphs)"),
