@@ -81,15 +81,19 @@ def test_golden_softmax():
 
 
 def test_pointwise_shape():
-    """flat kernels index with i; strided ones unravel i; both entry points exist"""
+    """flat kernels index with i; strided ones unravel i; both entry points exist; a trip loads
+    its 4 (8 for 2-byte operands) elements a thread before it computes and stores any"""
     (flat,) = gelu_kernels()
     src = flat["source"]
     assert "_i32(" in src and "_i64(" in src and "fc_gelu_f32(" in src
-    assert "in0[i]" in src and "fc_cu_offsets" not in src
+    assert "pf1[u] = in0[i];" in src and "float pf1[4];" in src and "fc_cu_offsets" not in src
+    assert src.index("pf1[u] = in0[i];") < src.index("= pf1[u];") < src.index("out0[i] =")
     (strided,) = render(lambda g, x: [g.call("exp", x)], [("float32", 2)],
                         np.zeros((5, 6), np.float32).T)
-    assert "fc_cu_offsets<I, 2, 2>(i, (int)L.nd_outer" in strided["source"]
-    assert "in0[off[1]]" in strided["source"]
+    assert "fc_cu_offsets<I, 2, 2>(i, (int)L.nd_outer, L.oshape, L.ostride, po[u]);" in strided["source"]
+    assert "pf1[u] = in0[po[u][1]];" in strided["source"] and "out0[po[u][0]] =" in strided["source"]
+    (half,) = render(lambda g, x: [g.call("exp", x)], [("float16", 1)])
+    assert "uint16_t pf1[8];" in half["source"]
 
 
 def test_half_types_compute_in_float32():

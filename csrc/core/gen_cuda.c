@@ -46,6 +46,7 @@ typedef struct {
     Space sp;            /* how buffer operands are addressed right now */
     char filled[FC_MAXOPS];    /* SP_CACHED: rc<o> holds operand o (an earlier sweep loaded it) */
     char filling[FC_MAXOPS];   /* SP_CACHED: this sweep loads operand o into rc<o> */
+    int prefetched;            /* pointwise: inputs are read from pf<o>[u], loaded before */
 } Gen;
 
 /* memory expression of operand o at the current point (FcExprTarget.mem) */
@@ -55,10 +56,20 @@ mem_expr(const FcExprGen *E, int o, char *out)
     const Gen *G = (const Gen *)E;
     switch (G->sp) {
     case SP_FLAT:
-        snprintf(out, EXPR, fc_expr_operand_is_scalar(E, o) ? "%s[0]" : "%s[i]", E->opname[o]);
+        if (G->prefetched && !E->K->ops[o].is_out && !fc_expr_operand_is_scalar(E, o)) {
+            snprintf(out, EXPR, "pf%d[u]", o);
+        }
+        else {
+            snprintf(out, EXPR, fc_expr_operand_is_scalar(E, o) ? "%s[0]" : "%s[i]", E->opname[o]);
+        }
         break;
     case SP_STRIDED:
-        snprintf(out, EXPR, "%s[off[%d]]", E->opname[o], o);
+        if (G->prefetched && !E->K->ops[o].is_out) {
+            snprintf(out, EXPR, "pf%d[u]", o);
+        }
+        else {
+            snprintf(out, EXPR, "%s[po[u][%d]]", E->opname[o], o);
+        }
         break;
     case SP_INNER:
         snprintf(out, EXPR, "%s[ob[%d] + ib[%d]]", E->opname[o], o, o);
@@ -218,6 +229,20 @@ unroll_of(const Gen *G)
     return widest <= 2 ? 8 : 4;
 }
 
+/* operand q is read through the prefetch arrays (an input, not a flat scalar) */
+static int
+prefetches(const Gen *G, int q)
+{
+    const FcKernelIR *K = G->e.K;
+    return !K->ops[q].is_out && !(K->flat && fc_expr_operand_is_scalar(&G->e, q));
+}
+
+/* A trip of the grid-stride loop takes unroll_of elements a thread: first
+ * every input element of the trip is loaded (pf<o>[u]), then each element is
+ * computed and stored. Loads before stores in the program's own order: the
+ * compiler need not prove that a store leaves the next loads alone (it does
+ * not take __restrict__ on the kernel's local pointers), so the trip's loads
+ * are in flight together. */
 static int
 emit_pointwise(Gen *G)
 {
@@ -230,29 +255,49 @@ emit_pointwise(Gen *G)
     LINE(G, "for (I i0 = (I)blockIdx.x * (FC_CU_THREADS * %d) + (I)threadIdx.x; i0 < (I)L.n_outer;", unroll);
     LINE(G, "     i0 += (I)gridDim.x * (FC_CU_THREADS * %d)) {", unroll);
     G->e.depth++;
+    for (int q = 0; q < K->nops; q++) {
+        if (prefetches(G, q)) {
+            LINE(G, "%s pf%d[%d];", fc_expr_storetype(s->slots[K->ops[q].slot].dtype), q, unroll);
+        }
+    }
+    if (!K->flat) {
+        LINE(G, "I po[%d][%d];", unroll, K->nops);
+    }
+    /* past the end, a lane loads the last element again and stores nothing */
     LINE(G, "#pragma unroll");
     LINE(G, "for (int u = 0; u < %d; u++) {", unroll);
     G->e.depth++;
-    /* past the end, a lane loads the last element again and stores nothing:
-     * every load is unconditional, so they can all go out first */
     LINE(G, "const I iu = i0 + (I)u * FC_CU_THREADS;");
     LINE(G, "const I i = iu < (I)L.n_outer ? iu : (I)L.n_outer - 1;");
-    if (K->flat) {
-        G->sp = SP_FLAT;
+    if (!K->flat) {
+        LINE(G, "fc_cu_offsets<I, %d, %d>(i, (int)L.nd_outer, L.oshape, L.ostride, po[u]);", K->nops, G->nd);
     }
-    else {
-        G->sp = SP_STRIDED;
-        LINE(G, "I off[%d];", K->nops);
-        LINE(G, "fc_cu_offsets<I, %d, %d>(i, (int)L.nd_outer, L.oshape, L.ostride, off);",
-             K->nops, G->nd);
+    for (int q = 0; q < K->nops; q++) {
+        if (prefetches(G, q)) {
+            if (K->flat) {
+                LINE(G, "pf%d[u] = %s[i];", q, G->e.opname[q]);
+            }
+            else {
+                LINE(G, "pf%d[u] = %s[po[u][%d]];", q, G->e.opname[q], q);
+            }
+        }
     }
+    CLOSE(G);
+    LINE(G, "#pragma unroll");
+    LINE(G, "for (int u = 0; u < %d; u++) {", unroll);
+    G->e.depth++;
+    LINE(G, "const I i = i0 + (I)u * FC_CU_THREADS;");
+    G->sp = K->flat ? SP_FLAT : SP_STRIDED;
+    G->prefetched = 1;
     memset(G->e.loaded, 0, FC_MAXOPS);
     for (int m = 0; m < K->nnodes; m++) {
         if (fc_expr_emit_node(&G->e, K->nodes[m]) < 0) {
+            G->prefetched = 0;
             return -1;
         }
     }
-    LINE(G, "if (iu < (I)L.n_outer) {");
+    G->prefetched = 0;
+    LINE(G, "if (i < (I)L.n_outer) {");
     G->e.depth++;
     for (int m = 0; m < K->nnodes; m++) {
         if (s->sn[K->nodes[m]].materialize) {
