@@ -344,21 +344,11 @@ def test_model_forward(name, frontend):
     assert sum(r.core_ops for r in record) > 0
 
 
-@pytest.mark.parametrize("frontend", FRONTENDS)
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_training_step(name, frontend):
-    """One SGD step: loss, gradients, updated parameters and BatchNorm running statistics match
-    eager; forward and backward graphs both go through the core. fastcompile.compile traces the
-    forward with its own tracer (autograd mode: torch ops recorded for aot_autograd)."""
-    torch.manual_seed(0)
-    cls, make = MODELS[name]
-    ref = cls().train()
-    mod = copy.deepcopy(ref)
-    x, target = make(), None
-    record = []
-    cm = _frontend(frontend, mod, record)
-    results = []
-    for model, run in ((ref, ref), (mod, cm)):
+def sgd_steps(pairs, x):
+    """One SGD step (lr 0.1, MSE against one random target) for each (model, how to call it);
+    per pair: (loss, gradients, updated parameters, buffers)."""
+    results, target = [], None
+    for model, run in pairs:
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         out = run(x)
         if target is None:
@@ -370,7 +360,23 @@ def test_model_training_step(name, frontend):
         opt.step()
         results.append((loss.detach(), grads, [p.detach().clone() for p in model.parameters()],
                         [b.clone() for b in model.buffers()]))
-    (l0, g0, p0, b0), (l1, g1, p1, b1) = results
+    return results
+
+
+@pytest.mark.parametrize("frontend", FRONTENDS)
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_model_training_step(name, frontend):
+    """One SGD step: loss, gradients, updated parameters and BatchNorm running statistics match
+    eager; forward and backward graphs both go through the core. fastcompile.compile traces the
+    forward with its own tracer (autograd mode: torch ops recorded for aot_autograd)."""
+    torch.manual_seed(0)
+    cls, make = MODELS[name]
+    ref = cls().train()
+    mod = copy.deepcopy(ref)
+    x = make()
+    record = []
+    cm = _frontend(frontend, mod, record)
+    (l0, g0, p0, b0), (l1, g1, p1, b1) = sgd_steps(((ref, ref), (mod, cm)), x)
     torch.testing.assert_close(l1, l0, **TOL)
     for a, b in zip(g1, g0):
         torch.testing.assert_close(a, b, **TOL)

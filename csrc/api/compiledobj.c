@@ -398,6 +398,12 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer, int dev
                 p = NULL;
                 goto done;
             }
+            if (da.dev + 1 != dev) {           /* an extern's result on another GPU */
+                PyErr_Format(PyExc_ValueError, "fastcompile: a value on cuda:%d reached a graph running on "
+                             "cuda:%d: a compiled graph runs on one device", da.dev, dev - 1);
+                p = NULL;
+                goto done;
+            }
             fc_dev_meta(&da, &metas[k]);
         }
         else if (fc_plan_meta(a, &metas[k]) < 0) {

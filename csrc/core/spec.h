@@ -64,11 +64,11 @@ typedef struct {
     int cls_input, cls_dim;   /* representative: segment input, dim */
 } FcClassRep;
 
-/* An input's part of a plan key. zlast: the last dim, of size > 1, has
- * stride 0 (an expanded view such as torch's x.expand(n, k)); pointwise runs
- * then read it once instead of falling to the strided loop. */
-/* A plan's key per segment input. dev: 0 for a CPU (NumPy) array, d + 1 for
- * a tensor on CUDA device d. Compared with memcmp: always zero it first. */
+/* An input's part of a plan key, compared with memcmp (zero it first).
+ * zlast: the last dim, of size > 1, has stride 0 (an expanded view such as
+ * torch's x.expand(n, k)); pointwise runs then read it once instead of
+ * falling to the strided loop. dev: 0 for a CPU (NumPy) array, d + 1 for a
+ * tensor on CUDA device d. */
 typedef struct { int dtype, ndim; uint32_t ones; int contig, zlast, dev; } FcMeta;
 
 typedef struct {

@@ -72,6 +72,7 @@ typedef struct {
     CUresult (*cuCtxPushCurrent)(CUcontext);
     CUresult (*cuCtxPopCurrent)(CUcontext *);
     CUresult (*cuModuleLoadData)(CUmodule *, const void *);
+    CUresult (*cuModuleUnload)(CUmodule);
     CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
     CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                unsigned, unsigned, CUstream, void **, void **);
@@ -260,6 +261,7 @@ bind_driver(void *h, const char *libname, char *why, size_t whylen)
     SYM_AS(h, cuCtxPushCurrent, "cuCtxPushCurrent_v2");
     SYM_AS(h, cuCtxPopCurrent, "cuCtxPopCurrent_v2");
     SYM(h, cuModuleLoadData);
+    SYM(h, cuModuleUnload);
     SYM(h, cuModuleGetFunction);
     SYM(h, cuLaunchKernel);
     return 0;
@@ -696,6 +698,9 @@ fc_cuda_load(const FcCudaImage *img, const char *const *symbols, int n, int dev,
     cu.cuCtxPopCurrent(&popped);
     return 0;
 error:
+    if (mod != NULL) {
+        cu.cuModuleUnload(mod);        /* a symbol was missing: nothing handed out from it */
+    }
     if (pushed) {
         cu.cuCtxPopCurrent(&popped);
     }
@@ -809,6 +814,8 @@ pack_launch(const fc_launch *L, int nd, int flat, int64_t *buf, int64_t *maxoff)
 }
 
 #define FC_CU_PARAM_WORDS (5 + FC_LAUNCH_MAXOPS + 2 * FC_LAUNCH_MAXDIM + 2 * FC_LAUNCH_MAXOPS * FC_LAUNCH_MAXDIM)
+/* pack_launch's buffer holds any kernel the core can make */
+_Static_assert(FC_MAXOPS <= FC_LAUNCH_MAXOPS && FC_MAXDIM <= FC_LAUNCH_MAXDIM, "launch limits");
 
 /* the grid of a launch over L: see fc_cuda_run */
 static int64_t
@@ -825,6 +832,21 @@ grid_of(int dev, const fc_launch *L, int reduction)
         grid = grid < sms * 8 ? grid : sms * 8;
     }
     return grid > 0 ? grid : 1;
+}
+
+int
+fc_cuda_check_params(int nops, int nd)
+{
+    size_t nbytes;
+    nd = nd > 0 ? nd : 1;
+    nbytes = 8 * (size_t)(5 + nops + 2 * nd + 2 * nops * nd);
+    if (nbytes > 4096) {
+        PyErr_Format(PyExc_NotImplementedError, "fastcompile: a CUDA kernel of %d operands over %d dims needs "
+                     "%zu bytes of parameters (at most 4096): split the graph (an extern between its parts)",
+                     nops, nd, nbytes);
+        return -1;
+    }
+    return 0;
 }
 
 int
@@ -845,9 +867,12 @@ fc_cuda_run(void *fn, int dev, const fc_launch *L, int nd, int flat, int reducti
     int64_t buf[FC_CU_PARAM_WORDS], maxoff, grid;
     size_t nbytes;
     nd = nd > 0 ? nd : 1;
-    if (fn == NULL || dev < 0 || dev >= 16 || cu.ctx[dev] == NULL || L->nops > FC_LAUNCH_MAXOPS ||
-            nd > FC_LAUNCH_MAXDIM) {
+    if (fn == NULL || dev < 0 || dev >= 16 || cu.ctx[dev] == NULL) {
         PyErr_SetString(PyExc_SystemError, "fastcompile: a CUDA launch before its kernel was loaded");
+        return -1;
+    }
+    if (L->nops > FC_LAUNCH_MAXOPS || nd > FC_LAUNCH_MAXDIM) {
+        PyErr_Format(PyExc_SystemError, "fastcompile: a CUDA launch of %d operands over %d dims", L->nops, nd);
         return -1;
     }
     grid = grid_of(dev, L, reduction);

@@ -40,6 +40,9 @@ FC_INTERNAL int fc_cuda_load_kernel(const char *source, const char *name, int de
  * Returns 0 or -1 + exception. */
 FC_INTERNAL int fc_cuda_launch(void *fn, int dev, unsigned grid, unsigned block, void *stream,
                                void *params, size_t nbytes);
+/* 0 when a kernel of nops operands over nd dims fits the launch parameter
+ * limit (4096 bytes), else -1 + NotImplementedError saying so. */
+FC_INTERNAL int fc_cuda_check_params(int nops, int nd);
 /* The index width (32 or 64) the launch of a kernel over L needs: 32 when
  * no index, offset or loop step can pass 2^31 - 1 (L filled as for the CPU;
  * nd: the kernel's rank; flat: a flat pointwise kernel). */
@@ -58,7 +61,7 @@ FC_INTERNAL int fc_cuda_nvrtc_found(void);
 /* Why the CUDA path cannot run, or NULL when a device is there. Borrowed. GIL held. */
 FC_INTERNAL const char *fc_cuda_unavailable(void);
 
-/* Python: _C.cuda_info() -> dict; _C._cuda_compile(source, arch=None) -> dict.
+/* Python: _C.cuda_info() -> dict; _C._cuda_compile(source, arch=None, define=None) -> dict.
  * self, args: borrowed; returns: new reference. */
 FC_INTERNAL PyObject *fc_cuda_py_info(PyObject *self, PyObject *unused);
 FC_INTERNAL PyObject *fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs);

@@ -9,19 +9,43 @@
 /* Module state: python/fastcompile/_cuda_bridge.py and the torch objects it
  * exposes, loaded once a torch tensor first reaches a compiled graph. All
  * owned; released by fc_dev_free. */
-static struct {
+typedef struct {
     int loaded;
     PyObject *tensor_type;          /* torch.Tensor */
     PyObject *dtypes[FC_NDTYPES];   /* torch dtype per FC dtype (NULL: this torch lacks it) */
     PyObject *empty, *full, *stream;
     PyObject *s_is_cuda, *s_get_device, *s_dtype, *s_shape, *s_stride, *s_data_ptr;
-} dev_rt;
+} DevRt;
 
-/* 1 loaded; 0 torch is not imported (so nothing is a tensor); -1 + exception */
+static DevRt dev_rt;
+
+static void
+release(DevRt *r)
+{
+    for (int i = 0; i < FC_NDTYPES; i++) {
+        Py_CLEAR(r->dtypes[i]);
+    }
+    Py_CLEAR(r->tensor_type);
+    Py_CLEAR(r->empty);
+    Py_CLEAR(r->full);
+    Py_CLEAR(r->stream);
+    Py_CLEAR(r->s_is_cuda);
+    Py_CLEAR(r->s_get_device);
+    Py_CLEAR(r->s_dtype);
+    Py_CLEAR(r->s_shape);
+    Py_CLEAR(r->s_stride);
+    Py_CLEAR(r->s_data_ptr);
+    r->loaded = 0;
+}
+
+/* 1 loaded; 0 torch is not imported (so nothing is a tensor); -1 + exception.
+ * The imports may let another thread in: the state is built aside and
+ * published whole, unless that thread published its own meanwhile. */
 static int
 load_bridge(void)
 {
     PyObject *name = NULL, *torch = NULL, *mod = NULL;
+    DevRt r = {0};
     int rc = -1;
     if (dev_rt.loaded) {
         return 1;
@@ -38,32 +62,34 @@ load_bridge(void)
         goto cleanup;
     }
     for (int i = 0; i < FC_NDTYPES; i++) {
-        dev_rt.dtypes[i] = PyObject_GetAttrString(torch, fc_dtypes[i].name);
-        if (dev_rt.dtypes[i] == NULL) {
+        if ((r.dtypes[i] = PyObject_GetAttrString(torch, fc_dtypes[i].name)) == NULL) {
             PyErr_Clear();                     /* an older torch without uint32: never matched */
         }
     }
-    if ((dev_rt.tensor_type = PyObject_GetAttrString(mod, "TENSOR")) == NULL ||
-            (dev_rt.empty = PyObject_GetAttrString(mod, "empty")) == NULL ||
-            (dev_rt.full = PyObject_GetAttrString(mod, "full")) == NULL ||
-            (dev_rt.stream = PyObject_GetAttrString(mod, "stream")) == NULL ||
-            (dev_rt.s_is_cuda = PyUnicode_InternFromString("is_cuda")) == NULL ||
-            (dev_rt.s_get_device = PyUnicode_InternFromString("get_device")) == NULL ||
-            (dev_rt.s_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
-            (dev_rt.s_shape = PyUnicode_InternFromString("shape")) == NULL ||
-            (dev_rt.s_stride = PyUnicode_InternFromString("stride")) == NULL ||
-            (dev_rt.s_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL) {
-        fc_dev_free();
+    if ((r.tensor_type = PyObject_GetAttrString(mod, "TENSOR")) == NULL ||
+            (r.empty = PyObject_GetAttrString(mod, "empty")) == NULL ||
+            (r.full = PyObject_GetAttrString(mod, "full")) == NULL ||
+            (r.stream = PyObject_GetAttrString(mod, "stream")) == NULL ||
+            (r.s_is_cuda = PyUnicode_InternFromString("is_cuda")) == NULL ||
+            (r.s_get_device = PyUnicode_InternFromString("get_device")) == NULL ||
+            (r.s_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
+            (r.s_shape = PyUnicode_InternFromString("shape")) == NULL ||
+            (r.s_stride = PyUnicode_InternFromString("stride")) == NULL ||
+            (r.s_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL) {
         goto cleanup;
     }
-    if (!PyType_Check(dev_rt.tensor_type)) {
+    if (!PyType_Check(r.tensor_type)) {
         PyErr_SetString(PyExc_TypeError, "fastcompile._cuda_bridge.TENSOR is not a type");
-        fc_dev_free();
         goto cleanup;
     }
-    dev_rt.loaded = 1;
+    if (!dev_rt.loaded) {
+        dev_rt = r;                            /* the references move to dev_rt */
+        dev_rt.loaded = 1;
+        memset(&r, 0, sizeof(r));
+    }
     rc = 1;
 cleanup:
+    release(&r);
     Py_XDECREF(mod);
     Py_DECREF(torch);
     return rc;
@@ -72,20 +98,7 @@ cleanup:
 void
 fc_dev_free(void)
 {
-    for (int i = 0; i < FC_NDTYPES; i++) {
-        Py_CLEAR(dev_rt.dtypes[i]);
-    }
-    Py_CLEAR(dev_rt.tensor_type);
-    Py_CLEAR(dev_rt.empty);
-    Py_CLEAR(dev_rt.full);
-    Py_CLEAR(dev_rt.stream);
-    Py_CLEAR(dev_rt.s_is_cuda);
-    Py_CLEAR(dev_rt.s_get_device);
-    Py_CLEAR(dev_rt.s_dtype);
-    Py_CLEAR(dev_rt.s_shape);
-    Py_CLEAR(dev_rt.s_stride);
-    Py_CLEAR(dev_rt.s_data_ptr);
-    dev_rt.loaded = 0;
+    release(&dev_rt);
 }
 
 /* obj.name() as a C integer; -1 + exception (a real -1 is told apart by PyErr_Occurred) */
@@ -105,7 +118,7 @@ call_int(PyObject *obj, PyObject *name)
 int
 fc_dev_is_cuda(PyObject *obj, int *dev)
 {
-    PyObject *flag;
+    PyObject *flag = NULL;
     int on, rc;
     long long d;
     if ((rc = load_bridge()) <= 0) {
@@ -145,17 +158,17 @@ read_ints(PyObject *seq, int nd, Py_intptr_t *out, const char *what)
     if (PySequence_Fast_GET_SIZE(fast) != nd) {
         PyErr_Format(PyExc_RuntimeError, "fastcompile: tensor %s has %zd entries for rank %d", what,
                      PySequence_Fast_GET_SIZE(fast), nd);
-        goto done;
+        goto cleanup;
     }
     for (int d = 0; d < nd; d++) {
         long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, d));
         if (v == -1 && PyErr_Occurred()) {
-            goto done;
+            goto cleanup;
         }
         out[d] = (Py_intptr_t)v;
     }
     rc = 0;
-done:
+cleanup:
     Py_DECREF(fast);
     return rc;
 }
@@ -163,7 +176,7 @@ done:
 int
 fc_dev_view(PyObject *t, FcDevArr *a)
 {
-    PyObject *dt = NULL, *shape = NULL, *stride = NULL;
+    PyObject *dt = NULL, *shape = NULL, *stride = NULL, *cuda = NULL;
     long long ptr, d;
     Py_ssize_t nd;
     int rc = -1;
@@ -185,46 +198,53 @@ fc_dev_view(PyObject *t, FcDevArr *a)
     if (a->dtype < 0) {
         PyErr_Format(PyExc_TypeError, "fastcompile: tensors of dtype %S are not supported by the core "
                      "(supported: bool, int8-64, uint8-64, float16, bfloat16, float32, float64)", dt);
-        goto done;
+        goto cleanup;
     }
     if ((shape = PyObject_GetAttr(t, dev_rt.s_shape)) == NULL ||
             (stride = PyObject_CallMethodNoArgs(t, dev_rt.s_stride)) == NULL) {
-        goto done;
+        goto cleanup;
     }
     if ((nd = PyObject_Length(shape)) < 0) {
-        goto done;
+        goto cleanup;
     }
     if (nd > FC_MAXDIM) {
         PyErr_Format(PyExc_ValueError, "fastcompile: arrays of rank %zd are not supported (at most %d)",
                      nd, FC_MAXDIM);
-        goto done;
+        goto cleanup;
     }
     a->nd = (int)nd;
     a->itemsize = fc_dtypes[a->dtype].size;
     if (read_ints(shape, a->nd, a->dims, "shape") < 0 || read_ints(stride, a->nd, a->strides, "stride") < 0) {
-        goto done;
+        goto cleanup;
     }
     for (int k = 0; k < a->nd; k++) {
         a->strides[k] *= (Py_intptr_t)a->itemsize;     /* elements -> bytes, as NumPy */
     }
     ptr = call_int(t, dev_rt.s_data_ptr);
     if (ptr == -1 && PyErr_Occurred()) {
-        goto done;
+        goto cleanup;
     }
     d = call_int(t, dev_rt.s_get_device);
     if (d == -1 && PyErr_Occurred()) {
-        goto done;
+        goto cleanup;
+    }
+    if (d >= 0 && (cuda = PyObject_GetAttr(t, dev_rt.s_is_cuda)) != NULL) {
+        d = PyObject_IsTrue(cuda) == 1 ? d : -1;     /* XPU, MPS: an index, but no CUDA pointer */
+    }
+    if (PyErr_Occurred()) {
+        goto cleanup;
     }
     if (d < 0) {
-        PyErr_SetString(PyExc_ValueError, "fastcompile: a graph running on CUDA got a CPU tensor where a "
-                        "kernel needs a CUDA one: a compiled graph runs on one device (its arguments, and "
-                        "what its externs return); move it with .cuda()");
-        goto done;
+        PyErr_SetString(PyExc_ValueError, "fastcompile: a graph running on CUDA got a tensor on another "
+                        "device where a kernel needs a CUDA one: a compiled graph runs on one device (its "
+                        "arguments, and what its externs return); move it with .cuda()");
+        goto cleanup;
     }
     a->data = (char *)(intptr_t)ptr;
     a->dev = (int)d;
     rc = 0;
-done:
+cleanup:
+    Py_XDECREF(cuda);
     Py_XDECREF(stride);
     Py_XDECREF(shape);
     Py_DECREF(dt);
@@ -267,17 +287,16 @@ fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev)
     for (int d = 0; d < nd; d++) {
         PyObject *n = PyLong_FromSsize_t(shape[d]);
         if (n == NULL) {
-            Py_DECREF(tup);
-            return NULL;
+            goto cleanup;
         }
         PyTuple_SET_ITEM(tup, d, n);
     }
     if (dev_rt.dtypes[dtype] == NULL) {
         PyErr_Format(PyExc_TypeError, "fastcompile: this torch has no %s", fc_dtypes[dtype].name);
+        goto cleanup;
     }
-    else {
-        r = PyObject_CallFunction(dev_rt.empty, "OOi", tup, dev_rt.dtypes[dtype], dev);
-    }
+    r = PyObject_CallFunction(dev_rt.empty, "OOi", tup, dev_rt.dtypes[dtype], dev);
+cleanup:
     Py_DECREF(tup);
     return r;
 }
@@ -316,7 +335,7 @@ fc_dev_stream(int dev, void **stream)
 int
 fc_dev_foreign_cuda(PyObject *obj, int *dev)
 {
-    PyObject *d;
+    PyObject *d = NULL;
     long type, id;
     if (!PyObject_HasAttrString(obj, "__dlpack_device__")) {
         return 0;

@@ -26,8 +26,8 @@ typedef struct {
 FC_INTERNAL int fc_dev_is_cuda(PyObject *obj, int *dev);
 
 /* Reads CUDA tensor t into *a. 0, or -1 with TypeError for anything but a
- * torch tensor or a dtype the core lacks, ValueError for a CPU tensor or a
- * rank above FC_MAXDIM. t: borrowed. */
+ * torch tensor or a dtype the core lacks, ValueError for a tensor on another
+ * device than CUDA or a rank above FC_MAXDIM. t: borrowed. */
 FC_INTERNAL int fc_dev_view(PyObject *t, FcDevArr *a);
 
 /* The plan key of a: as fc_plan_meta's, with m->dev = a->dev + 1. */
@@ -49,6 +49,7 @@ FC_INTERNAL int fc_dev_stream(int dev, void **stream);
  * obj: borrowed. */
 FC_INTERNAL int fc_dev_foreign_cuda(PyObject *obj, int *dev);
 
+/* Drops the bridge's references (module free). GIL held. */
 FC_INTERNAL void fc_dev_free(void);
 
 #endif

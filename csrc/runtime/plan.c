@@ -152,6 +152,10 @@ load_cuda(FcPlan *p)
     double t0 = fc_disk_now_ms();
     for (int o = 0; o < p->nkernels; o++) {
         FcPlanKernel *pk = &p->kernels[o];
+        const FcKernelIR *K = &p->spec.kernels[pk->kernel];
+        if (fc_cuda_check_params(K->nops, K->nd) < 0) {
+            return -1;
+        }
         if (pk->cu_fn[0] == NULL &&
                 fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 32, &pk->cu_fn[0], pk->cu_key,
                                     pk->cu_arch) < 0) {

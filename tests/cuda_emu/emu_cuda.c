@@ -208,6 +208,12 @@ cuModuleLoadData(void **mod, const void *image)
 }
 
 EXPORT int
+cuModuleUnload(void *mod)
+{
+    return dlclose(mod) == 0 ? 0 : 1;
+}
+
+EXPORT int
 cuModuleGetFunction(void **fn, void *mod, const char *name)
 {
     char sym[512];

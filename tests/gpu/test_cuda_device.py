@@ -4,19 +4,13 @@ The device's arch is detected and the kernels compile for it (cubin, or PTX
 when the GPU is newer than NVRTC); a torch CUDA tensor fed to a compiled graph
 runs the plan on the GPU. test_cuda_matrix and test_cuda_torch cover the rest.
 """
-import pytest
-
-import fastcompile
+import cudahelp
 from fastcompile import _C
 from fastcompile.graph import Graph
 
-INFO = fastcompile.cuda_info()
-torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.skipif(INFO["device_count"] == 0, reason="no CUDA device: %s" % INFO["why_no_device"]),
-    pytest.mark.skipif(not INFO["nvrtc"], reason="NVRTC not found: %s" % INFO["nvrtc_error"]),
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA"),
-]
+INFO = cudahelp.INFO
+torch = cudahelp.torch
+pytestmark = cudahelp.SKIP
 
 
 def gelu_graph():

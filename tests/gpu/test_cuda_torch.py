@@ -211,20 +211,7 @@ def test_model_training_step_cuda(name, frontend):
     mod = copy.deepcopy(ref)
     record = []
     cm = _frontend(frontend, mod, record)
-    results, target = [], None
-    for model, run in ((ref, ref), (mod, cm)):
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = run(x)
-        if target is None:
-            target = torch.randn_like(out)
-        loss = F.mse_loss(out, target)
-        opt.zero_grad()
-        loss.backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        opt.step()
-        results.append((loss.detach(), grads, [p.detach().clone() for p in model.parameters()],
-                        [b.clone() for b in model.buffers()]))
-    (l0, g0, p0, b0), (l1, g1, p1, b1) = results
+    (l0, g0, p0, b0), (l1, g1, p1, b1) = tb.sgd_steps(((ref, ref), (mod, cm)), x)
     torch.testing.assert_close(l1, l0, **TOL)
     for a, b in zip(g1 + p1 + b1, g0 + p0 + b0):
         torch.testing.assert_close(a, b, **TOL)
