@@ -232,4 +232,20 @@ def _():
         raise AssertionError("a float64 tensor for a float32 input was accepted")
 
 
+@case("a kernel over the 4096-byte launch parameter limit raises before it compiles")
+def _():
+    xs = [np.ones((1,) * 15 + (3,), np.float32) for _ in range(17)]
+    def build(g, *us):
+        acc = us[0]
+        for u in us[1:]:
+            acc = g.call("add", acc, u)
+        return [acc]
+    try:
+        run(build, *xs)
+    except NotImplementedError as e:
+        assert "4096" in str(e) and "split the graph" in str(e), e
+    else:
+        raise AssertionError("18 operands over 16 dims launched")
+
+
 print("EMULATED OK %d" % n_ok)
