@@ -378,7 +378,7 @@ plan_loaded(CompiledObject *c, const FcPlan *p)
  * unloaded is loaded now. Returns: borrowed (seg owns its plans), or NULL +
  * exception. */
 static FcPlan *
-find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer, int dev)
+find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer, int dev, FcDevMemo *memo)
 {
     FcMeta stack[16], *metas = stack;
     FcPlan *p;
@@ -392,19 +392,19 @@ find_plan(CompiledObject *c, FcSegment *seg, PyObject **vals, int defer, int dev
     memset(metas, 0, (seg->ninputs ? seg->ninputs : 1) * sizeof(FcMeta));
     for (int k = 0; k < seg->ninputs; k++) {
         PyObject *a = vals[seg->inputs[k]];
-        FcDevArr da;
         if (dev > 0) {
-            if (fc_dev_view(a, &da) < 0) {
+            const FcDevArr *da = fc_dev_memo_view(memo, seg->inputs[k], a);
+            if (da == NULL) {
                 p = NULL;
                 goto done;
             }
-            if (da.dev + 1 != dev) {           /* an extern's result on another GPU */
+            if (da->dev + 1 != dev) {          /* an extern's result on another GPU */
                 PyErr_Format(PyExc_ValueError, "fastcompile: a value on cuda:%d reached a graph running on "
-                             "cuda:%d: a compiled graph runs on one device", da.dev, dev - 1);
+                             "cuda:%d: a compiled graph runs on one device", da->dev, dev - 1);
                 p = NULL;
                 goto done;
             }
-            fc_dev_meta(&da, &metas[k]);
+            fc_dev_meta(da, &metas[k]);
         }
         else if (fc_plan_meta(a, &metas[k]) < 0) {
             p = NULL;
@@ -609,13 +609,13 @@ call_device(PyObject *const *args, Py_ssize_t nargs, int *dev)
 }
 
 static int
-check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev)
+check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, FcDevMemo *memo)
 {
     const FcNode *n = &c->g.nodes[c->g.inputs[k]];
     FcMeta m;
     PyObject *a;
     if (dev > 0) {
-        FcDevArr da;
+        const FcDevArr *da;
         int d = -1, r = PyArray_Check(arg) ? 0 : fc_dev_is_cuda(arg, &d);
         if (r < 0) {
             return -1;
@@ -624,10 +624,10 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev)
             *slot = Py_NewRef(arg);
             return 0;
         }
-        if (fc_dev_view(arg, &da) < 0) {
+        if ((da = fc_dev_memo_view(memo, c->g.inputs[k], arg)) == NULL) {
             return -1;
         }
-        fc_dev_meta(&da, &m);
+        fc_dev_meta(da, &m);
         a = Py_NewRef(arg);
     }
     else if (!PyArray_Check(arg)) {
@@ -679,24 +679,26 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
 {
     PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
     int nn = c->g.nnodes, dev = 0;
+    FcDevMemo memo = {NULL, NULL, 0};          /* CUDA: the call's views, read once each */
 
     if (nargs != c->g.ninputs) {
         PyErr_Format(PyExc_TypeError, "fastcompile: the compiled graph takes %d array%s, got %zd",
                      c->g.ninputs, c->g.ninputs == 1 ? "" : "s", nargs);
         return NULL;
     }
-    if (call_device(args, nargs, &dev) < 0) {
+    if (call_device(args, nargs, &dev) < 0 || (dev > 0 && fc_dev_memo_init(&memo, nn) < 0)) {
         return NULL;
     }
     if (nn > FC_STACK_VALS) {
         vals = PyMem_Malloc(nn * sizeof(PyObject *));
         if (vals == NULL) {
+            fc_dev_memo_free(&memo);
             return PyErr_NoMemory();
         }
     }
     memset(vals, 0, nn * sizeof(PyObject *));
     for (int k = 0; k < c->g.ninputs; k++) {
-        if (check_input(c, k, args[k], &vals[c->g.inputs[k]], dev) < 0) {
+        if (check_input(c, k, args[k], &vals[c->g.inputs[k]], dev, &memo) < 0) {
             goto done;
         }
     }
@@ -713,7 +715,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         if (seg->noutputs == 0) {
             continue;
         }
-        if ((p = find_plan(c, seg, vals, dry, dev)) == NULL || fc_plan_run(p, vals, tune, dry) < 0) {
+        if ((p = find_plan(c, seg, vals, dry, dev, &memo)) == NULL || fc_plan_run(p, vals, tune, dry, &memo) < 0) {
             goto done;
         }
     }
@@ -746,6 +748,7 @@ done:
     if (vals != stack) {
         PyMem_Free(vals);
     }
+    fc_dev_memo_free(&memo);
     return result;
 }
 

@@ -278,7 +278,7 @@ fc_dev_meta(const FcDevArr *a, FcMeta *m)
 }
 
 PyObject *
-fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev)
+fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev, FcDevArr *a)
 {
     PyObject *tup = PyTuple_New(nd), *r = NULL;
     if (tup == NULL) {
@@ -296,6 +296,24 @@ fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev)
         goto cleanup;
     }
     r = PyObject_CallFunction(dev_rt.empty, "OOi", tup, dev_rt.dtypes[dtype], dev);
+    if (r != NULL && a != NULL) {
+        long long ptr = call_int(r, dev_rt.s_data_ptr);
+        Py_intptr_t st = (Py_intptr_t)fc_dtypes[dtype].size;
+        if (ptr == -1 && PyErr_Occurred()) {
+            Py_CLEAR(r);
+            goto cleanup;
+        }
+        a->data = (char *)(intptr_t)ptr;
+        a->nd = nd;
+        a->dtype = dtype;
+        a->dev = dev;
+        a->itemsize = fc_dtypes[dtype].size;
+        for (int d = nd - 1; d >= 0; d--) {     /* torch's contiguous strides */
+            a->dims[d] = shape[d];
+            a->strides[d] = st;
+            st *= shape[d] > 1 ? shape[d] : 1;
+        }
+    }
 cleanup:
     Py_DECREF(tup);
     return r;
@@ -352,4 +370,43 @@ fc_dev_foreign_cuda(PyObject *obj, int *dev)
     PyErr_Clear();
     *dev = (int)id;
     return FC_DL_CUDA(type) ? 1 : 0;
+}
+
+int
+fc_dev_memo_init(FcDevMemo *m, int n)
+{
+    m->n = n;
+    m->arr = PyMem_Malloc((n + 1) * sizeof(FcDevArr));
+    m->have = PyMem_Calloc(n + 1, 1);
+    if (m->arr == NULL || m->have == NULL) {
+        fc_dev_memo_free(m);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+void
+fc_dev_memo_free(FcDevMemo *m)
+{
+    PyMem_Free(m->arr);
+    PyMem_Free(m->have);
+    m->arr = NULL;
+    m->have = NULL;
+}
+
+const FcDevArr *
+fc_dev_memo_view(FcDevMemo *m, int node, PyObject *obj)
+{
+    if (node < 0 || node >= m->n) {
+        PyErr_SetString(PyExc_SystemError, "fastcompile: a view of a node outside the graph");
+        return NULL;
+    }
+    if (!m->have[node]) {
+        if (fc_dev_view(obj, &m->arr[node]) < 0) {
+            return NULL;
+        }
+        m->have[node] = 1;
+    }
+    return &m->arr[node];
 }

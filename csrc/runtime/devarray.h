@@ -30,12 +30,30 @@ FC_INTERNAL int fc_dev_is_cuda(PyObject *obj, int *dev);
  * device than CUDA or a rank above FC_MAXDIM. t: borrowed. */
 FC_INTERNAL int fc_dev_view(PyObject *t, FcDevArr *a);
 
+/* The views of one call's values, read once each (a CUDA call reads an
+ * input when it checks it, when it looks its plan up and when it runs it):
+ * one slot per graph node. A value is never replaced during a call once
+ * read, so a slot stays true for the call. */
+typedef struct {
+    FcDevArr *arr;
+    char *have;
+    int n;
+} FcDevMemo;
+
+/* 0, or -1 + MemoryError. */
+FC_INTERNAL int fc_dev_memo_init(FcDevMemo *m, int n);
+FC_INTERNAL void fc_dev_memo_free(FcDevMemo *m);
+/* node's value obj (borrowed) as a view, read on the first ask of the call.
+ * Returns a pointer into m, or NULL + exception (fc_dev_view's). */
+FC_INTERNAL const FcDevArr *fc_dev_memo_view(FcDevMemo *m, int node, PyObject *obj);
+
 /* The plan key of a: as fc_plan_meta's, with m->dev = a->dev + 1. */
 FC_INTERNAL void fc_dev_meta(const FcDevArr *a, FcMeta *m);
 
 /* A new C-contiguous CUDA tensor (contents undefined), from torch's caching
- * allocator. Returns: new reference, or NULL + exception. */
-FC_INTERNAL PyObject *fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev);
+ * allocator; *a (may be NULL) gets its view, its layout known without asking
+ * but its pointer. Returns: new reference, or NULL + exception. */
+FC_INTERNAL PyObject *fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev, FcDevArr *a);
 
 /* A new 0-d CUDA tensor of dtype holding value (borrowed). Returns: new
  * reference, or NULL + exception. */

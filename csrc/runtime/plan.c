@@ -957,7 +957,7 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
 
 /* fc_plan_run for a CUDA plan: vals hold torch tensors on device p->dev - 1. */
 static int
-run_cuda(FcPlan *p, PyObject **vals, int dry)
+run_cuda(FcPlan *p, PyObject **vals, int dry, FcDevMemo *memo)
 {
     const FcSpec *s = &p->spec;
     const int dev = p->dev - 1;
@@ -976,9 +976,11 @@ run_cuda(FcPlan *p, PyObject **vals, int dry)
         goto cleanup;
     }
     for (int k = 0; k < s->ninputs; k++) {
-        if (fc_dev_view(vals[s->inputs[k]], &ins[k]) < 0) {
+        const FcDevArr *v = fc_dev_memo_view(memo, s->inputs[k], vals[s->inputs[k]]);
+        if (v == NULL) {
             goto cleanup;
         }
+        ins[k] = *v;
         if (ins[k].dev != dev) {
             PyErr_Format(PyExc_ValueError, "fastcompile: a value on cuda:%d reached a plan for cuda:%d",
                          ins[k].dev, dev);
@@ -1000,8 +1002,7 @@ run_cuda(FcPlan *p, PyObject **vals, int dry)
             for (int d = 0; d < sl->ndim; d++) {
                 shape[d] = sl->dims[d] ? sizes[sl->dims[d]] : 1;
             }
-            if ((objs[i] = fc_dev_empty(sl->ndim, shape, sl->dtype, dev)) == NULL ||
-                    fc_dev_view(objs[i], &arrs[i]) < 0) {
+            if ((objs[i] = fc_dev_empty(sl->ndim, shape, sl->dtype, dev, &arrs[i])) == NULL) {
                 goto cleanup;
             }
         }
@@ -1016,9 +1017,14 @@ run_cuda(FcPlan *p, PyObject **vals, int dry)
     }
     for (int q = 0; q < s->noutputs; q++) {
         int v = s->outputs[q];
-        PyObject *a = objs[s->sn[v].slot];
+        int slot = s->sn[v].slot;
+        PyObject *a = objs[slot];
         Py_INCREF(a);
         Py_XSETREF(vals[v], a);
+        if (v < memo->n) {                     /* a later segment reads it: its view is known */
+            memo->arr[v] = arrs[slot];
+            memo->have[v] = 1;
+        }
     }
     rc = 0;
 cleanup:
@@ -1035,7 +1041,7 @@ cleanup:
 }
 
 int
-fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
+fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry, FcDevMemo *memo)
 {
     const FcSpec *s = &p->spec;
     PyArrayObject *stack_arrs[FC_STACK_SLOTS], **arrs = stack_arrs;
@@ -1047,7 +1053,11 @@ fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry)
         return -1;
     }
     if (p->dev > 0) {
-        return run_cuda(p, vals, dry);
+        if (memo == NULL) {
+            PyErr_SetString(PyExc_SystemError, "fastcompile: a CUDA plan ran without the call's views");
+            return -1;
+        }
+        return run_cuda(p, vals, dry, memo);
     }
     if (s->nslots > FC_STACK_SLOTS) {
         arrs = PyMem_Malloc(s->nslots * sizeof(PyArrayObject *));

@@ -8,6 +8,7 @@
 
 #include "../core/spec.h"
 #include "cpu.h"
+#include "devarray.h"
 #include "tune.h"
 
 typedef struct {
@@ -86,14 +87,15 @@ FC_INTERNAL PyObject *fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg
                                           const char *origin);
 
 /* Run: vals[node] holds a new reference to each available array (CUDA
- * plans: torch tensors on the plan's device, outputs allocated by torch and
- * kernels launched on its current stream, asynchronously); the
+ * plans: torch tensors on the plan's device, read through memo, the call's
+ * views; outputs allocated by torch and kernels launched on its current
+ * stream, asynchronously; memo may be NULL for CPU plans); the
  * segment's outputs are stored there (new references). autotune: choose each
  * kernel's launch settings by timing (tune.h). dry: allocate the outputs but
  * launch nothing (their contents are undefined; p need not be loaded), for
  * a pass that only builds the later segments' plans. p must be loaded
  * unless dry. Returns 0 or -1. */
-FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry);
+FC_INTERNAL int fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry, FcDevMemo *memo);
 
 /* Appends the tuning table of each kernel of p to list (borrowed), as
  * fc_tune_report. Returns 0, or -1 with an exception set. */
