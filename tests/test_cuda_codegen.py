@@ -203,6 +203,9 @@ def test_disk_cache_hit():
     a = _C._cuda_compile(k["source"], "sm_80")
     b = _C._cuda_compile(k["source"], "sm_80")
     assert b["cached"] and a["key"] == b["key"] and a["image"] == b["image"]
+    assert a["source_path"] == b["source_path"] and a["source_path"].endswith(a["key"] + ".cu")
+    with open(a["source_path"]) as f:
+        assert f.read() == k["source"]           # the source beside its cubin
     c = _C._cuda_compile(k["source"], "sm_90")
     assert c["key"] != a["key"]
 

@@ -524,6 +524,31 @@ cache_store(const char *dir, const FcCudaImage *img)
     PyMem_Free(buf);
 }
 
+/* The kernel's source beside its cubin, <dir>/<key[:2]>/<key>.cu, so that a
+ * user can read what runs (explain(), Compiled.kernels[i].path); written
+ * once, best effort: img->src_path stays "" when it cannot be. */
+static void
+store_source(const char *dir, const char *source, FcCudaImage *img)
+{
+    char path[1024], shard[1024], tmp[1200], sfx[FC_DISK_SUFFIX];
+    snprintf(shard, sizeof(shard), "%s/%.2s", dir, img->key);
+    snprintf(path, sizeof(path), "%s/%s.cu", shard, img->key);
+    if (access(path, R_OK) != 0) {
+        fc_disk_temp_suffix(sfx);
+        snprintf(tmp, sizeof(tmp), "%s/.tmp.%s", shard, sfx);
+        if (fc_disk_mkdir_p(shard, 0700) != 0 || fc_disk_write_new(tmp, source, strlen(source), 0600) != 0) {
+            return;
+        }
+        if (fc_disk_move_noreplace(tmp, path) < 0) {
+            unlink(tmp);
+        }
+        if (access(path, R_OK) != 0) {
+            return;
+        }
+    }
+    snprintf(img->src_path, sizeof(img->src_path), "%s", path);
+}
+
 void
 fc_cuda_image_free(FcCudaImage *img)
 {
@@ -610,6 +635,7 @@ fc_cuda_compile(const char *source, const char *arch, const char *define, FcCuda
     if ((dir = fc_cpu_cache_dir()) == NULL) {
         goto error;
     }
+    store_source(dir, source, out);
     if ((rc = cache_load(dir, out)) != 0) {
         rc = rc < 0 ? -1 : 0;
         goto cleanup;
@@ -709,7 +735,7 @@ error:
 
 int
 fc_cuda_load_kernel(const char *source, const char *name, int dev, int bits, void **fn, char key[65],
-                    char arch[16])
+                    char arch[16], char src_path[1024])
 {
     FcCudaImage img;
     char want[16], sym[96], define[32];
@@ -730,6 +756,7 @@ fc_cuda_load_kernel(const char *source, const char *name, int dev, int bits, voi
     rc = fc_cuda_load(&img, syms, 1, dev, fn);
     memcpy(key, img.key, 65);
     memcpy(arch, img.arch, 16);
+    memcpy(src_path, img.src_path, 1024);
     fc_cuda_image_free(&img);
     return rc;
 }
@@ -937,9 +964,10 @@ fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
     if (fc_cuda_compile(source, arch, define, &img) < 0) {
         return NULL;
     }
-    r = Py_BuildValue("{s:y#,s:s,s:s,s:s,s:O}", "image", img.image, (Py_ssize_t)img.size,
+    r = Py_BuildValue("{s:y#,s:s,s:s,s:s,s:O,s:z}", "image", img.image, (Py_ssize_t)img.size,
                       "kind", img.is_ptx ? "ptx" : "cubin", "arch", img.arch, "key", img.key,
-                      "cached", img.cached ? Py_True : Py_False);
+                      "cached", img.cached ? Py_True : Py_False,
+                      "source_path", img.src_path[0] ? img.src_path : NULL);
     fc_cuda_image_free(&img);
     return r;
 }

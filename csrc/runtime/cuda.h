@@ -15,6 +15,7 @@ typedef struct {
     char arch[16];       /* "sm_90" (cubin) or "compute_90" (PTX) */
     char key[65];        /* disk cache key */
     int cached;          /* came from the disk cache */
+    char src_path[1024]; /* the source beside the cubin, <key>.cu ("" if it could not be written) */
 } FcCudaImage;
 
 /* Compile `source` for arch ("sm_80", "sm_90", ...; NULL: the device's,
@@ -30,10 +31,11 @@ FC_INTERNAL void fc_cuda_image_free(FcCudaImage *img);
 FC_INTERNAL int fc_cuda_load(const FcCudaImage *img, const char *const *symbols, int n, int dev, void **fns);
 /* A rendered kernel (gen_cuda) compiled for device dev's arch through the disk
  * cache with only its entry point for `bits`-bit index math (32 or 64:
- * name_i32, name_i64), loaded into *fn; its cache key and arch are copied
- * out. Returns 0, or -1 + exception. */
+ * name_i32, name_i64), loaded into *fn; its cache key, arch and the path of
+ * its source beside the cubin ("" if unwritable) are copied out. Returns 0,
+ * or -1 + exception. */
 FC_INTERNAL int fc_cuda_load_kernel(const char *source, const char *name, int dev, int bits, void **fn,
-                                    char key[65], char arch[16]);
+                                    char key[65], char arch[16], char src_path[1024]);
 /* Launch fn (from fc_cuda_load on dev) with the packed fc_cu_launch (params,
  * nbytes <= 4096) on stream (a CUstream), grid x block threads.
  * Asynchronous: errors inside the kernel surface at torch's next sync.

@@ -158,10 +158,11 @@ load_cuda(FcPlan *p)
         }
         if (pk->cu_fn[0] == NULL &&
                 fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 32, &pk->cu_fn[0], pk->cu_key,
-                                    pk->cu_arch) < 0) {
+                                    pk->cu_arch, pk->cu_path) < 0) {
             return -1;
         }
         pk->loaded.key = pk->cu_key;
+        pk->loaded.c_path = pk->cu_path[0] ? pk->cu_path : NULL;
     }
     p->loaded = 1;
     p->compile_ms += fc_disk_now_ms() - t0;
@@ -945,9 +946,9 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
         return 0;
     }
     if (fc_cuda_index_bits(p->dev - 1, &L, K->nd, K->flat, K->mask != 0) == 64) {
-        char key[65], arch[16];
+        char key[65], arch[16], path[1024];
         if (pk->cu_fn[1] == NULL &&
-                fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 64, &pk->cu_fn[1], key, arch) < 0) {
+                fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 64, &pk->cu_fn[1], key, arch, path) < 0) {
             return -1;
         }
         return fc_cuda_run(pk->cu_fn[1], p->dev - 1, &L, K->nd, K->flat, K->mask != 0, stream);

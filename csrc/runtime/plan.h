@@ -22,6 +22,7 @@ typedef struct {
                           * name_i64 NULL until a launch needs 64-bit indexes) */
     char cu_key[65];     /* the disk-cache key of name_i32's cubin */
     char cu_arch[16];    /* "sm_90", or "compute_90" for PTX */
+    char cu_path[1024];  /* the source beside the cubin (loaded.c_path), or "" */
     int nonempty;        /* a reduction without identity: an empty row raises */
 } FcPlanKernel;
 

@@ -91,7 +91,9 @@ def _():
     y = rng.standard_normal(5000).astype(np.float32)
     f, (z,) = run(lambda g, a, b: [g.call("add", g.call("mul", a, b), 1.0)], x, y)
     np.testing.assert_array_equal(z, x * y + np.float32(1))          # no contraction: exact
-    assert f.kernels[0].so_path is None and "__global__" in f.kernels[0].source
+    k = f.kernels[0]
+    assert k.so_path is None and "__global__" in k.source and k.path.endswith(k.key + ".cu")
+    assert open(k.path).read() == k.source          # what runs, readable beside its cubin
 
 
 @case("transposed and broadcast operands (strided kernel)")

@@ -36,3 +36,4 @@ def test_gelu_on_device_matches_torch():
     torch.testing.assert_close(y, torch.nn.functional.gelu(x))
     (k,) = f.kernels
     assert k.so_path is None and len(k.key) == 64 and "__global__" in k.source
+    assert open(k.path).read() == k.source
