@@ -566,13 +566,14 @@ done:
 }
 
 /* The device a call runs on: 0 (CPU) when no argument is a CUDA tensor, else
- * d + 1 for CUDA device d, the device of every CUDA tensor among them. The
- * other arguments of a CUDA call may only be read by externs (a CPU scalar
- * tensor that an attention kernel's backward takes): a kernel that would read
- * one raises (fc_dev_view). CUDA needs the driver and NVRTC: without them the
+ * d + 1 for CUDA device d, the device of every CUDA tensor among them, whose
+ * views it reads into memo (initialized here for c's nodes). The other
+ * arguments of a CUDA call may only be read by externs (a CPU scalar tensor
+ * that an attention kernel's backward takes): a kernel that would read one
+ * raises (fc_dev_view). CUDA needs the driver and NVRTC: without them the
  * error says why. args: borrowed. 0, or -1 + exception. */
 static int
-call_device(PyObject *const *args, Py_ssize_t nargs, int *dev)
+call_device(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, int *dev, FcDevMemo *memo)
 {
     Py_ssize_t first = -1;
     int d = -1;
@@ -585,10 +586,16 @@ call_device(PyObject *const *args, Py_ssize_t nargs, int *dev)
         if (r == 1 && first < 0) {
             first = k;
             *dev = d + 1;
+            if (fc_dev_memo_init(memo, c->g.nnodes) < 0) {
+                return -1;
+            }
         }
         else if (r == 1 && d + 1 != *dev) {
             PyErr_Format(PyExc_ValueError, "fastcompile: argument %zd is on cuda:%d and argument %zd on "
                          "cuda:%d: a compiled graph runs on one device", first, *dev - 1, k, d);
+            return -1;
+        }
+        if (r == 1 && fc_dev_memo_view(memo, c->g.inputs[k], args[k]) == NULL) {
             return -1;
         }
     }
@@ -615,19 +622,11 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
     FcMeta m;
     PyObject *a;
     if (dev > 0) {
-        const FcDevArr *da;
-        int d = -1, r = PyArray_Check(arg) ? 0 : fc_dev_is_cuda(arg, &d);
-        if (r < 0) {
-            return -1;
-        }
-        if (r == 0) {                 /* for externs only (call_device); kernels check again */
+        if (!memo->have[c->g.inputs[k]]) {    /* no CUDA tensor: for externs only (call_device) */
             *slot = Py_NewRef(arg);
             return 0;
         }
-        if ((da = fc_dev_memo_view(memo, c->g.inputs[k], arg)) == NULL) {
-            return -1;
-        }
-        fc_dev_meta(da, &m);
+        fc_dev_meta(&memo->arr[c->g.inputs[k]], &m);
         a = Py_NewRef(arg);
     }
     else if (!PyArray_Check(arg)) {
@@ -686,7 +685,8 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
                      c->g.ninputs, c->g.ninputs == 1 ? "" : "s", nargs);
         return NULL;
     }
-    if (call_device(args, nargs, &dev) < 0 || (dev > 0 && fc_dev_memo_init(&memo, nn) < 0)) {
+    if (call_device(c, args, nargs, &dev, &memo) < 0) {
+        fc_dev_memo_free(&memo);
         return NULL;
     }
     if (nn > FC_STACK_VALS) {

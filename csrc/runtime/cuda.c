@@ -806,7 +806,7 @@ pack_launch(const fc_launch *L, int nd, int flat, int64_t *buf, int64_t *maxoff)
     buf[n++] = L->n_inner;
     buf[n++] = L->nd_outer;
     buf[n++] = L->nd_inner;
-    buf[n++] = 0;                          /* err: NULL, unchecked (see fc_cuda_run) */
+    buf[n++] = 0;                          /* err: NULL, unchecked (see cuda.h) */
     for (int q = 0; q < nops; q++) {
         buf[n++] = (int64_t)(intptr_t)L->ptr[q];
     }
@@ -840,11 +840,10 @@ pack_launch(const fc_launch *L, int nd, int flat, int64_t *buf, int64_t *maxoff)
     return n * sizeof(int64_t);
 }
 
-#define FC_CU_PARAM_WORDS (5 + FC_LAUNCH_MAXOPS + 2 * FC_LAUNCH_MAXDIM + 2 * FC_LAUNCH_MAXOPS * FC_LAUNCH_MAXDIM)
-/* pack_launch's buffer holds any kernel the core can make */
+/* pack_launch's buffer (FcCuLaunch.params) holds any kernel the core can make */
 _Static_assert(FC_MAXOPS <= FC_LAUNCH_MAXOPS && FC_MAXDIM <= FC_LAUNCH_MAXDIM, "launch limits");
 
-/* the grid of a launch over L: see fc_cuda_run */
+/* the grid of a launch over L: see fc_cuda_pack */
 static int64_t
 grid_of(int dev, const fc_launch *L, int reduction)
 {
@@ -877,34 +876,33 @@ fc_cuda_check_params(int nops, int nd)
 }
 
 int
-fc_cuda_index_bits(int dev, const fc_launch *L, int nd, int flat, int reduction)
+fc_cuda_pack(int dev, const fc_launch *L, int nd, int flat, int reduction, FcCuLaunch *out)
 {
-    int64_t buf[FC_CU_PARAM_WORDS], maxoff, grid = grid_of(dev, L, reduction);
     const int64_t i32max = 2147483647;
-    pack_launch(L, nd > 0 ? nd : 1, flat, buf, &maxoff);
-    /* 32-bit index math when no index, offset or loop step can pass 2^31 - 1
-     * (a pointwise trip steps by grid x threads x at most 8 elements) */
-    return maxoff < i32max && L->n_outer + (grid + 1) * FC_CU_THREADS * 8 < i32max &&
-           L->n_inner + FC_CU_THREADS * 4 < i32max ? 32 : 64;
-}
-
-int
-fc_cuda_run(void *fn, int dev, const fc_launch *L, int nd, int flat, int reduction, void *stream)
-{
-    int64_t buf[FC_CU_PARAM_WORDS], maxoff, grid;
-    size_t nbytes;
+    int64_t maxoff, grid;
     nd = nd > 0 ? nd : 1;
-    if (fn == NULL || dev < 0 || dev >= 16 || cu.ctx[dev] == NULL) {
-        PyErr_SetString(PyExc_SystemError, "fastcompile: a CUDA launch before its kernel was loaded");
-        return -1;
-    }
     if (L->nops > FC_LAUNCH_MAXOPS || nd > FC_LAUNCH_MAXDIM) {
         PyErr_Format(PyExc_SystemError, "fastcompile: a CUDA launch of %d operands over %d dims", L->nops, nd);
         return -1;
     }
     grid = grid_of(dev, L, reduction);
-    nbytes = pack_launch(L, nd, flat, buf, &maxoff);
-    return fc_cuda_launch(fn, dev, (unsigned)grid, FC_CU_THREADS, stream, buf, nbytes);
+    out->grid = (unsigned)grid;
+    out->nbytes = pack_launch(L, nd, flat, out->params, &maxoff);
+    /* 32-bit index math when no index, offset or loop step can pass 2^31 - 1
+     * (a pointwise trip steps by grid x threads x at most 8 elements) */
+    out->bits = maxoff < i32max && L->n_outer + (grid + 1) * FC_CU_THREADS * 8 < i32max &&
+                L->n_inner + FC_CU_THREADS * 4 < i32max ? 32 : 64;
+    return 0;
+}
+
+int
+fc_cuda_run(void *fn, int dev, const FcCuLaunch *pk, void *stream)
+{
+    if (fn == NULL || dev < 0 || dev >= 16 || cu.ctx[dev] == NULL) {
+        PyErr_SetString(PyExc_SystemError, "fastcompile: a CUDA launch before its kernel was loaded");
+        return -1;
+    }
+    return fc_cuda_launch(fn, dev, pk->grid, FC_CU_THREADS, stream, (void *)pk->params, pk->nbytes);
 }
 
 /* ---------------------------------------------------------------------------

@@ -45,16 +45,25 @@ FC_INTERNAL int fc_cuda_launch(void *fn, int dev, unsigned grid, unsigned block,
 /* 0 when a kernel of nops operands over nd dims fits the launch parameter
  * limit (4096 bytes), else -1 + NotImplementedError saying so. */
 FC_INTERNAL int fc_cuda_check_params(int nops, int nd);
-/* The index width (32 or 64) the launch of a kernel over L needs: 32 when
- * no index, offset or loop step can pass 2^31 - 1 (L filled as for the CPU;
- * nd: the kernel's rank; flat: a flat pointwise kernel). */
-FC_INTERNAL int fc_cuda_index_bits(int dev, const fc_launch *L, int nd, int flat, int reduction);
-/* One launch of fn (the entry point for fc_cuda_index_bits's width) over the
- * space L describes (L->ptr are device pointers), on stream, with the grid
- * chosen here. The kernel's error flag is not passed: CUDA kernels report
- * no errors (integer negative powers give what the kernel computes, as
- * torch on CUDA). GIL held. 0, or -1 + exception. */
-FC_INTERNAL int fc_cuda_run(void *fn, int dev, const fc_launch *L, int nd, int flat, int reduction, void *stream);
+/* One launch, packed: the kernel parameter fc_cu_launch<nops, nd>, the
+ * grid, and the index width its entry point must have. */
+#define FC_CU_PARAM_WORDS (5 + FC_LAUNCH_MAXOPS + 2 * FC_LAUNCH_MAXDIM + 2 * FC_LAUNCH_MAXOPS * FC_LAUNCH_MAXDIM)
+typedef struct {
+    int64_t params[FC_CU_PARAM_WORDS];
+    size_t nbytes;
+    unsigned grid;
+    int bits;            /* 32 when no index, offset or loop step can pass 2^31 - 1, else 64 */
+} FcCuLaunch;
+
+/* Packs the launch of a kernel over L (filled as for the CPU; L->ptr are
+ * device pointers; nd: the kernel's rank; flat: a flat pointwise kernel)
+ * and chooses its grid and index width. 0, or -1 + SystemError. */
+FC_INTERNAL int fc_cuda_pack(int dev, const fc_launch *L, int nd, int flat, int reduction, FcCuLaunch *out);
+/* Launches fn (the entry point for out->bits) on stream. The kernel's error
+ * flag is not passed: CUDA kernels report no errors (integer negative powers
+ * give what the kernel computes, as torch on CUDA). GIL held. 0, or -1 +
+ * exception. */
+FC_INTERNAL int fc_cuda_run(void *fn, int dev, const FcCuLaunch *pk, void *stream);
 /* The compute capability of device dev as major * 10 + minor; 0 without one. */
 FC_INTERNAL int fc_cuda_device_arch(int dev);
 

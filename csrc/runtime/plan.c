@@ -549,14 +549,16 @@ fc_plan_free(FcPlan *p)
  * run
  * ---------------------------------------------------------------------- */
 
-/* input k's rank and dims: devs[k] where given (CUDA), else the NumPy array in vals */
+/* input k's rank and dims: its view in memo where given (CUDA), else the
+ * NumPy array in vals */
 static int
-input_dims(const FcSpec *s, PyObject **vals, const FcDevArr *devs, int k, const Py_intptr_t **dims)
+input_dims(const FcSpec *s, PyObject **vals, const FcDevMemo *memo, int k, const Py_intptr_t **dims)
 {
     PyArrayObject *a;
-    if (devs != NULL) {
-        *dims = devs[k].dims;
-        return devs[k].nd;
+    if (memo != NULL) {
+        const FcDevArr *v = &memo->arr[s->inputs[k]];
+        *dims = v->dims;
+        return v->nd;
     }
     a = (PyArrayObject *)vals[s->inputs[k]];
     *dims = PyArray_DIMS(a);
@@ -564,14 +566,14 @@ input_dims(const FcSpec *s, PyObject **vals, const FcDevArr *devs, int k, const 
 }
 
 static void
-raise_broadcast(const FcSpec *s, PyObject **vals, const FcDevArr *devs)
+raise_broadcast(const FcSpec *s, PyObject **vals, const FcDevMemo *memo)
 {
     FcStr b = {0};
     char *text;
     fc_str_puts(&b, "operands could not be broadcast together with shapes");
     for (int k = 0; k < s->ninputs; k++) {
         const Py_intptr_t *dims;
-        int nd = input_dims(s, vals, devs, k, &dims);
+        int nd = input_dims(s, vals, memo, k, &dims);
         fc_str_puts(&b, " (");
         for (int d = 0; d < nd; d++) {
             fc_str_printf(&b, d ? ",%lld" : "%lld", (long long)dims[d]);
@@ -886,10 +888,10 @@ done:
 #define FC_STACK_CLASSES 64
 
 /* sizes of every symbolic dim (s->nclasses entries) from the inputs' dims
- * (devs: CUDA, as input_dims); a mismatch raises NumPy's broadcast error.
+ * (memo: CUDA, as input_dims); a mismatch raises NumPy's broadcast error.
  * 0, or -1 + ValueError. */
 static int
-bind_sizes(const FcSpec *s, PyObject **vals, const FcDevArr *devs, int64_t *sizes)
+bind_sizes(const FcSpec *s, PyObject **vals, const FcDevMemo *memo, int64_t *sizes)
 {
     for (int c = 0; c < s->nclasses; c++) {
         sizes[c] = -1;
@@ -898,7 +900,7 @@ bind_sizes(const FcSpec *s, PyObject **vals, const FcDevArr *devs, int64_t *size
     for (int k = 0; k < s->ninputs; k++) {
         int v = s->inputs[k];
         const Py_intptr_t *dims;
-        input_dims(s, vals, devs, k, &dims);
+        input_dims(s, vals, memo, k, &dims);
         for (int d = 0; d < s->sn[v].ndim; d++) {
             int c = s->sn[v].dims[d];
             if (c == 0) {
@@ -908,7 +910,7 @@ bind_sizes(const FcSpec *s, PyObject **vals, const FcDevArr *devs, int64_t *size
                 sizes[c] = dims[d];
             }
             else if (sizes[c] != dims[d]) {
-                raise_broadcast(s, vals, devs);
+                raise_broadcast(s, vals, memo);
                 return -1;
             }
         }
@@ -924,6 +926,7 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
     FcPlanKernel *pk = &p->kernels[o];
     const FcKernelIR *K = &s->kernels[pk->kernel];
     fc_launch L;
+    FcCuLaunch packed;
     Operand ops[FC_MAXOPS];
     int64_t elsize[FC_MAXOPS];
 
@@ -945,57 +948,51 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
     if (L.n_outer == 0) {
         return 0;
     }
-    if (fc_cuda_index_bits(p->dev - 1, &L, K->nd, K->flat, K->mask != 0) == 64) {
+    if (fc_cuda_pack(p->dev - 1, &L, K->nd, K->flat, K->mask != 0, &packed) < 0) {
+        return -1;
+    }
+    if (packed.bits == 64 && pk->cu_fn[1] == NULL) {
         char key[65], arch[16], path[1024];
-        if (pk->cu_fn[1] == NULL &&
-                fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 64, &pk->cu_fn[1], key, arch, path) < 0) {
+        if (fc_cuda_load_kernel(pk->source, pk->name, p->dev - 1, 64, &pk->cu_fn[1], key, arch, path) < 0) {
             return -1;
         }
-        return fc_cuda_run(pk->cu_fn[1], p->dev - 1, &L, K->nd, K->flat, K->mask != 0, stream);
     }
-    return fc_cuda_run(pk->cu_fn[0], p->dev - 1, &L, K->nd, K->flat, K->mask != 0, stream);
+    return fc_cuda_run(pk->cu_fn[packed.bits == 64], p->dev - 1, &packed, stream);
 }
 
-/* fc_plan_run for a CUDA plan: vals hold torch tensors on device p->dev - 1. */
+/* fc_plan_run for a CUDA plan: vals hold torch tensors on device p->dev - 1
+ * (find_plan checked the device of each input it read into memo). */
 static int
 run_cuda(FcPlan *p, PyObject **vals, int dry, FcDevMemo *memo)
 {
     const FcSpec *s = &p->spec;
     const int dev = p->dev - 1;
-    FcDevArr *arrs = NULL, *ins = NULL;
+    FcDevArr *arrs = NULL;
     PyObject **objs = NULL;              /* per slot: borrowed (inputs) or owned (allocated) */
     int64_t *sizes = NULL;
     void *stream = NULL;
     int rc = -1;
 
     arrs = PyMem_Calloc(s->nslots + 1, sizeof(FcDevArr));
-    ins = PyMem_Calloc(s->ninputs + 1, sizeof(FcDevArr));
     objs = PyMem_Calloc(s->nslots + 1, sizeof(PyObject *));
     sizes = PyMem_Calloc(s->nclasses + 1, sizeof(int64_t));
-    if (arrs == NULL || ins == NULL || objs == NULL || sizes == NULL) {
+    if (arrs == NULL || objs == NULL || sizes == NULL) {
         PyErr_NoMemory();
         goto cleanup;
     }
     for (int k = 0; k < s->ninputs; k++) {
-        const FcDevArr *v = fc_dev_memo_view(memo, s->inputs[k], vals[s->inputs[k]]);
-        if (v == NULL) {
-            goto cleanup;
-        }
-        ins[k] = *v;
-        if (ins[k].dev != dev) {
-            PyErr_Format(PyExc_ValueError, "fastcompile: a value on cuda:%d reached a plan for cuda:%d",
-                         ins[k].dev, dev);
+        if (fc_dev_memo_view(memo, s->inputs[k], vals[s->inputs[k]]) == NULL) {
             goto cleanup;
         }
     }
-    if (bind_sizes(s, vals, ins, sizes) < 0) {
+    if (bind_sizes(s, vals, memo, sizes) < 0) {
         goto cleanup;
     }
     for (int i = 0; i < s->nslots; i++) {
         const FcSlot *sl = &s->slots[i];
         if (sl->kind == FC_SLOT_INPUT) {
             objs[i] = vals[sl->node];
-            arrs[i] = ins[sl->input];
+            arrs[i] = memo->arr[sl->node];
             continue;
         }
         {
@@ -1022,10 +1019,8 @@ run_cuda(FcPlan *p, PyObject **vals, int dry, FcDevMemo *memo)
         PyObject *a = objs[slot];
         Py_INCREF(a);
         Py_XSETREF(vals[v], a);
-        if (v < memo->n) {                     /* a later segment reads it: its view is known */
-            memo->arr[v] = arrs[slot];
-            memo->have[v] = 1;
-        }
+        memo->arr[v] = arrs[slot];             /* a later segment reads it: its view is known */
+        memo->have[v] = 1;
     }
     rc = 0;
 cleanup:
@@ -1036,7 +1031,6 @@ cleanup:
     }
     PyMem_Free(objs);
     PyMem_Free(arrs);
-    PyMem_Free(ins);
     PyMem_Free(sizes);
     return rc;
 }
