@@ -251,4 +251,26 @@ def _():
         raise AssertionError("18 operands over 16 dims launched")
 
 
+@case("no references leak: inputs, outputs, extern results, constants, across many calls")
+def _():
+    import gc
+    g = Graph()
+    u, v = g.input("float32", 1), g.input("float32", 1)
+    e = g.extern(lambda t: (t + 1).as_subclass(EmuCuda), g.call("mul", u, v))
+    g.output(g.call("exp", e), g.constant(2.0), u)
+    f = g.compile()
+    a, b = dev(np.ones(8, np.float32)), dev(np.ones(8, np.float32))
+    f(a, b)
+    gc.collect()
+    ra, rb = sys.getrefcount(a), sys.getrefcount(b)
+    live = sum(isinstance(o, torch.Tensor) for o in gc.get_objects())
+    for _ in range(200):
+        y, c, same = f(a, b)
+        assert same is a
+    del y, c, same
+    gc.collect()
+    assert (sys.getrefcount(a), sys.getrefcount(b)) == (ra, rb)
+    assert sum(isinstance(o, torch.Tensor) for o in gc.get_objects()) <= live + 2
+
+
 print("EMULATED OK %d" % n_ok)
