@@ -638,6 +638,32 @@ def test_call_non_array_argument(add2):
             add2(bad, np.ones(2))
 
 
+def test_inputs_only_externs_read_may_be_any_object():
+    # an input no kernel reads goes to its extern as it is (the torch backend hands a matmul its
+    # weight tensor this way); an input a kernel reads must still be an array of its dtype
+    seen = []
+
+    def ext(w, a):
+        seen.append(w)
+        return a * len(w)
+    c = compile1(lambda g, w, x: g.call("exp", g.extern(ext, w, g.call("neg", x))),
+                 ("float64", 1), ("float64", 1))
+    w, x = [1, 2, 3], np.arange(3.0)
+    before = sys.getrefcount(w)
+    for _ in range(200):
+        (out,) = c(w, x)
+    np.testing.assert_allclose(out, np.exp(-x * 3))
+    assert seen[-1] is w
+    seen.clear()
+    assert sys.getrefcount(w) == before
+    with pytest.raises(TypeError, match="argument 1 must be a numpy.ndarray"):
+        c(np.ones(3), [1.0, 2.0, 3.0])
+    # an input both an extern and a kernel read is checked as before
+    c2 = compile1(lambda g, x: g.call("add", g.extern(np.negative, x), x), ("float64", 1))
+    with pytest.raises(TypeError, match="argument 0 must be a numpy.ndarray"):
+        c2([1.0, 2.0])
+
+
 def test_call_wrong_dtype(add2):
     with pytest.raises(TypeError, match="declared float64 but is an array of float32"):
         add2(np.ones(2), np.ones(2, np.float32))

@@ -28,6 +28,7 @@ typedef struct {
     PyObject *origin;         /* owned str */
     PyObject *kernels;        /* owned list of kernel records */
     int *level;               /* per node */
+    unsigned char *any_arg;   /* per graph input: only externs read it, so it may be any object */
     int nlevels;
     SegmentSlot *segs;        /* one per level */
     int nplans;
@@ -208,6 +209,22 @@ build_segments(CompiledObject *c)
             }
         }
     }
+    /* an input no kernel reads is only handed to externs (or returned): it may be any object */
+    c->any_arg = PyMem_Calloc(g->ninputs + 1, 1);
+    if (c->any_arg == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int k = 0; k < g->ninputs; k++) {
+        int u = g->inputs[k], read = 0;
+        for (int L = 0; L < c->nlevels && !read; L++) {
+            const FcSegment *seg = &c->segs[L].seg;
+            for (int j = 0; j < seg->ninputs && !read; j++) {
+                read = seg->inputs[j] == u;
+            }
+        }
+        c->any_arg[k] = !read;
+    }
     for (int k = 0; k < g->noutputs; k++) {
         int v = g->outputs[k];
         int op = g->nodes[v].op;
@@ -248,6 +265,7 @@ fc_api_compiled_new(GraphObject *graph)
     c->origin = NULL;
     c->kernels = NULL;
     c->level = NULL;
+    c->any_arg = NULL;
     c->segs = NULL;
     c->nlevels = 0;
     c->nplans = 0;
@@ -305,6 +323,7 @@ Compiled_dealloc(CompiledObject *c)
     }
     PyMem_Free(c->segs);
     PyMem_Free(c->level);
+    PyMem_Free(c->any_arg);
     fc_graph_free(&c->g);
     PyObject_GC_Del(c);
 }
@@ -628,6 +647,10 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
         }
         fc_dev_meta(&memo->arr[c->g.inputs[k]], &m);
         a = Py_NewRef(arg);
+    }
+    else if (!PyArray_Check(arg) && c->any_arg[k]) {   /* only externs read it: passed as it is */
+        *slot = Py_NewRef(arg);
+        return 0;
     }
     else if (!PyArray_Check(arg)) {
         int d = 0;

@@ -302,15 +302,18 @@ class _Lowering:
         self.extern_nodes = 0
         self.lowered = []          # FX nodes that became core ops
         self.input_values = set()
+        self.input_nodes = []      # core node of each entry of self.inputs
         self.extern_values = set()
         self.example_inputs = example_inputs
         self.device = _graph_device(example_inputs)   # None: CPU (NumPy arrays); else CUDA tensors
         self.foreign = set()       # core nodes of inputs on another device than self.device: externs only
+        self.passed = set()        # CPU: core nodes of inputs only externs read, passed as torch tensors
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, dtype, ndim, kind, payload, shape=None, strides=None):
         v = self.g.input(dtype, ndim)
         self.inputs.append((kind, payload))
+        self.input_nodes.append(v.node)
         self.input_values.add(v.node)
         self.g.leaf_shape[v.node] = tuple(payload.shape) if kind == "const" else tuple(shape)
         if kind == "const" and isinstance(payload, torch.Tensor):
@@ -426,7 +429,8 @@ class _Lowering:
             if isinstance(v, _Rec):
                 values.append(v.value)
                 from_core = v.value.node not in self.extern_values and v.value.node not in self.input_values
-                specs.append((a, v.tshape, v.dtype, _layout(_meta(a), from_core)))
+                layout = "tensor" if v.value.node in self.passed else _layout(_meta(a), from_core)
+                specs.append((a, v.tshape, v.dtype, layout))
         consts = {a: self.env[a] for a in cluster.inputs if not isinstance(self.env[a], _Rec)}
         for m in outs:
             meta = _meta(m)
@@ -473,6 +477,11 @@ class _Lowering:
                 v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape, _meta_strides(meta))
                 if self.device is not None and meta.device != self.device:
                     self.foreign.add(v.node)
+                elif self.device is None and _externs_only(node):
+                    # a weight of a matmul: the extern takes the tensor itself (no NumPy round
+                    # trip per call); a core op that reads it after all runs in the extern too
+                    self.foreign.add(v.node)
+                    self.passed.add(v.node)
                 self.arg_layouts[idx] = _layout_of(meta)
                 self.env[node] = _Rec(v, shape, shape, meta.dtype)
             elif node.op == "get_attr":
@@ -588,6 +597,9 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False):
         var = "x%d" % j
         names[node] = var
         glob["s%d" % j], glob["d%d" % j], glob["l%d" % j] = shape, dtype, layout
+        if layout == "tensor":          # a CPU graph's input passed through as the tensor it is
+            lines.append("%s = a%d" % (var, j))
+            continue
         if cuda:
             lines.append("%s = a%d if a%d.shape == s%d and a%d.dtype is d%d else _to_torch(a%d, s%d, d%d)"
                          % (var, j, j, j, j, j, j, j, j))
@@ -597,8 +609,24 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False):
                          % (var, j, j, j, j, j))
         if layout is not None:
             lines.append("%s = _restride(%s, l%d)" % (var, var, j))
+    collapsed, need = _view_chains(members, outs, views)
+    strides = {}            # root var -> the local holding its stride()
     for i, m in enumerate(members):
+        if m not in need:
+            continue        # a view only further views of this cluster read: folded into theirs
         var = "v%d" % i
+        if m in collapsed:
+            root, seq, (size, stride, delta, want) = collapsed[m]
+            r = names[root]
+            if r not in strides:
+                strides[r] = "st_" + r
+                lines.append("st_%s = %s.stride()" % (r, r))
+            chain = r + "".join(".%s(%s)" % (views[v.target], ", ".join(ref(a) for a in v.args[1:])) for v in seq)
+            expr = "%s.as_strided(%r, %r, %s.storage_offset() + %d) if %s == %r else %s" % (
+                r, size, stride, r, delta, strides[r], want, chain)
+            lines.append("%s = %s" % (var, expr))
+            names[m] = var
+            continue
         args = [ref(a) for a in m.args]
         kwargs = ["%s=%s" % (k, ref(v)) for k, v in m.kwargs.items()]
         if m.op == "call_function" and m.target is operator.getitem and not kwargs:
@@ -637,6 +665,63 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False):
     run = glob[name]
     run.source = src
     return run
+
+
+def _view_chains(members, outs, views):
+    """Chains of views inside one cluster, each done as one ``as_strided`` call instead of a
+    Tensor method per view (a call costs ~1 us; a transformer's attention reshapes, permutes and
+    selects a dozen times). Returns ``collapsed`` {last view: (root, views, (size, stride,
+    offset delta, root strides))} for every chain of two or more views that leaves the cluster or
+    feeds a non-view, where the FX metadata shows the result is a view of the root (run on meta
+    tensors: a reshape that would copy is left alone), and ``need``: the members still emitted
+    (a view only folded chains read is not). At run time the generated code checks the root's
+    strides and runs the chain itself where they differ from the traced ones."""
+    vmembers = {m for m in members if m.op == "call_function" and m.target in views and m.args
+                and not m.kwargs and isinstance(m.args[0], torch.fx.Node)}
+    mset = set(members)
+    collapsed = {}
+    for m in members:
+        if m not in vmembers or (m not in outs and all(u in vmembers for u in m.users)):
+            continue        # not the end of a chain
+        seq, root = [], m
+        while root in vmembers:
+            seq.append(root)
+            root = root.args[0]
+        if len(seq) < 2 or (root not in mset and not isinstance(root, torch.fx.Node)):
+            continue
+        plan = _strided_chain(root, seq[::-1], views)
+        if plan is not None:
+            collapsed[m] = (root, seq[::-1], plan)
+    need = set()
+    for m in reversed(members):
+        if m not in vmembers or m in outs or any(u not in vmembers for u in m.users) or \
+                any(u in need and u not in collapsed for u in m.users):
+            need.add(m)
+    return collapsed, need
+
+
+def _strided_chain(root, seq, views):
+    """(size, stride, storage offset delta, root strides) of ``seq`` (view nodes) applied to a
+    tensor laid out as ``root``'s FX metadata says, or None where the result is no view of it."""
+    meta = _meta(root)
+    if not isinstance(meta, torch.Tensor):
+        return None
+    try:
+        base = torch.empty_strided(_static_shape(meta), tuple(int(s) for s in meta.stride()),
+                                   dtype=meta.dtype, device="meta")
+        t = base
+        for v in seq:
+            if any(isinstance(a, torch.fx.Node) for a in v.args[1:]):
+                return None
+            t = getattr(t, views[v.target])(*v.args[1:])
+        want = _meta(seq[-1])
+        if t._base is not base or not isinstance(want, torch.Tensor) or \
+                tuple(t.shape) != _static_shape(want):
+            return None
+        return (tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset(),
+                tuple(base.stride()))
+    except Exception:           # symbolic sizes, an op meta tensors lack: the chain runs as it is
+        return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -962,6 +1047,23 @@ def _uses_end_in(node, through, ends, depth=0):
             if not _uses_end_in(u, through, ends, depth + 1):
                 return False
         elif pk not in ends:
+            return False
+    return True
+
+
+def _externs_only(node, depth=0):
+    """No use of ``node``, looking through views, is an op the core lowers: only extern clusters
+    (a matmul, an attention) read it."""
+    if depth > 8:
+        return False
+    for u in node.users:
+        if u.op == "output":
+            continue
+        pk = getattr(u.target, "overloadpacket", None) if u.op == "call_function" else None
+        if pk in _VIEW_PACKETS:
+            if not _externs_only(u, depth + 1):
+                return False
+        elif pk in _LOWER:
             return False
     return True
 
@@ -1381,7 +1483,9 @@ class FxGraphRunner:
         self.device = L.device
         self._arrays = [(p if L.device is None else _on_device(p, L.device)) if k == "const" else None
                         for k, p in L.inputs]
-        self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg"]
+        passed = {j for j, v in enumerate(L.input_nodes) if v in L.passed}
+        self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg" and j not in passed]
+        self._passed_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg" and j in passed]
         self._cache = {}
         self._replays = L.g.replays
         self._arg_layouts = L.arg_layouts
@@ -1417,6 +1521,8 @@ class FxGraphRunner:
         arrays = list(self._arrays)
         for j, i in self._arg_slots:
             arrays[j] = self._convert(i, args[i])
+        for j, i in self._passed_slots:
+            arrays[j] = args[i]
         return arrays
 
     # -- async compile (config.async_compile) ------------------------------------------------------
