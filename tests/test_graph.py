@@ -789,6 +789,38 @@ def test_refcounts_stable_with_extern_and_errors():
     assert sys.getrefcount(bad) == bad_before
 
 
+def test_values_are_released_after_their_last_reader():
+    # a value's array goes back as soon as its last reader has run (not at the end of the call):
+    # the pool can hand its buffer to a later kernel of the same call
+    import weakref
+    refs, alive_later = [], []
+
+    def first(a):
+        refs.append(weakref.ref(a))
+        return a * 2
+
+    def second(c):
+        alive_later.append(refs[-1]() is not None)
+        return c + 1
+
+    def fn(g, x):
+        a = g.call("neg", x)                       # segment 0's output, read only by `first`
+        c = g.call("exp", g.extern(first, a))
+        return g.call("add", g.extern(second, c), 1.0)
+    comp = compile1(fn, ("float64", 1))
+    x = np.arange(4.0)
+    for _ in range(3):
+        (out,) = comp(x)
+    np.testing.assert_allclose(out, np.exp(-x * 2) + 2)
+    assert alive_later == [False] * 3
+    # an output stays whole to the end, even where an extern read it early
+    keep = compile1(lambda g, x: (g.call("neg", x), g.call("exp", g.extern(first, g.call("neg", x)))),
+                    ("float64", 1))
+    a, b = keep(x)
+    np.testing.assert_allclose(a, -x)
+    np.testing.assert_allclose(b, np.exp(-x * 2))
+
+
 def test_refcounts_when_extern_returns_its_arguments():
     # an extern that hands back its input arrays (identity, a tuple of them):
     # they become graph outputs without a copy, and nothing is leaked

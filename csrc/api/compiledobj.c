@@ -30,6 +30,11 @@ typedef struct {
     int *level;               /* per node */
     unsigned char *any_arg;   /* per graph input: only externs read it, so it may be any object */
     int nlevels;
+    /* the call's schedule, by level (CSR: level L's entries are [start[L], start[L + 1])):
+     * the externs that run before its segment, and the values released after it (their
+     * last reader has run), so a freed buffer goes back to the pool within the call */
+    int *ext_start, *ext_nodes;
+    int *free_start, *free_nodes;
     SegmentSlot *segs;        /* one per level */
     int nplans;
     double compile_ms;
@@ -238,6 +243,74 @@ build_segments(CompiledObject *c)
     return 0;
 }
 
+/* Bucket the nodes with key[i] in [0, nlevels) by key, in node order, as CSR
+ * arrays (*start: nlevels + 1 entries; *nodes: the members). 0, or -1 with
+ * MemoryError. */
+static int
+by_level(const int *key, int nnodes, int nlevels, int **start, int **nodes)
+{
+    int *fill = PyMem_Calloc(nlevels + 1, sizeof(int));
+    *start = PyMem_Calloc(nlevels + 2, sizeof(int));
+    *nodes = PyMem_Calloc(nnodes + 1, sizeof(int));
+    if (fill == NULL || *start == NULL || *nodes == NULL) {
+        PyMem_Free(fill);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < nnodes; i++) {
+        if (key[i] >= 0 && key[i] < nlevels) {
+            (*start)[key[i] + 1]++;
+        }
+    }
+    for (int L = 0; L < nlevels; L++) {
+        (*start)[L + 1] += (*start)[L];
+    }
+    for (int i = 0; i < nnodes; i++) {
+        if (key[i] >= 0 && key[i] < nlevels) {
+            (*nodes)[(*start)[key[i]] + fill[key[i]]++] = i;
+        }
+    }
+    PyMem_Free(fill);
+    return 0;
+}
+
+/* The call's schedule (see CompiledObject): the externs of each level, and for
+ * each value (an input, a constant, an extern's result, a segment's output) the
+ * level after which nothing reads it. Graph outputs are kept to the end; a
+ * value nothing reads goes after its own level. GIL held; 0, or -1 with
+ * MemoryError. */
+static int
+build_schedule(CompiledObject *c)
+{
+    const FcGraph *g = &c->g;
+    int rc = -1;
+    int *ext = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
+    int *last = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
+    if (ext == NULL || last == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        ext[i] = g->nodes[i].op == FC_OP_EXTERN && c->level[i] > 0 ? c->level[i] : -1;
+        last[i] = c->level[i] >= 0 ? c->level[i] : (g->nodes[i].op == FC_OP_INPUT ? 0 : -1);
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const FcNode *n = &g->nodes[i];
+        for (int j = 0; j < n->nin && c->level[i] >= 0; j++) {
+            last[n->in[j]] = c->level[i] > last[n->in[j]] ? c->level[i] : last[n->in[j]];
+        }
+    }
+    for (int k = 0; k < g->noutputs; k++) {
+        last[g->outputs[k]] = -1;          /* kept: the final loop of run_graph releases it */
+    }
+    rc = by_level(ext, g->nnodes, c->nlevels, &c->ext_start, &c->ext_nodes) < 0
+         || by_level(last, g->nnodes, c->nlevels, &c->free_start, &c->free_nodes) < 0 ? -1 : 0;
+done:
+    PyMem_Free(ext);
+    PyMem_Free(last);
+    return rc;
+}
+
 static PyObject *Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw);
 
 PyObject *
@@ -266,6 +339,7 @@ fc_api_compiled_new(GraphObject *graph)
     c->kernels = NULL;
     c->level = NULL;
     c->any_arg = NULL;
+    c->ext_start = c->ext_nodes = c->free_start = c->free_nodes = NULL;
     c->segs = NULL;
     c->nlevels = 0;
     c->nplans = 0;
@@ -280,7 +354,8 @@ fc_api_compiled_new(GraphObject *graph)
     c->externs = PyList_GetSlice(graph->externs, 0, PyList_GET_SIZE(graph->externs));
     c->origin = fc_api_caller_origin();
     c->kernels = PyList_New(0);
-    if (c->externs == NULL || c->origin == NULL || c->kernels == NULL || build_segments(c) < 0) {
+    if (c->externs == NULL || c->origin == NULL || c->kernels == NULL || build_segments(c) < 0
+        || build_schedule(c) < 0) {
         Py_DECREF(c);
         return NULL;
     }
@@ -324,6 +399,10 @@ Compiled_dealloc(CompiledObject *c)
     PyMem_Free(c->segs);
     PyMem_Free(c->level);
     PyMem_Free(c->any_arg);
+    PyMem_Free(c->ext_start);
+    PyMem_Free(c->ext_nodes);
+    PyMem_Free(c->free_start);
+    PyMem_Free(c->free_nodes);
     fc_graph_free(&c->g);
     PyObject_GC_Del(c);
 }
@@ -728,18 +807,17 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
     for (int L = 0; L < c->nlevels; L++) {
         FcSegment *seg = &c->segs[L].seg;
         FcPlan *p;
-        if (L > 0) {
-            for (int i = 0; i < nn; i++) {
-                if (c->g.nodes[i].op == FC_OP_EXTERN && c->level[i] == L && run_extern(c, externs, i, vals, dev) < 0) {
-                    goto done;
-                }
+        for (int e = c->ext_start[L]; e < c->ext_start[L + 1]; e++) {
+            if (run_extern(c, externs, c->ext_nodes[e], vals, dev) < 0) {
+                goto done;
             }
         }
-        if (seg->noutputs == 0) {
-            continue;
-        }
-        if ((p = find_plan(c, seg, vals, dry, dev, &memo)) == NULL || fc_plan_run(p, vals, tune, dry, &memo) < 0) {
+        if (seg->noutputs > 0 && ((p = find_plan(c, seg, vals, dry, dev, &memo)) == NULL
+                                  || fc_plan_run(p, vals, tune, dry, &memo) < 0)) {
             goto done;
+        }
+        for (int f = c->free_start[L]; f < c->free_start[L + 1]; f++) {
+            Py_CLEAR(vals[c->free_nodes[f]]);      /* its last reader has run */
         }
     }
     result = PyTuple_New(c->g.noutputs);
