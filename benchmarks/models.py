@@ -9,8 +9,9 @@ inference (no_grad forward) and a training step (forward, MSE loss, backward, SG
 
 Columns:
   ms/iter     median wall time per iteration after warm-up; the four configurations are timed
-              interleaved (one iteration each, in alternating order), so a drift of this shared
-              machine's speed reaches them alike
+              interleaved (one step each per iteration, in a shuffled order that never runs one
+              twice in a row), so a drift of this shared machine's speed reaches them alike;
+              iterations: as many as --seconds allows per case, at least 60
   speedup     eager median / this median
   vs ind      per-iteration ratio inductor time / this time (the configurations run one after
               another within an iteration, so a pair shares the machine's state of the moment):
@@ -49,6 +50,8 @@ import time
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few iterations (smoke run)")
+    ap.add_argument("--seconds", type=float, default=30.0,
+                    help="timed interleaved iterations per model and mode take about this long (default 30)")
     ap.add_argument("--omp-wait-policy", choices=("active", "passive"), type=str.lower,
                     help="set OMP_WAIT_POLICY for everyone before torch loads (default: leave it unset, as "
                     "users run; the fastcompile backend's own default of PASSIVE comes too late to act)")
@@ -162,10 +165,27 @@ def prewarm():
     fastcompile.reset()
 
 
-def bench(name, make_model, x, train, iters, warmup):
+def interleaved(configs, iters, seed=0):
+    """One order of the configurations per iteration: shuffled (fixed seed), and never starting
+    with the configuration the previous one ended with. A fixed or mirrored order would run the
+    end configurations twice in a row every other iteration, on caches their own previous step
+    left warm, and always put the same one after each of the others."""
+    import random
+    rng = random.Random(seed)
+    last = None
+    for _ in range(iters):
+        order = list(configs)
+        rng.shuffle(order)
+        while len(order) > 1 and order[0] == last:
+            rng.shuffle(order)
+        last = order[-1]
+        yield order
+
+
+def bench(name, make_model, x, train, iters, warmup, seconds=0.0):
     """Phase 1, one configuration at a time: cold compile (empty kernel caches), warm compile
     (reset, disk caches kept) and peak memory over the warm-up steps. Phase 2: every
-    configuration compiled again (warm), then timed interleaved, in alternating order, so that
+    configuration compiled again (warm), then timed interleaved, in shuffled orders (interleaved()), so that
     the machine's drifts reach all of them alike."""
     base = make_model()
     models, steps, info = {}, {}, {}
@@ -202,8 +222,13 @@ def bench(name, make_model, x, train, iters, warmup):
         for _ in range(warmup):
             steps[cfg](runs[cfg], x)
     ts = {cfg: [] for cfg in CONFIGS}
-    for i in range(iters):
-        for cfg in (CONFIGS if i % 2 == 0 else CONFIGS[::-1]):
+    if seconds:         # as many iterations as fit the time budget, at least `iters`
+        t0 = time.perf_counter()
+        for cfg in CONFIGS:
+            steps[cfg](runs[cfg], x)
+        iters = max(iters, int(seconds / max(time.perf_counter() - t0, 1e-6)))
+    for order in interleaved(CONFIGS, iters):
+        for cfg in order:
             t0 = time.perf_counter()
             steps[cfg](runs[cfg], x)
             ts[cfg].append(time.perf_counter() - t0)
@@ -289,7 +314,7 @@ def main(args):
     rows = []
     for name, make, x in cases:
         for train in (False, True):
-            rows += bench(name, make, x, train, iters, warmup)
+            rows += bench(name, make, x, train, iters, warmup, 0.0 if args.quick else args.seconds)
     hdr = ("model", "mode", "backend", "ms/iter", "speedup", "vs ind (95% CI)", "cold s", "warm s", "async s",
            "ready s", "peak MB")
     print("%-12s %-6s %-12s %9s %8s %-19s %8s %8s %8s %8s %8s" % hdr)
