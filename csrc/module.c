@@ -36,11 +36,13 @@ mod_configure(PyObject *self, PyObject *cfg)
 static PyObject *
 mod_stats(PyObject *self, PyObject *unused)
 {
-    PyObject *r = fc_cpu_stats(), *a = NULL;
-    if (r != NULL && ((a = fc_alloc_stats()) == NULL || PyDict_Update(r, a) < 0)) {
+    PyObject *r = fc_cpu_stats(), *a = NULL, *v = NULL;
+    if (r != NULL && ((a = fc_alloc_stats()) == NULL || PyDict_Update(r, a) < 0 ||
+                      (v = fc_api_stats()) == NULL || PyDict_Update(r, v) < 0)) {
         Py_CLEAR(r);
     }
     Py_XDECREF(a);
+    Py_XDECREF(v);
     return r;
 }
 

@@ -664,6 +664,70 @@ def test_inputs_only_externs_read_may_be_any_object():
         c2([1.0, 2.0])
 
 
+def test_view_externs_are_made_in_c_where_the_layout_is_as_traced():
+    # Graph.extern(view=...): the view is made from the argument's memory without calling the
+    # function while the argument has the shape and strides given; otherwise the function runs
+    import fastcompile
+    calls = []
+
+    def fn(a):
+        calls.append(a.strides)
+        return a.T[1:]
+    g = Graph()
+    x = g.input("float32", 2)
+    v = g.extern(fn, x, pure=True, view=((3, 4), (4, 1), (3, 3), (1, 4), 1))
+    g.output(g.call("mul", v, 2.0), v)
+    c = g.compile()
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    s0 = fastcompile.stats()
+    out, view = c(a)
+    np.testing.assert_array_equal(out, a.T[1:] * 2)
+    assert np.shares_memory(view, a) and view.flags.writeable and not calls
+    assert fastcompile.stats()["views_made"] == s0["views_made"] + 1
+    f = np.asfortranarray(a)                        # another layout: the function makes it
+    out, view = c(f)
+    np.testing.assert_array_equal(out, a.T[1:] * 2)
+    assert calls == [f.strides]
+    assert fastcompile.stats()["views_by_function"] == s0["views_by_function"] + 1
+    before = sys.getrefcount(a)
+    for _ in range(500):
+        c(a)
+    assert sys.getrefcount(a) == before
+    # a broadcast view is read-only, as np.broadcast_to's
+    g = Graph()
+    b = g.extern(np.broadcast_to, g.input("float64", 1), pure=True, view=((4,), (1,), (3, 4), (0, 1), 0))
+    g.output(b)
+    (bv,) = g.compile()(np.arange(4.0))
+    assert bv.shape == (3, 4) and not bv.flags.writeable
+    np.testing.assert_array_equal(bv, np.broadcast_to(np.arange(4.0), (3, 4)))
+
+
+def test_view_extern_spec_errors():
+    g = Graph()
+    x = g.input("float32", 2)
+    with pytest.raises(ValueError, match="outside"):
+        g.extern(np.transpose, x, view=((3, 4), (4, 1), (4, 3), (1, 4), 1))
+    with pytest.raises(ValueError, match="outside"):
+        g.extern(np.transpose, x, view=((3, 4), (4, 1), (5,), (1,), 8))
+    with pytest.raises(ValueError, match="one value"):
+        g.extern(np.add, x, x, view=((3, 4), (4, 1), (4, 3), (1, 4), 0))
+    with pytest.raises(ValueError, match="one value"):
+        g.extern(np.transpose, x, nout=1, view=((3, 4), (4, 1), (4, 3), (1, 4), 0))
+    with pytest.raises(TypeError):
+        g.extern(np.transpose, x, view=((3, 4), (4, 1)))
+    with pytest.raises(ValueError, match="differ in length"):
+        g.extern(np.transpose, x, view=((3, 4), (4,), (4, 3), (1, 4), 0))
+    with pytest.raises(ValueError, match="negative"):
+        g.extern(np.transpose, x, view=((3, -4), (4, 1), (4, 3), (1, 4), 0))
+    with pytest.raises(ValueError, match="at most"):
+        g.extern(np.transpose, x, view=((1,) * 17, (1,) * 17, (1,), (1,), 0))
+    # nothing was added by the failed calls: the next extern gets the next index
+    v = g.extern(np.transpose, x, view=((3, 4), (4, 1), (4, 3), (1, 4), 0))
+    g.output(v)
+    a = np.ones((3, 4), np.float32)
+    np.testing.assert_array_equal(g.compile()(a)[0], a.T)
+
+
 def test_call_wrong_dtype(add2):
     with pytest.raises(TypeError, match="declared float64 but is an array of float32"):
         add2(np.ones(2), np.ones(2, np.float32))
@@ -1002,7 +1066,7 @@ def test_unused_values_are_not_computed_and_pure_externs_not_called():
     np.testing.assert_array_equal(z, a[::-1] - 1)
     assert sorted(calls) == ["act", "view"]
     assert "exp" not in "".join(f.fused) and all("exp" not in k.source for k in f.kernels)
-    with pytest.raises(TypeError, match="nout= and pure="):
+    with pytest.raises(TypeError, match="nout=, pure= and view="):
         g.extern(view, x, pur=True)
 
 

@@ -9,5 +9,8 @@
 /* Adds Graph, Value, Compiled and ops() to `module`. module: borrowed.
  * Returns 0, or -1 with an exception set. */
 FC_INTERNAL int fc_api_init(PyObject *module);
+/* Counters of view externs (Graph.extern view=): "views_made" in C, "views_by_function" where
+ * the argument's layout differed and the function ran. Returns: new dict, or NULL + exception. */
+FC_INTERNAL PyObject *fc_api_stats(void);
 
 #endif

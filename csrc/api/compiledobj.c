@@ -13,6 +13,7 @@
 #include "../runtime/cuda.h"
 #include "../runtime/devarray.h"
 #include "../runtime/plan.h"
+#include "api.h"
 #include "objects.h"
 
 typedef struct {
@@ -25,6 +26,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     FcGraph g;                /* a private copy */
     PyObject *externs;        /* owned list */
+    PyObject *views;          /* owned list beside externs: None or bytes (FcViewSpec) */
     PyObject *origin;         /* owned str */
     PyObject *kernels;        /* owned list of kernel records */
     int *level;               /* per node */
@@ -42,6 +44,15 @@ typedef struct {
 } CompiledObject;
 
 static PyTypeObject Compiled_Type;
+
+/* view externs made in C / by their function (GIL held when either moves) */
+static unsigned long long views_made, views_by_function;
+
+PyObject *
+fc_api_stats(void)
+{
+    return Py_BuildValue("{s:K,s:K}", "views_made", views_made, "views_by_function", views_by_function);
+}
 
 /* ========================================================================
  * Compiled
@@ -335,6 +346,7 @@ fc_api_compiled_new(GraphObject *graph)
     c->vectorcall = Compiled_vectorcall;
     memset(&c->g, 0, sizeof(c->g));
     c->externs = NULL;
+    c->views = NULL;
     c->origin = NULL;
     c->kernels = NULL;
     c->level = NULL;
@@ -352,10 +364,11 @@ fc_api_compiled_new(GraphObject *graph)
         return NULL;
     }
     c->externs = PyList_GetSlice(graph->externs, 0, PyList_GET_SIZE(graph->externs));
+    c->views = PyList_GetSlice(graph->views, 0, PyList_GET_SIZE(graph->views));
     c->origin = fc_api_caller_origin();
     c->kernels = PyList_New(0);
-    if (c->externs == NULL || c->origin == NULL || c->kernels == NULL || build_segments(c) < 0
-        || build_schedule(c) < 0) {
+    if (c->externs == NULL || c->views == NULL || c->origin == NULL || c->kernels == NULL
+        || build_segments(c) < 0 || build_schedule(c) < 0) {
         Py_DECREF(c);
         return NULL;
     }
@@ -366,6 +379,7 @@ static int
 Compiled_traverse(CompiledObject *c, visitproc visit, void *arg)
 {
     Py_VISIT(c->externs);
+    Py_VISIT(c->views);
     Py_VISIT(c->kernels);
     return 0;
 }
@@ -374,6 +388,7 @@ static int
 Compiled_clear(CompiledObject *c)
 {
     Py_CLEAR(c->externs);
+    Py_CLEAR(c->views);
     Py_CLEAR(c->kernels);
     return 0;
 }
@@ -618,6 +633,22 @@ run_extern(CompiledObject *c, PyObject *externs, int e, PyObject **vals, int dev
         PyErr_Format(PyExc_RuntimeError, "fastcompile: extern %d is gone: the list of extern callables "
                      "shrank during the call", n->extern_index);
         goto done;
+    }
+    if (dev == 0 && c->views != NULL && n->extern_index < PyList_GET_SIZE(c->views)
+            && PyList_GET_ITEM(c->views, n->extern_index) != Py_None) {
+        /* a view: made here where its argument has the layout traced, else by its function */
+        PyObject *spec = PyList_GET_ITEM(c->views, n->extern_index);
+        PyObject *v = fc_api_view_apply((const FcViewSpec *)PyBytes_AS_STRING(spec), PyTuple_GET_ITEM(args, 0));
+        if (v != NULL) {
+            Py_XSETREF(vals[e], v);
+            views_made++;
+            rc = 0;
+            goto done;
+        }
+        if (PyErr_Occurred()) {
+            goto done;
+        }
+        views_by_function++;
     }
     fn = PyList_GET_ITEM(externs, n->extern_index);
     Py_INCREF(fn);

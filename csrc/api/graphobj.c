@@ -162,8 +162,9 @@ Graph_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     }
     fc_graph_init(&self->g);
     self->externs = PyList_New(0);
+    self->views = PyList_New(0);
     self->origin = fc_api_caller_origin();
-    if (self->externs == NULL || self->origin == NULL) {
+    if (self->externs == NULL || self->views == NULL || self->origin == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -174,6 +175,7 @@ static int
 Graph_traverse(GraphObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->externs);
+    Py_VISIT(self->views);
     return 0;
 }
 
@@ -181,6 +183,7 @@ static int
 Graph_clear(GraphObject *self)
 {
     Py_CLEAR(self->externs);
+    Py_CLEAR(self->views);
     return 0;
 }
 
@@ -556,23 +559,159 @@ Graph_call(GraphObject *self, PyObject *args, PyObject *kwargs)
     return value_new(self, idx);
 }
 
+/* One sequence of at most FC_MAXDIM ints into out; its length, or -1 + TypeError/ValueError. */
+static int
+parse_dims(PyObject *seq, int64_t *out, const char *what)
+{
+    PyObject *fast = PySequence_Fast(seq, "extern(view=...): shapes and strides are sequences of ints");
+    Py_ssize_t n;
+    if (fast == NULL) {
+        return -1;
+    }
+    n = PySequence_Fast_GET_SIZE(fast);
+    if (n > FC_MAXDIM) {
+        PyErr_Format(PyExc_ValueError, "extern(view=...): %s has %zd dims, at most %d", what, n, FC_MAXDIM);
+        Py_DECREF(fast);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_DECREF(fast);
+            return -1;
+        }
+        out[i] = (int64_t)v;
+    }
+    Py_DECREF(fast);
+    return (int)n;
+}
+
+/* The lowest and highest element offset an array of this shape and these
+ * strides touches; 0 if it is empty (nothing touched). */
+static int
+extent(int nd, const int64_t *shape, const int64_t *strides, int64_t *lo, int64_t *hi)
+{
+    *lo = *hi = 0;
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] == 0) {
+            return 0;
+        }
+        if (shape[d] > 1 && strides[d] > 0) {
+            *hi += (shape[d] - 1) * strides[d];
+        }
+        else if (shape[d] > 1) {
+            *lo += (shape[d] - 1) * strides[d];
+        }
+    }
+    return 1;
+}
+
+/* view=(in_shape, in_strides, out_shape, out_strides, offset): a new bytes
+ * object holding the FcViewSpec, or NULL + ValueError/TypeError. */
+static PyObject *
+parse_view(PyObject *obj)
+{
+    FcViewSpec vs;
+    int64_t lo_in, hi_in, lo_out, hi_out;
+    int in_some, out_some;
+    memset(&vs, 0, sizeof(vs));
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 5) {
+        PyErr_SetString(PyExc_TypeError, "extern(view=...) takes (in_shape, in_strides, out_shape, out_strides, "
+                        "offset), in elements");
+        return NULL;
+    }
+    if ((vs.in_nd = parse_dims(PyTuple_GET_ITEM(obj, 0), vs.in_shape, "in_shape")) < 0 ||
+        parse_dims(PyTuple_GET_ITEM(obj, 1), vs.in_strides, "in_strides") != vs.in_nd ||
+        (vs.out_nd = parse_dims(PyTuple_GET_ITEM(obj, 2), vs.out_shape, "out_shape")) < 0 ||
+        parse_dims(PyTuple_GET_ITEM(obj, 3), vs.out_strides, "out_strides") != vs.out_nd) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_ValueError, "extern(view=...): a shape and its strides differ in length");
+        }
+        return NULL;
+    }
+    vs.offset = PyLong_AsLongLong(PyTuple_GET_ITEM(obj, 4));
+    if (vs.offset == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    for (int d = 0; d < vs.in_nd; d++) {
+        if (vs.in_shape[d] < 0) {
+            PyErr_SetString(PyExc_ValueError, "extern(view=...): negative size");
+            return NULL;
+        }
+    }
+    for (int d = 0; d < vs.out_nd; d++) {
+        if (vs.out_shape[d] < 0) {
+            PyErr_SetString(PyExc_ValueError, "extern(view=...): negative size");
+            return NULL;
+        }
+    }
+    in_some = extent(vs.in_nd, vs.in_shape, vs.in_strides, &lo_in, &hi_in);
+    out_some = extent(vs.out_nd, vs.out_shape, vs.out_strides, &lo_out, &hi_out);
+    if (out_some && (!in_some || vs.offset + lo_out < lo_in || vs.offset + hi_out > hi_in)) {
+        PyErr_SetString(PyExc_ValueError, "extern(view=...): the view reaches outside its input");
+        return NULL;
+    }
+    return PyBytes_FromStringAndSize((const char *)&vs, sizeof(vs));
+}
+
+PyObject *
+fc_api_view_apply(const FcViewSpec *vs, PyObject *obj)
+{
+    PyArrayObject *a = (PyArrayObject *)obj, *v;
+    npy_intp shape[FC_MAXDIM], strides[FC_MAXDIM];
+    npy_intp item;
+    int flags;
+    if (!PyArray_CheckExact(obj) || PyArray_NDIM(a) != vs->in_nd) {
+        return NULL;
+    }
+    item = PyArray_ITEMSIZE(a);
+    for (int d = 0; d < vs->in_nd; d++) {
+        if (PyArray_DIM(a, d) != vs->in_shape[d] ||
+                (vs->in_shape[d] > 1 && PyArray_STRIDE(a, d) != vs->in_strides[d] * item)) {
+            return NULL;
+        }
+    }
+    flags = PyArray_ISWRITEABLE(a) ? NPY_ARRAY_WRITEABLE : 0;
+    for (int d = 0; d < vs->out_nd; d++) {
+        shape[d] = (npy_intp)vs->out_shape[d];
+        strides[d] = (npy_intp)(vs->out_strides[d] * item);
+        if (shape[d] > 1 && strides[d] == 0) {
+            flags = 0;          /* a broadcast: read-only, as np.broadcast_to's */
+        }
+    }
+    Py_INCREF(PyArray_DESCR(a));
+    v = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, PyArray_DESCR(a), vs->out_nd, shape, strides,
+                                              PyArray_BYTES(a) + vs->offset * item, flags, NULL);
+    if (v == NULL) {
+        return NULL;
+    }
+    Py_INCREF(obj);
+    if (PyArray_SetBaseObject(v, obj) < 0) {      /* steals the reference to obj */
+        Py_DECREF(v);
+        return NULL;
+    }
+    PyArray_UpdateFlags(v, NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_F_CONTIGUOUS | NPY_ARRAY_ALIGNED);
+    return (PyObject *)v;
+}
+
 static PyObject *
 Graph_extern(GraphObject *self, PyObject *args, PyObject *kwargs)
 {
     Py_ssize_t nargs = PyTuple_GET_SIZE(args);
-    PyObject *fn, *nout_obj = NULL, *pure_obj = NULL, *result = NULL;
+    PyObject *fn, *nout_obj = NULL, *pure_obj = NULL, *view_obj = NULL, *view = NULL, *result = NULL;
     int *in = NULL, idx = -1, pure = 0;
     long nout = -1;
     FcNode n;
     if (nargs < 1 || !PyCallable_Check(PyTuple_GET_ITEM(args, 0))) {
-        PyErr_SetString(PyExc_TypeError, "extern(fn, *values, nout=None, pure=False): fn must be callable");
+        PyErr_SetString(PyExc_TypeError, "extern(fn, *values, nout=None, pure=False, view=None): fn must be callable");
         return NULL;
     }
     if (kwargs != NULL) {
         nout_obj = PyDict_GetItemString(kwargs, "nout");
         pure_obj = PyDict_GetItemString(kwargs, "pure");
-        if (PyDict_GET_SIZE(kwargs) > (nout_obj ? 1 : 0) + (pure_obj ? 1 : 0)) {
-            PyErr_SetString(PyExc_TypeError, "extern() takes only the keyword arguments nout= and pure=");
+        view_obj = PyDict_GetItemString(kwargs, "view");
+        if (PyDict_GET_SIZE(kwargs) > (nout_obj ? 1 : 0) + (pure_obj ? 1 : 0) + (view_obj ? 1 : 0)) {
+            PyErr_SetString(PyExc_TypeError, "extern() takes only the keyword arguments nout=, pure= and view=");
             return NULL;
         }
         if (pure_obj != NULL && (pure = PyObject_IsTrue(pure_obj)) < 0) {
@@ -589,12 +728,22 @@ Graph_extern(GraphObject *self, PyObject *args, PyObject *kwargs)
         }
     }
     fn = PyTuple_GET_ITEM(args, 0);
-    if (self->externs == NULL) {
+    if (self->externs == NULL || self->views == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "fastcompile: this Graph was cleared by the garbage collector");
         return NULL;
     }
+    if (view_obj != NULL && view_obj != Py_None) {
+        if (nargs != 2 || nout >= 0) {
+            PyErr_SetString(PyExc_ValueError, "extern(view=...) takes one value and a single result (no nout=)");
+            return NULL;
+        }
+        if ((view = parse_view(view_obj)) == NULL) {
+            return NULL;
+        }
+    }
     in = PyMem_Malloc(nargs * sizeof(int));
     if (in == NULL) {
+        Py_XDECREF(view);
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 1; i < nargs; i++) {
@@ -609,6 +758,10 @@ Graph_extern(GraphObject *self, PyObject *args, PyObject *kwargs)
     n.item = nout < 0 ? -1 : (int)nout;
     n.pure = pure;
     if (PyList_Append(self->externs, fn) < 0) {
+        goto done;
+    }
+    if (PyList_Append(self->views, view ? view : Py_None) < 0) {
+        PyList_SetSlice(self->externs, n.extern_index, n.extern_index + 1, NULL);   /* keep them beside */
         goto done;
     }
     if ((idx = fc_graph_add_node(&self->g, &n, in, (int)(nargs - 1))) < 0) {
@@ -638,6 +791,7 @@ Graph_extern(GraphObject *self, PyObject *args, PyObject *kwargs)
         PyTuple_SET_ITEM(result, k, v);
     }
 done:
+    Py_XDECREF(view);
     PyMem_Free(in);
     return result;
 }
@@ -722,8 +876,11 @@ static PyMethodDef Graph_methods[] = {
     {"call", (PyCFunction)(void (*)(void))Graph_call, METH_VARARGS | METH_KEYWORDS,
      "call(op_name, *values, **attrs) -> Value: a core op (see fastcompile.graph.ops())"},
     {"extern", (PyCFunction)(void (*)(void))Graph_extern, METH_VARARGS | METH_KEYWORDS,
-     "extern(fn, *values, nout=None, pure=False) -> Value: call a Python function on the arrays at run time; "
-     "pure=True: fn has no side effects, so it is not called when nothing uses its result"},
+     "extern(fn, *values, nout=None, pure=False, view=None) -> Value: call a Python function on the arrays at run "
+     "time; pure=True: fn has no side effects, so it is not called when nothing uses its result; "
+     "view=(in_shape, in_strides, out_shape, out_strides, offset) in elements, for fn a view of its one "
+     "argument: when the argument is an array of in_shape and in_strides, the result is made in C without "
+     "calling fn"},
     {"output", (PyCFunction)Graph_output, METH_VARARGS, "output(*values): the compiled graph returns these"},
     {"compile", (PyCFunction)Graph_compile, METH_NOARGS, "compile() -> Compiled"},
     {"dump", (PyCFunction)Graph_dump, METH_NOARGS, "the graph as text"},

@@ -1135,26 +1135,32 @@ _OFFSETS_MAX = 1 << 22     # leaves up to this many elements are checked element
 
 def _leaf_view(shape, strides, chain):
     """How ``chain`` (NumPy view functions) acts on a leaf of ``shape`` and these element
-    strides: ("view", chain) where NumPy does it without copying; ("strided", fn) where NumPy
-    would copy (a reshape across a permuted leaf) but the result is still a strided view of the
-    leaf, fn making it directly; None where it is a real copy. Found by running the chain on the
-    leaf's element offsets. Unknown strides: ("view", chain), as before strides were known."""
+    strides: ("view", chain, spec) where NumPy does it without copying; ("strided", fn, spec)
+    where NumPy would copy (a reshape across a permuted leaf) but the result is still a strided
+    view of the leaf, fn making it directly; None where it is a real copy. Found by running the
+    chain on the leaf's element offsets. spec: Graph.extern's view= (in_shape, in_strides,
+    out_shape, out_strides, offset), so the core makes the view itself where the leaf comes
+    as traced; None where the strides are unknown or the leaf too large to check. Unknown
+    strides: ("view", chain, None), as before strides were known."""
     if strides is None or len(strides) != len(shape) or min(strides, default=0) < 0 or \
             0 in shape or int(np.prod(shape)) > _OFFSETS_MAX:
-        return "view", chain
+        return "view", chain, None
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
     flat = np.arange(span, dtype=np.int64)
     offs = np.lib.stride_tricks.as_strided(flat, shape, [s * 8 for s in strides], writeable=False)
     got = np.asarray(chain(offs))
-    if got.size <= 1 or np.may_share_memory(got, flat):
-        return "view", chain
+    if got.size == 0:
+        return "view", chain, None
     start = int(got.flat[0])
     est = [int(got[(0,) * a + (1,) + (0,) * (got.ndim - a - 1)]) - start if got.shape[a] > 1 else 0
            for a in range(got.ndim)]
     grid = start + sum(np.arange(n).reshape((n,) + (1,) * (got.ndim - a - 1)) * s
                        for a, (n, s) in enumerate(zip(got.shape, est)))
     if not np.array_equal(got, grid):
-        return None
+        return None if not np.may_share_memory(got, flat) else ("view", chain, None)
+    spec = (tuple(shape), tuple(strides), tuple(got.shape), tuple(est), start)
+    if np.may_share_memory(got, flat):
+        return "view", chain, spec
     at = tuple(slice(int(i), None) for i in np.argwhere(offs == start)[0])
     out_shape, want = got.shape, tuple((n, s) for n, s in zip(shape, strides) if n > 1)
     as_strided = np.lib.stride_tricks.as_strided
@@ -1164,7 +1170,7 @@ def _leaf_view(shape, strides, chain):
         if x.shape != shape or tuple((n, s // el) for n, s in zip(x.shape, x.strides) if n > 1) != want:
             return chain(x)     # not the layout traced (a copy, still right)
         return as_strided(x[at], out_shape, [s * el for s in est])
-    return "strided", strided
+    return "strided", strided, spec
 
 
 def _viewed_again(node):
@@ -1200,6 +1206,52 @@ def _push_view(L, node, r, new):
         if x.ndim > nd:             # the core's extra leading dims are 1
             x = x.reshape(x.shape[x.ndim - nd:])
         return x if x.shape == tshape else _broadcast(x, tshape)
+    try:
+        order, leaves = _push_walk(G, r)
+    except _NotLowered:
+        if G.made.get(r.value.node, ("?",))[0] != "call":
+            raise
+        # a reduction or a transcendental inside: the value is stored by its segment and viewed
+        # there, as a leaf (made by the core itself where it comes laid out as traced)
+        order, leaves = [], [r.value]
+        G.leaf_shape.setdefault(r.value.node, r.cshape)
+        G.leaf_strides.setdefault(r.value.node, _contiguous_strides(r.cshape))
+    new_of = {}
+    for v in leaves:
+        base, fns = G.view_of.get(v.node, (v, ()))
+        fns = fns + (bcast, vf)
+        view = _compose(fns)
+        try:                        # on a stand-in of the leaf's shape: fails here, not at run time
+            probe = view(np.broadcast_to(np.zeros((), np.int8), G.leaf_shape[base.node]))
+        except Exception as e:
+            raise _NotLowered("view %s -> %s: %s" % (r.tshape, new, e))
+        if tuple(probe.shape) != new:
+            raise _NotLowered("view %s -> %s gives %s" % (r.tshape, new, probe.shape))
+        how = _leaf_view(G.leaf_shape[base.node], G.leaf_strides.get(base.node), view)
+        # a real copy: NumPy would copy the leaf on one thread at every call, so the core
+        # value is written by a kernel and viewed there instead; unless it is only viewed
+        # further (after clones), where a later view may be a strided view of the leaf again
+        # (flash attention's grads: (B, H, T, D) over (B, T, H, D) memory, reshaped to
+        # (B*H, T, D), permuted and reshaped to (T, B, H*D))
+        if how is None and not _viewed_again(node):
+            raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
+        w = G.extern(how[1] if how is not None else view, base, pure=True,
+                     view=how[2] if how is not None else None)
+        G.view_of[w.node] = (base, fns)
+        G.leaf_shape[w.node] = new
+        new_of[v.node] = w
+    for v in order:
+        _, op, args, attrs = G.made[v.node]
+        args = [new_of.get(a.node, a) if hasattr(a, "node") else a for a in args]
+        new_of[v.node] = G.call(op, *args, **attrs)
+    out = new_of.get(r.value.node, r.value)
+    meta = _meta(node)
+    return _Rec(L.cast(out, meta.dtype), new if leaves else (), new, meta.dtype)
+
+
+def _push_walk(G, r):
+    """The pointwise ops that make ``r`` (readers after what they read) and the leaves they
+    start from, for _push_view; _NotLowered where one is not cheap to compute again, or too many."""
     order, seen, leaves = [], set(), []
     stack = [(r.value, False)]
     while stack:
@@ -1222,36 +1274,15 @@ def _push_view(L, node, r, new):
                 raise _NotLowered("view of a value made by more than %d ops" % _PUSH_MAX_NODES)
             stack.append((v, True))
             stack.extend((a, False) for a in how[2] if hasattr(a, "node"))
-    new_of = {}
-    for v in leaves:
-        base, fns = G.view_of.get(v.node, (v, ()))
-        fns = fns + (bcast, vf)
-        view = _compose(fns)
-        try:                        # on a stand-in of the leaf's shape: fails here, not at run time
-            probe = view(np.broadcast_to(np.zeros((), np.int8), G.leaf_shape[base.node]))
-        except Exception as e:
-            raise _NotLowered("view %s -> %s: %s" % (r.tshape, new, e))
-        if tuple(probe.shape) != new:
-            raise _NotLowered("view %s -> %s gives %s" % (r.tshape, new, probe.shape))
-        how = _leaf_view(G.leaf_shape[base.node], G.leaf_strides.get(base.node), view)
-        # a real copy: NumPy would copy the leaf on one thread at every call, so the core
-        # value is written by a kernel and viewed there instead; unless it is only viewed
-        # further (after clones), where a later view may be a strided view of the leaf again
-        # (flash attention's grads: (B, H, T, D) over (B, T, H, D) memory, reshaped to
-        # (B*H, T, D), permuted and reshaped to (T, B, H*D))
-        if how is None and not _viewed_again(node):
-            raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
-        w = G.extern(how[1] if how is not None else view, base, pure=True)
-        G.view_of[w.node] = (base, fns)
-        G.leaf_shape[w.node] = new
-        new_of[v.node] = w
-    for v in order:
-        _, op, args, attrs = G.made[v.node]
-        args = [new_of.get(a.node, a) if hasattr(a, "node") else a for a in args]
-        new_of[v.node] = G.call(op, *args, **attrs)
-    out = new_of.get(r.value.node, r.value)
-    meta = _meta(node)
-    return _Rec(L.cast(out, meta.dtype), new if leaves else (), new, meta.dtype)
+    return order, leaves
+
+
+def _contiguous_strides(shape):
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(out))
 
 
 def _leading_only(old, new):
