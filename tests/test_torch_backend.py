@@ -1108,3 +1108,31 @@ def test_view_chains_run_as_one_as_strided_and_fall_back_on_other_strides():
     ref = torch.bmm(torch.from_numpy(h).t().unsqueeze(0), w)
     torch.testing.assert_close(fast, ref, **TOL)
     torch.testing.assert_close(slow, ref, **TOL)
+
+
+def test_constant_clusters_are_computed_once_random_ones_every_call():
+    """A cluster without tensor inputs made of deterministic factories and views (an arange and
+    its reshape) is run once at lowering: its arrays become constants, no extern call is left.
+    A random factory stays an extern: each call draws new numbers, as eager does."""
+    def f(x):
+        return x * torch.arange(4, dtype=torch.float32).view(1, 4) + 1
+
+    x = torch.randn(3, 4)
+    record = []
+    with torch.no_grad():
+        cf = compile_fc(f, record=record)
+        torch.testing.assert_close(cf(x), f(x), rtol=0, atol=0)
+        torch.testing.assert_close(cf(x * 2), f(x * 2), rtol=0, atol=0)
+    (r,) = record
+    assert r.fallback is None and r.extern_calls == 0 and len(r.kernels) == 1
+
+    def g(x):
+        return x + torch.rand(3, 4)
+    record = []
+    with torch.no_grad():
+        cg = compile_fc(g, record=record)
+        a, b = cg(x), cg(x)
+    (r,) = record
+    assert r.extern_calls == 1
+    assert not torch.equal(a, b)
+    assert ((a - x) >= 0).all() and ((a - x) < 1).all()

@@ -172,6 +172,9 @@ def _to_torch(arr, tshape, dtype):
     if isinstance(arr, torch.Tensor):
         t = arr
     else:
+        if arr.ndim != len(tshape):         # leading size-1 dims: reshaped here, in NumPy, cheaper
+            arr = arr.reshape(arr.shape[arr.ndim - len(tshape):] if arr.ndim > len(tshape) else
+                              (1,) * (len(tshape) - arr.ndim) + arr.shape)
         if not arr.flags.writeable:
             arr = arr.copy()
         t = torch.from_numpy(arr)
@@ -439,6 +442,8 @@ class _Lowering:
             if _core_dtype(meta.dtype) is None:
                 raise _GraphFallback("%s: dtype %s cannot enter the core" % (m, meta.dtype))
         fn = _make_cluster_fn(self.gm, members, specs, consts, outs, cuda=self.device is not None)
+        if self._fold(fn, members, values, outs):
+            return
         self.extern_calls += 1
         if len(outs) == 1:
             res = [self.g.extern(fn, *values, replay=outs)]
@@ -454,6 +459,38 @@ class _Lowering:
         for m in members:
             if m not in outs:
                 self.env[m] = None      # used only inside the cluster
+
+    def _fold(self, fn, members, values, outs):
+        """A cluster that reads no tensor and runs only deterministic factories and views (the
+        aranges of an unbind's or a select's backward) gives the same arrays at every call: run
+        once now, its results become constants of the graph instead of an extern call per call."""
+        if values or self.device is not None or not all(
+                m.op == "call_function" and (m.target is operator.getitem or
+                                             getattr(m.target, "overloadpacket", None) in _FOLDABLE)
+                for m in members):
+            return False
+        try:
+            from torch.utils._python_dispatch import _disable_current_modes
+            with _disable_current_modes():      # real tensors: lowering runs under a fake mode
+                res = fn()
+        except Exception:           # left to run at call time, where it raises as eager would
+            return False
+        res = [res] if len(outs) == 1 else list(res)
+        for m, arr in zip(outs, res):
+            meta = _meta(m)
+            shape = _static_shape(meta)
+            if tuple(arr.shape) != shape:
+                return False
+        for m, arr in zip(outs, res):
+            meta = _meta(m)
+            shape = _static_shape(meta)
+            arr.flags.writeable = False             # shared by every call: nothing may write it
+            v = self._input(_core_dtype(meta.dtype), len(shape), "const", arr)
+            self.env[m] = _Rec(v, shape, shape, meta.dtype)
+        for m in members:
+            if m not in outs:
+                self.env[m] = None
+        return True
 
     # -- the walk ----------------------------------------------------------------------------
     def run(self):
@@ -548,6 +585,14 @@ class _Lowering:
                 return
             del mark
         self.pending(node)
+
+
+# Deterministic ops a cluster without tensor inputs may hold and still be computed once, at
+# lowering (_Lowering._fold): factories and views. Random ops and empty() are not among them.
+_FOLDABLE = frozenset((aten.arange, aten.zeros, aten.ones, aten.full, aten.eye, aten.linspace,
+                       aten.scalar_tensor, aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze,
+                       aten.squeeze, aten.expand, aten.permute, aten.t, aten.transpose, aten.select,
+                       aten.slice, aten.alias, aten.clone, aten._to_copy, aten.lift_fresh_copy))
 
 
 # Views an extern cluster runs as Tensor methods: the same result as the aten op, about half its
@@ -1646,9 +1691,9 @@ class FxGraphRunner:
             kind = p[0]
             if kind == "core":
                 _, k, tshape, dtype, copy, layout = p
-                t = res[k] if self.device is not None else torch.from_numpy(res[k])
-                if t.dim() != len(tshape) or tuple(t.shape) != tshape:
-                    t = _to_torch(res[k], tshape, dtype)
+                a = res[k]
+                t = _to_torch(a, tshape, dtype) if a.shape != tshape else \
+                    a if self.device is not None else torch.from_numpy(a)
                 if layout is not None:
                     t = _restride(t, layout, dtype)
                 elif t.dtype != dtype:
