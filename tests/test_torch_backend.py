@@ -1136,3 +1136,55 @@ def test_constant_clusters_are_computed_once_random_ones_every_call():
     assert r.extern_calls == 1
     assert not torch.equal(a, b)
     assert ((a - x) >= 0).all() and ((a - x) < 1).all()
+
+
+def test_permute_is_pushed_through_a_layernorm_nothing_else_reads():
+    """LayerNorm, then a transpose made contiguous (attention's input in nn.MultiheadAttention):
+    in inference the permute is pushed through the LayerNorm's reductions, so one kernel reads
+    x through the permuted view and writes the transposed result (no copy kernel after). In
+    training the mean and rstd are saved for the backward: the LayerNorm stays where it is (its
+    statistics are never computed twice), and the transpose is a view of its stored output."""
+    torch.manual_seed(0)
+    ln = nn.LayerNorm(32)
+
+    def f(x):
+        return ln(x).transpose(0, 1).contiguous() * 2
+
+    x = torch.randn(4, 6, 32)
+    record = []
+    with torch.no_grad():
+        out = compile_fc(f, record=record)(x)
+        torch.testing.assert_close(out, f(x), **TOL)
+    (r,) = record
+    assert r.fallback is None and len(r.kernels) == 1, [k.fused for k in r.kernels]
+    assert r.kernels[0].fused.count("sum(") == 2            # mean and variance, once each
+    xt = x.detach().clone().requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
+    record = []
+    out = compile_fc(f, record=record)(xt)
+    ref = f(x2)
+    torch.testing.assert_close(out, ref, **TOL)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(xt.grad, x2.grad, **TOL)
+    fw = record[0]
+    assert sum(k.fused.count("sum(") for k in fw.kernels) == 2, [k.fused for k in fw.kernels]
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: (x - x.mean(dim=1, keepdim=True)).permute(2, 0, 1).contiguous() + 1,
+    lambda x: torch.softmax(x, dim=-1).transpose(0, 2).contiguous() * 3,
+    lambda x: (x * x.amax(dim=(0, 2), keepdim=True)).permute(1, 2, 0).contiguous() - 1,
+    lambda x: torch.log_softmax(x * 2, dim=0).transpose(1, 2).contiguous() + 0.5,
+], ids=["mean-mid", "softmax-last", "amax-two-axes", "log-softmax-first"])
+def test_permutes_pushed_through_reductions_match_eager(fn):
+    """The reduced axes move with the permute: each result equals eager's, in one kernel."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 7)
+    record = []
+    with torch.no_grad():
+        out = compile_fc(fn, record=record)(x)
+    torch.testing.assert_close(out, fn(x), **TOL)
+    assert out.is_contiguous()
+    (r,) = record
+    assert r.fallback is None and len(r.kernels) == 1, [k.fused for k in r.kernels]

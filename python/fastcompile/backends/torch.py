@@ -1251,8 +1251,11 @@ def _push_view(L, node, r, new):
         if x.ndim > nd:             # the core's extra leading dims are 1
             x = x.reshape(x.shape[x.ndim - nd:])
         return x if x.shape == tshape else _broadcast(x, tshape)
+    perm = _perm_of(node, nd)
     try:
-        order, leaves = _push_walk(G, r)
+        order, leaves = _push_walk(G, r, reductions=perm is not None)
+        if any(G.made[v.node][1] in _PUSH_REDUCTIONS for v in order) and not _private(L, node, order):
+            raise _NotLowered("view of a reduction other nodes read too")
     except _NotLowered:
         if G.made.get(r.value.node, ("?",))[0] != "call":
             raise
@@ -1287,6 +1290,12 @@ def _push_view(L, node, r, new):
         new_of[v.node] = w
     for v in order:
         _, op, args, attrs = G.made[v.node]
+        if op in _PUSH_REDUCTIONS and attrs.get("axis") is not None:
+            # the reduced axes, where the permute put them (the value is full rank once viewed)
+            k = args[0].ndim
+            axes = attrs["axis"] if isinstance(attrs["axis"], tuple) else (attrs["axis"],)
+            moved = tuple(sorted(perm.index(a % k + nd - k) for a in axes))
+            attrs = dict(attrs, axis=moved if isinstance(attrs["axis"], tuple) else moved[0])
         args = [new_of.get(a.node, a) if hasattr(a, "node") else a for a in args]
         new_of[v.node] = G.call(op, *args, **attrs)
     out = new_of.get(r.value.node, r.value)
@@ -1294,9 +1303,44 @@ def _push_view(L, node, r, new):
     return _Rec(L.cast(out, meta.dtype), new if leaves else (), new, meta.dtype)
 
 
-def _push_walk(G, r):
+# Reductions a permute is pushed through (_push_view): rank-keeping ones, their axes moved with
+# the permute, and only where nothing else reads them (never computed twice).
+_PUSH_REDUCTIONS = frozenset(("sum", "mean", "var", "std", "amax", "amin", "prod", "logsumexp", "softmax",
+                              "log_softmax"))
+
+
+def _perm_of(node, nd):
+    """The dims a permute or transpose of rank ``nd`` takes (output dim i is input dim perm[i]),
+    or None for any other view."""
+    pk = node.target.overloadpacket
+    if pk is aten.permute:
+        return [d % nd for d in node.args[1]]
+    if pk is aten.transpose and nd:
+        perm = list(range(nd))
+        d0, d1 = node.args[1] % nd, node.args[2] % nd
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+        return perm
+    return None
+
+
+def _private(L, view_node, order):
+    """Every FX node whose lowered value is among ``order`` (the values a view is pushed
+    through) is read only by others of them or by the view: pushing the view computes them again
+    in the view's layout, and the originals are then dead rather than computed twice."""
+    nodes = {v.node for v in order}
+    owners = set()
+    for f, val in L.env.items():
+        vals = val if isinstance(val, tuple) else (val,)
+        if any(isinstance(x, _Rec) and x.value.node in nodes for x in vals):
+            owners.add(f)
+    inside = owners | {view_node}
+    return bool(owners) and all(u in inside for f in owners for u in f.users)
+
+
+def _push_walk(G, r, reductions=False):
     """The pointwise ops that make ``r`` (readers after what they read) and the leaves they
-    start from, for _push_view; _NotLowered where one is not cheap to compute again, or too many."""
+    start from, for _push_view; _NotLowered where one is not cheap to compute again, or too many.
+    reductions: rank-keeping reductions may be among them too (a permute is pushed)."""
     order, seen, leaves = [], set(), []
     stack = [(r.value, False)]
     while stack:
@@ -1313,7 +1357,9 @@ def _push_walk(G, r):
                 raise _NotLowered("view of a value without a known shape")
             leaves.append(v)
         elif how[0] == "call":
-            if how[1] not in _CHEAP:
+            keeps = how[1] in _PUSH_REDUCTIONS and "axis" in how[3] and (
+                how[3].get("keepdim") or how[1] in ("softmax", "log_softmax"))
+            if how[1] not in _CHEAP and not (reductions and keeps):
                 raise _NotLowered("view of %s" % how[1])
             if len(seen) > _PUSH_MAX_NODES:
                 raise _NotLowered("view of a value made by more than %d ops" % _PUSH_MAX_NODES)
