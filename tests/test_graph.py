@@ -693,6 +693,20 @@ def test_view_externs_are_made_in_c_where_the_layout_is_as_traced():
     for _ in range(500):
         c(a)
     assert sys.getrefcount(a) == before
+    # strides that only match after an int64 wrap are no match: the function runs
+    g = Graph()
+    big = g.extern(lambda a: a[:1], g.input("float64", 1), pure=True, view=((2,), (2 ** 61 + 1,), (1,), (0,), 0))
+    g.output(big)
+    s1 = fastcompile.stats()
+    (bv,) = g.compile()(np.arange(2.0))
+    np.testing.assert_array_equal(bv, [0.0])
+    assert fastcompile.stats()["views_by_function"] == s1["views_by_function"] + 1
+    # an empty view with any offset starts at the argument's data
+    g = Graph()
+    e = g.extern(lambda a: a[:0], g.input("float64", 1), pure=True, view=((4,), (1,), (0,), (1,), 3))
+    g.output(e)
+    (ev,) = g.compile()(np.arange(4.0))
+    assert ev.shape == (0,)
     # a broadcast view is read-only, as np.broadcast_to's
     g = Graph()
     b = g.extern(np.broadcast_to, g.input("float64", 1), pure=True, view=((4,), (1,), (3, 4), (0, 1), 0))
@@ -721,6 +735,15 @@ def test_view_extern_spec_errors():
         g.extern(np.transpose, x, view=((3, -4), (4, 1), (4, 3), (1, 4), 0))
     with pytest.raises(ValueError, match="at most"):
         g.extern(np.transpose, x, view=((1,) * 17, (1,) * 17, (1,), (1,), 0))
+    # sums and products that overflow int64 must not slip past the bounds check
+    g2 = Graph()
+    y = g2.input("float64", 1)
+    with pytest.raises(ValueError, match="too large|outside"):
+        g2.extern(np.transpose, y, view=((4,), (1,), (3,), (2 ** 62,), 0))
+    with pytest.raises(ValueError, match="too large|outside"):
+        g2.extern(np.transpose, y, view=((4,), (1,), (2,), (-1,), -2 ** 63))
+    with pytest.raises(ValueError, match="too large"):
+        g2.extern(np.transpose, y, view=((4,), (1,), (2 ** 40, 2 ** 40), (0, 0), 0))
     # nothing was added by the failed calls: the next extern gets the next index
     v = g.extern(np.transpose, x, view=((3, 4), (4, 1), (4, 3), (1, 4), 0))
     g.output(v)

@@ -587,23 +587,31 @@ parse_dims(PyObject *seq, int64_t *out, const char *what)
 }
 
 /* The lowest and highest element offset an array of this shape and these
- * strides touches; 0 if it is empty (nothing touched). */
+ * strides touches, with its element count in *count: 1; 0 if it is empty
+ * (nothing touched); -1 where a sum or product overflows int64. */
 static int
-extent(int nd, const int64_t *shape, const int64_t *strides, int64_t *lo, int64_t *hi)
+extent(int nd, const int64_t *shape, const int64_t *strides, int64_t *lo, int64_t *hi, int64_t *count)
 {
+    int empty = 0;
     *lo = *hi = 0;
+    *count = 1;
     for (int d = 0; d < nd; d++) {
+        int64_t span;
+        if (__builtin_mul_overflow(*count, shape[d], count)) {
+            return -1;
+        }
         if (shape[d] == 0) {
-            return 0;
+            empty = 1;
         }
-        if (shape[d] > 1 && strides[d] > 0) {
-            *hi += (shape[d] - 1) * strides[d];
+        if (shape[d] <= 1) {
+            continue;
         }
-        else if (shape[d] > 1) {
-            *lo += (shape[d] - 1) * strides[d];
+        if (__builtin_mul_overflow(shape[d] - 1, strides[d], &span) ||
+                __builtin_add_overflow(span > 0 ? *hi : *lo, span, span > 0 ? hi : lo)) {
+            return -1;
         }
     }
-    return 1;
+    return empty ? 0 : 1;
 }
 
 /* view=(in_shape, in_strides, out_shape, out_strides, offset): a new bytes
@@ -612,7 +620,7 @@ static PyObject *
 parse_view(PyObject *obj)
 {
     FcViewSpec vs;
-    int64_t lo_in, hi_in, lo_out, hi_out;
+    int64_t lo_in, hi_in, lo_out, hi_out, n_in, n_out;
     int in_some, out_some;
     memset(&vs, 0, sizeof(vs));
     if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 5) {
@@ -645,9 +653,14 @@ parse_view(PyObject *obj)
             return NULL;
         }
     }
-    in_some = extent(vs.in_nd, vs.in_shape, vs.in_strides, &lo_in, &hi_in);
-    out_some = extent(vs.out_nd, vs.out_shape, vs.out_strides, &lo_out, &hi_out);
-    if (out_some && (!in_some || vs.offset + lo_out < lo_in || vs.offset + hi_out > hi_in)) {
+    in_some = extent(vs.in_nd, vs.in_shape, vs.in_strides, &lo_in, &hi_in, &n_in);
+    out_some = extent(vs.out_nd, vs.out_shape, vs.out_strides, &lo_out, &hi_out, &n_out);
+    if (in_some < 0 || out_some < 0) {
+        PyErr_SetString(PyExc_ValueError, "extern(view=...): sizes and strides too large (int64 overflow)");
+        return NULL;
+    }
+    if (out_some && (!in_some || __builtin_add_overflow(vs.offset, lo_out, &lo_out) ||
+                     __builtin_add_overflow(vs.offset, hi_out, &hi_out) || lo_out < lo_in || hi_out > hi_in)) {
         PyErr_SetString(PyExc_ValueError, "extern(view=...): the view reaches outside its input");
         return NULL;
     }
@@ -660,28 +673,47 @@ fc_api_view_apply(const FcViewSpec *vs, PyObject *obj)
     PyArrayObject *a = (PyArrayObject *)obj, *v;
     npy_intp shape[FC_MAXDIM], strides[FC_MAXDIM];
     npy_intp item;
-    int flags;
+    int64_t bytes, off = 0;
+    int flags, empty;
     if (!PyArray_CheckExact(obj) || PyArray_NDIM(a) != vs->in_nd) {
         return NULL;
     }
     item = PyArray_ITEMSIZE(a);
+    if (item <= 0) {
+        return NULL;
+    }
     for (int d = 0; d < vs->in_nd; d++) {
+        npy_intp st = PyArray_STRIDE(a, d);
         if (PyArray_DIM(a, d) != vs->in_shape[d] ||
-                (vs->in_shape[d] > 1 && PyArray_STRIDE(a, d) != vs->in_strides[d] * item)) {
+                (vs->in_shape[d] > 1 && (st % item != 0 || st / item != vs->in_strides[d]))) {
             return NULL;
         }
     }
+    /* parse_view checked the view lies inside an array of in_shape and in_strides, which `a`
+     * is: its byte offsets fit. Size-1 and empty dims were not checked: stride 0 there, and
+     * an empty view starts at a's data. Any product that still overflows: the function runs. */
     flags = PyArray_ISWRITEABLE(a) ? NPY_ARRAY_WRITEABLE : 0;
+    empty = 0;
+    bytes = item;
     for (int d = 0; d < vs->out_nd; d++) {
+        int64_t st = 0;
         shape[d] = (npy_intp)vs->out_shape[d];
-        strides[d] = (npy_intp)(vs->out_strides[d] * item);
+        empty |= shape[d] == 0;
+        if (__builtin_mul_overflow(bytes, (int64_t)shape[d], &bytes) ||
+                (shape[d] > 1 && __builtin_mul_overflow(vs->out_strides[d], (int64_t)item, &st))) {
+            return NULL;
+        }
+        strides[d] = (npy_intp)st;
         if (shape[d] > 1 && strides[d] == 0) {
             flags = 0;          /* a broadcast: read-only, as np.broadcast_to's */
         }
     }
+    if (!empty && __builtin_mul_overflow(vs->offset, (int64_t)item, &off)) {
+        return NULL;
+    }
     Py_INCREF(PyArray_DESCR(a));
     v = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, PyArray_DESCR(a), vs->out_nd, shape, strides,
-                                              PyArray_BYTES(a) + vs->offset * item, flags, NULL);
+                                              PyArray_BYTES(a) + (empty ? 0 : off), flags, NULL);
     if (v == NULL) {
         return NULL;
     }

@@ -27,8 +27,9 @@ typedef struct {
 } FcViewSpec;
 
 /* The view spec's view of a (borrowed), or NULL without an exception where a
- * does not match it (then the extern's function runs). Returns: new reference,
- * or NULL with an exception set on failure to allocate. */
+ * does not match it or a byte size overflows (then the extern's function runs).
+ * Returns: new reference, or NULL with an exception set where NumPy fails to
+ * make the array. */
 FC_INTERNAL PyObject *fc_api_view_apply(const FcViewSpec *vs, PyObject *a);
 
 /* "file:line" of the Python code calling us. Returns: new reference. */
