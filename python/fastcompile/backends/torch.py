@@ -197,11 +197,7 @@ def _layout(meta, from_core):
     if any(st == 0 for n, st in zip(shape, stride) if n > 1):
         return None                         # an expanded tensor: any layout reads the same
     want = tuple(st for n, st in zip(shape, stride) if n > 1)
-    contig, acc = [], 1
-    for n in reversed(shape):
-        contig.append(acc)
-        acc *= n
-    have = tuple(st for n, st in zip(shape, reversed(contig)) if n > 1)
+    have = tuple(st for n, st in zip(shape, _contiguous_strides(shape)) if n > 1)
     return None if want == have else (shape, stride)
 
 
@@ -1180,13 +1176,14 @@ _OFFSETS_MAX = 1 << 22     # leaves up to this many elements are checked element
 
 def _leaf_view(shape, strides, chain):
     """How ``chain`` (NumPy view functions) acts on a leaf of ``shape`` and these element
-    strides: ("view", chain, spec) where NumPy does it without copying; ("strided", fn, spec)
+    strides: ("view", chain, spec) where NumPy does it without copying; ("strided", chain, spec)
     where NumPy would copy (a reshape across a permuted leaf) but the result is still a strided
-    view of the leaf, fn making it directly; None where it is a real copy. Found by running the
-    chain on the leaf's element offsets. spec: Graph.extern's view= (in_shape, in_strides,
-    out_shape, out_strides, offset), so the core makes the view itself where the leaf comes
-    as traced; None where the strides are unknown or the leaf too large to check. Unknown
-    strides: ("view", chain, None), as before strides were known."""
+    view of the leaf, which the core makes from the spec; None where it is a real copy. Found by
+    running the chain on the leaf's element offsets. spec: Graph.extern's view= (in_shape,
+    in_strides, out_shape, out_strides, offset), so the core makes the view itself where the
+    leaf comes as traced (elsewhere the chain runs); None where the strides are unknown or the
+    leaf too large to check. Unknown strides: ("view", chain, None), as before strides were
+    known."""
     if strides is None or len(strides) != len(shape) or min(strides, default=0) < 0 or \
             0 in shape or int(np.prod(shape)) > _OFFSETS_MAX:
         return "view", chain, None
@@ -1204,18 +1201,7 @@ def _leaf_view(shape, strides, chain):
     if not np.array_equal(got, grid):
         return None if not np.may_share_memory(got, flat) else ("view", chain, None)
     spec = (tuple(shape), tuple(strides), tuple(got.shape), tuple(est), start)
-    if np.may_share_memory(got, flat):
-        return "view", chain, spec
-    at = tuple(slice(int(i), None) for i in np.argwhere(offs == start)[0])
-    out_shape, want = got.shape, tuple((n, s) for n, s in zip(shape, strides) if n > 1)
-    as_strided = np.lib.stride_tricks.as_strided
-
-    def strided(x):
-        el = x.itemsize
-        if x.shape != shape or tuple((n, s // el) for n, s in zip(x.shape, x.strides) if n > 1) != want:
-            return chain(x)     # not the layout traced (a copy, still right)
-        return as_strided(x[at], out_shape, [s * el for s in est])
-    return "strided", strided, spec
+    return ("view" if np.may_share_memory(got, flat) else "strided"), chain, spec
 
 
 def _viewed_again(node):
@@ -1283,8 +1269,7 @@ def _push_view(L, node, r, new):
         # (B*H, T, D), permuted and reshaped to (T, B, H*D))
         if how is None and not _viewed_again(node):
             raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
-        w = G.extern(how[1] if how is not None else view, base, pure=True,
-                     view=how[2] if how is not None else None)
+        w = G.extern(view, base, pure=True, view=how[2] if how is not None else None)
         G.view_of[w.node] = (base, fns)
         G.leaf_shape[w.node] = new
         new_of[v.node] = w
