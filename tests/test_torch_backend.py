@@ -1115,6 +1115,99 @@ def test_view_chains_run_as_one_as_strided_and_fall_back_on_other_strides():
     torch.testing.assert_close(slow, ref, **TOL)
 
 
+def _aten_runner(f, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(f, decomposition_table=fbt.decompositions())(*args)
+    return fbt.fx_to_graph(gm, list(args))
+
+
+def _assert_same(outs, refs):
+    """Values equal (TOL), and each output laid out as eager's."""
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o, r, **TOL)
+        assert o.stride() == r.stride(), (o.stride(), r.stride())
+
+
+def test_alias_of_an_extern_result_is_that_result_not_a_copy_kernel():
+    """alias(v) of an extern's result (aot_autograd's forward returns the attention output
+    this way) is the extern's own tensor, in its own layout: no cast node, which made a copy
+    kernel (the core knows an extern's dtype only at run time) and then a restriding copy."""
+    aten = torch.ops.aten
+
+    def f(x):
+        t = aten.transpose.int(aten.cumsum.default(x, 0), 0, 1)      # an extern, laid out (1, 5)
+        return aten.alias.default(t), t.sum(1)
+    x = torch.randn(5, 3)
+    run = _aten_runner(f, x)
+    assert run.fallback is None
+    outs = run(x)
+    _assert_same(outs, f(x))
+    # the sum's is the one value a kernel writes: the alias was a full-size copy written too
+    assert [k.fused.count("-> buffer") for k in run.kernels] == [1], [k.fused for k in run.kernels]
+    # a copy of it and a detach of it keep their meaning: the clone is a new tensor
+    def g(x):
+        t = aten.cumsum.default(x, 0)
+        return aten.clone.default(t), aten.detach.default(t) * 2
+    outs = _aten_runner(g, x)(x)
+    _assert_same(outs, g(x))
+
+
+def test_a_view_graph_outputs_read_is_made_in_c_not_a_one_view_cluster():
+    """A view of an extern result that a core op has already read (its cluster is closed), which
+    only graph outputs read (a weight's grad, transposed): a view extern made in C, in eager's
+    layout; before, a torch cluster of its own (from_numpy, permute, .numpy() per call)."""
+    aten = torch.ops.aten
+
+    def f(x, w):
+        m = aten.mm.default(x, w)
+        y = m * 2                                       # closes mm's cluster
+        return aten.permute.default(m, [1, 0]), y, aten.permute.default(y, [1, 0])
+    x, w = torch.randn(4, 8), torch.randn(8, 6)
+    run = _aten_runner(f, x, w)
+    assert run.fallback is None and run.extern_calls == 1, run.extern_calls
+    s0 = fastcompile.stats()
+    for _ in range(3):
+        _assert_same(run(x, w), f(x, w))
+    s1 = fastcompile.stats()
+    assert s1["views_made"] - s0["views_made"] == 6          # two views a call, made in C
+    assert s1["views_by_function"] == s0["views_by_function"]
+
+
+def test_a_view_core_ops_and_an_extern_read_is_made_in_c():
+    """A view of an extern result read by a core op and by an extern: one view extern made in C
+    that both read, where it was a torch cluster of its own between the two matmuls."""
+    aten = torch.ops.aten
+
+    def f(x, w, v):
+        m = aten.mm.default(x, w)                       # (4, 6)
+        y = m * 2                                       # closes mm's cluster
+        t = aten.permute.default(m, [1, 0])             # (6, 4): a sum and a matmul read it
+        return aten.sum.dim_IntList(t, [0]) + y.sum(), aten.mm.default(t, v)
+    x, w, v = torch.randn(4, 8), torch.randn(8, 6), torch.randn(4, 3)
+    run = _aten_runner(f, x, w, v)
+    assert run.fallback is None and run.extern_calls == 2, run.extern_calls
+    _assert_same(run(x, w, v), f(x, w, v))
+    # the matmul's argument comes in another layout (a Fortran-ordered x): still right
+    xf = x.t().contiguous().t()
+    _assert_same(run(xf, w, v), f(xf, w, v))
+
+
+def test_a_view_output_of_a_kernel_value_gets_eagers_layout():
+    """A view (made in C) of a kernel's C-ordered result, as a graph output, where eager's
+    result of the same op is laid out otherwise (a pointwise op on a transposed input keeps
+    its order in eager): the output is restrided to eager's layout."""
+    aten = torch.ops.aten
+
+    def f(x, w):
+        u = aten.exp.default(aten.permute.default(x, [1, 0]))     # eager: strides (1, 6)
+        m = aten.mm.default(u, w)
+        return aten.permute.default(u, [1, 0]), m
+    x, w = torch.randn(6, 4), torch.randn(6, 3)
+    run = _aten_runner(f, x, w)
+    assert run.fallback is None
+    _assert_same(run(x, w), f(x, w))
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

@@ -188,16 +188,18 @@ def _to_torch(arr, tshape, dtype):
     return t
 
 
-def _layout(meta, from_core):
-    """The strides a tensor must be given to match eager's layout, or None when the core's
-    C-ordered result (``from_core``) or the extern's own tensor already has it."""
-    if not from_core or not isinstance(meta, torch.Tensor):
+def _layout(meta, strides):
+    """The strides a tensor must be given to match eager's layout, or None when it already has
+    them. ``strides``: the element strides the core's array will have (C order for a kernel's
+    result, a view extern's spec), or None for an extern's own tensor, laid out by torch as in
+    eager (``_Lowering.strides_of``)."""
+    if strides is None or not isinstance(meta, torch.Tensor):
         return None
     shape, stride = tuple(meta.shape), tuple(meta.stride())
     if any(st == 0 for n, st in zip(shape, stride) if n > 1):
         return None                         # an expanded tensor: any layout reads the same
     want = tuple(st for n, st in zip(shape, stride) if n > 1)
-    have = tuple(st for n, st in zip(shape, _contiguous_strides(shape)) if n > 1)
+    have = tuple(st for n, st in zip(shape, strides) if n > 1) if len(strides) == len(shape) else None
     return None if want == have else (shape, stride)
 
 
@@ -307,6 +309,7 @@ class _Lowering:
         self.device = _graph_device(example_inputs)   # None: CPU (NumPy arrays); else CUDA tensors
         self.foreign = set()       # core nodes of inputs on another device than self.device: externs only
         self.passed = set()        # CPU: core nodes of inputs only externs read, passed as torch tensors
+        self.view_strides = {}     # core node of a view extern made from a spec -> its element strides
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, dtype, ndim, kind, payload, shape=None, strides=None):
@@ -322,6 +325,14 @@ class _Lowering:
         if strides is not None:
             self.g.leaf_strides[v.node] = tuple(strides)
         return v
+
+    def strides_of(self, value, tshape):
+        """The element strides ``value`` (at torch shape ``tshape``) comes with, for _layout: None
+        for an extern's or input's own tensor, a view extern's spec, else a kernel's C order."""
+        n = value.node
+        if n in self.extern_values or n in self.input_values:
+            return None
+        return self.view_strides.get(n) or _contiguous_strides(tshape)
 
     def carrier(self, tshape):
         c = self.carriers.get(tshape)
@@ -427,8 +438,8 @@ class _Lowering:
             v = self.env[a]
             if isinstance(v, _Rec):
                 values.append(v.value)
-                from_core = v.value.node not in self.extern_values and v.value.node not in self.input_values
-                layout = "tensor" if v.value.node in self.passed else _layout(_meta(a), from_core)
+                layout = "tensor" if v.value.node in self.passed else \
+                    _layout(_meta(a), self.strides_of(v.value, v.tshape))
                 specs.append((a, v.tshape, v.dtype, layout))
         consts = {a: self.env[a] for a in cluster.inputs if not isinstance(self.env[a], _Rec)}
         for m in outs:
@@ -985,6 +996,11 @@ def _identity_cast(L, node):
     x = node.args[0]
     r = L.rec(x)
     meta = _meta(node)
+    if node.target.overloadpacket in (aten.alias, aten.detach) and _core_dtype(meta.dtype) == _core_dtype(r.dtype):
+        # a view of the same value: no cast node, whose dtype the core cannot know for an extern
+        # result until run time, and which would make a copy kernel of it (then a graph output
+        # carries the extern's tensor with its own layout, not a C-ordered copy restrided)
+        return _Rec(r.value, r.cshape, _static_shape(meta), meta.dtype)
     return _Rec(L.cast(r.value, meta.dtype), r.cshape, _static_shape(meta), meta.dtype)
 
 
@@ -1115,6 +1131,22 @@ def _feeds_core(node):
     return _uses_end_in(node, _VIEW_PACKETS, _LOWER)
 
 
+def _core_or_output_use(node, depth=0):
+    """Some use of ``node``, looking through views, is a graph output or an op the core lowers."""
+    if depth > 8:
+        return False
+    for u in node.users:
+        if u.op == "output":
+            return True
+        pk = getattr(u.target, "overloadpacket", None) if u.op == "call_function" else None
+        if pk in _VIEW_PACKETS:
+            if _core_or_output_use(u, depth + 1):
+                return True
+        elif pk in _LOWER:
+            return True
+    return False
+
+
 def _broadcast(x, shape):
     """np.broadcast_to(x, shape) (read-only), in about 1 us instead of 7 where x is C-contiguous:
     an ndarray over x's buffer with the broadcast dimensions' strides 0."""
@@ -1226,7 +1258,14 @@ def _push_view(L, node, r, new):
     G = L.g
     if L.device is not None:        # the leaf views are NumPy functions: on CUDA, torch does the view
         raise _NotLowered("view %s -> %s on %s" % (r.tshape, new, L.device))
-    if not _feeds_core(node):
+    # a view that graph outputs or core ops read, but not only core ops, of a value the core
+    # holds anyway (an extern's result, a kernel's output): a view extern of that value, made in
+    # C, is the graph's output and what the core ops and externs read; a one-view torch cluster
+    # would cost a from_numpy and a .numpy() per call (a weight's grad, transposed)
+    base = G.view_of.get(r.value.node, (r.value,))[0].node
+    leaf_only = not _feeds_core(node)
+    if leaf_only and not (_core_or_output_use(node) and
+                          (base in L.extern_values or G.made.get(base, ("?",))[0] == "call")):
         raise _NotLowered("view %s -> %s feeds an extern" % (r.tshape, new))
     vf = _np_view(node, r.tshape, new)
     if vf is None:
@@ -1239,18 +1278,20 @@ def _push_view(L, node, r, new):
         return x if x.shape == tshape else _broadcast(x, tshape)
     perm = _perm_of(node, nd)
     try:
+        if leaf_only:               # viewed where it is, never computed again in the view's order
+            raise _NotLowered("not only core ops read it")
         order, leaves = _push_walk(G, r, reductions=perm is not None)
         if any(G.made[v.node][1] in _PUSH_REDUCTIONS for v in order) and not _private(L, node, order):
             raise _NotLowered("view of a reduction other nodes read too")
     except _NotLowered:
-        if G.made.get(r.value.node, ("?",))[0] != "call":
+        if G.made.get(r.value.node, ("?",))[0] != "call" and not leaf_only:
             raise
         # a reduction or a transcendental inside: the value is stored by its segment and viewed
         # there, as a leaf (made by the core itself where it comes laid out as traced)
         order, leaves = [], [r.value]
         G.leaf_shape.setdefault(r.value.node, r.cshape)
         G.leaf_strides.setdefault(r.value.node, _contiguous_strides(r.cshape))
-    new_of = {}
+    new_of, spec = {}, None
     for v in leaves:
         base, fns = G.view_of.get(v.node, (v, ()))
         fns = fns + (bcast, vf)
@@ -1267,9 +1308,10 @@ def _push_view(L, node, r, new):
         # further (after clones), where a later view may be a strided view of the leaf again
         # (flash attention's grads: (B, H, T, D) over (B, T, H, D) memory, reshaped to
         # (B*H, T, D), permuted and reshaped to (T, B, H*D))
-        if how is None and not _viewed_again(node):
+        if how is None and (leaf_only or not _viewed_again(node)):
             raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
-        w = G.extern(view, base, pure=True, view=how[2] if how is not None else None)
+        spec = how[2] if how is not None else None
+        w = G.extern(view, base, pure=True, view=spec)
         G.view_of[w.node] = (base, fns)
         G.leaf_shape[w.node] = new
         new_of[v.node] = w
@@ -1285,6 +1327,14 @@ def _push_view(L, node, r, new):
         new_of[v.node] = G.call(op, *args, **attrs)
     out = new_of.get(r.value.node, r.value)
     meta = _meta(node)
+    if not order and spec is not None and _core_dtype(meta.dtype) == _core_dtype(r.dtype):
+        # the view itself, laid out as its spec says (_layout compares that with eager's), with
+        # no cast: an extern's dtype is known to the core only at run time, and a cast node of
+        # it would be a copy kernel wherever no other op reads the view
+        L.view_strides[out.node] = spec[3]
+        return _Rec(out, new, new, meta.dtype)
+    if leaf_only:
+        raise _NotLowered("view %s -> %s of unknown layout, not only for core ops" % (r.tshape, new))
     return _Rec(L.cast(out, meta.dtype), new if leaves else (), new, meta.dtype)
 
 
@@ -1570,8 +1620,8 @@ class FxGraphRunner:
                 plan.append(("py", v))
                 continue
             copy = v.value.node in L.input_values or not v.exact
-            from_core = v.value.node not in L.extern_values and v.value.node not in L.input_values
-            plan.append(("core", len(core_values), v.tshape, v.dtype, copy, _layout(_meta(o), from_core)))
+            plan.append(("core", len(core_values), v.tshape, v.dtype, copy,
+                         _layout(_meta(o), L.strides_of(v.value, v.tshape))))
             core_values.append(v.value)
         if core_values:
             L.g.output(*core_values)
