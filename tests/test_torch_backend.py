@@ -1240,8 +1240,9 @@ def test_permute_is_pushed_through_a_layernorm_nothing_else_reads():
     """LayerNorm, then a transpose made contiguous (attention's input in nn.MultiheadAttention):
     in inference the permute is pushed through the LayerNorm's reductions, so one kernel reads
     x through the permuted view and writes the transposed result (no copy kernel after). In
-    training the mean and rstd are saved for the backward: the LayerNorm stays where it is (its
-    statistics are never computed twice), and the transpose is a view of its stored output."""
+    training the mean and rstd are saved for the backward, graph outputs: the same one kernel
+    writes them too, computed once in the transposed order, and the forward returns them viewed
+    back (as Inductor's LayerNorm kernel does)."""
     torch.manual_seed(0)
     ln = nn.LayerNorm(32)
 
@@ -1266,7 +1267,49 @@ def test_permute_is_pushed_through_a_layernorm_nothing_else_reads():
     ref.sum().backward()
     torch.testing.assert_close(xt.grad, x2.grad, **TOL)
     fw = record[0]
-    assert sum(k.fused.count("sum(") for k in fw.kernels) == 2, [k.fused for k in fw.kernels]
+    assert len(fw.kernels) == 1, [k.fused for k in fw.kernels]
+    assert fw.kernels[0].fused.count("sum(") == 2, [k.fused for k in fw.kernels]
+
+
+def test_permute_pushed_through_a_reduction_graph_outputs_also_read():
+    """The mean a permute is pushed through is also a graph output (as a LayerNorm's saved
+    statistics are in training): one kernel computes it once, in the permuted order, and the
+    output is it viewed back, in eager's layout. Where a core op reads it too, nothing is
+    pushed; a full-size value (a softmax saved for its backward) is not pushed either. All equal
+    eager, and training through softmax and log_softmax before a transpose gives eager's grads."""
+    aten = torch.ops.aten
+
+    def saved(x):
+        m = aten.mean.dim(x, [2], True)
+        return aten.clone.default(aten.permute.default(x - m, [1, 0, 2])), m
+
+    def read(x):
+        m = aten.mean.dim(x, [2], True)
+        return aten.clone.default(aten.permute.default(x - m, [1, 0, 2])), m * 3
+
+    x = torch.randn(4, 6, 8)
+    run = _aten_runner(saved, x)
+    _assert_same(run(x), saved(x))
+    assert run.fallback is None and len(run.kernels) == 1, [k.fused for k in run.kernels]
+    assert run.kernels[0].fused.count("sum(") == 1
+    run = _aten_runner(read, x)
+    assert run.fallback is None
+    _assert_same(run(x), read(x))
+    for fn in (lambda t: torch.softmax(t * 2, -1).transpose(0, 1).contiguous(),
+               lambda t: torch.log_softmax(t, 0).transpose(1, 2).contiguous()):
+        torch._dynamo.reset()
+        a = x.clone().requires_grad_()
+        b = x.clone().requires_grad_()
+        record = []
+        out = compile_fc(fn, record=record)(a)
+        ref = fn(b)
+        torch.testing.assert_close(out, ref, **TOL)
+        # the saved softmax is the kernel's own C-ordered output: no restriding copy of it
+        assert [p[-1] for p in record[0].plan if p[0] == "core"] == [None] * 2, record[0].plan
+        g = torch.randn_like(ref)
+        out.backward(g)
+        ref.backward(g)
+        torch.testing.assert_close(a.grad, b.grad, **TOL)
 
 
 @pytest.mark.parametrize("fn", [

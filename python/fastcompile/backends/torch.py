@@ -26,6 +26,7 @@ would have to enter the core.
 """
 import functools
 import logging
+import math
 import operator
 import os
 import threading
@@ -1277,12 +1278,13 @@ def _push_view(L, node, r, new):
             x = x.reshape(x.shape[x.ndim - nd:])
         return x if x.shape == tshape else _broadcast(x, tshape)
     perm = _perm_of(node, nd)
+    saved = []                      # (FX node, its _Rec): values pushed through that graph outputs read
     try:
         if leaf_only:               # viewed where it is, never computed again in the view's order
             raise _NotLowered("not only core ops read it")
         order, leaves = _push_walk(G, r, reductions=perm is not None)
         if any(G.made[v.node][1] in _PUSH_REDUCTIONS for v in order) and not _private(L, node, order):
-            raise _NotLowered("view of a reduction other nodes read too")
+            saved = _saved_by_outputs(L, node, order, nd)
     except _NotLowered:
         if G.made.get(r.value.node, ("?",))[0] != "call" and not leaf_only:
             raise
@@ -1325,6 +1327,8 @@ def _push_view(L, node, r, new):
             attrs = dict(attrs, axis=moved if isinstance(attrs["axis"], tuple) else moved[0])
         args = [new_of.get(a.node, a) if hasattr(a, "node") else a for a in args]
         new_of[v.node] = G.call(op, *args, **attrs)
+    for f, r0 in saved:
+        _rebind_saved(L, f, r0, new_of[r0.value.node], perm)
     out = new_of.get(r.value.node, r.value)
     meta = _meta(node)
     if not order and spec is not None and _core_dtype(meta.dtype) == _core_dtype(r.dtype):
@@ -1370,6 +1374,60 @@ def _private(L, view_node, order):
             owners.add(f)
     inside = owners | {view_node}
     return bool(owners) and all(u in inside for f in owners for u in f.users)
+
+
+def _saved_by_outputs(L, view_node, order, nd):
+    """Where a permute is pushed through reductions that other FX nodes read too (training: a
+    LayerNorm's mean and rstd, saved for the backward), and those readers are graph outputs
+    only: the FX nodes to give the pushed values, viewed back (_rebind_saved), as Inductor's
+    LayerNorm kernel writes the transposed output and the statistics. Raises _NotLowered where
+    another node reads them, or one is not a full-rank tensor value of its own."""
+    nodes = {v.node for v in order}
+    owners = {}
+    for f, val in L.env.items():
+        vals = val if isinstance(val, tuple) else (val,)
+        if any(isinstance(x, _Rec) and x.value.node in nodes for x in vals):
+            owners[f] = val
+    inside = set(owners) | {view_node}
+    saved = []
+    for f, val in owners.items():
+        outside = [u for u in f.users if u not in inside]
+        if not outside:
+            continue
+        if any(u.op != "output" for u in outside):
+            raise _NotLowered("view of a reduction other nodes read too")
+        if not isinstance(val, _Rec) or len(val.tshape) != nd or val.value.ndim != nd or \
+                tuple(val.cshape) != tuple(val.tshape):
+            raise _NotLowered("view of a reduction a graph output reads as %s" % (val,))
+        if math.prod(val.tshape) * 4 > math.prod(_meta(view_node.args[0]).shape):
+            # a full-size value (a softmax saved for its backward): viewed back, eager's layout
+            # would cost a copy of it, the one the pushed permute saves
+            raise _NotLowered("view of a reduction a graph output reads at full size")
+        saved.append((f, val))
+    return saved
+
+
+def _rebind_saved(L, f, r0, pushed, perm):
+    """FX node ``f`` (a graph output; its value ``r0`` was pushed through a permute) becomes the
+    pushed value viewed back by the inverse permute: a view extern made in C (restrided to
+    eager's layout where the two differ, a copy of a statistic's few elements). The original
+    value is then dead: computed once, in the view's order."""
+    G = L.g
+    inv = tuple(perm.index(d) for d in range(len(perm)))
+    shape = tuple(r0.tshape[p] for p in perm)
+    G.leaf_shape[pushed.node] = shape
+    G.leaf_strides[pushed.node] = _contiguous_strides(shape)
+
+    def back(x):
+        return x.transpose(inv)
+    how = _leaf_view(shape, G.leaf_strides[pushed.node], back)
+    spec = how[2] if how is not None else None
+    w = G.extern(back, pushed, pure=True, view=spec)
+    G.view_of[w.node] = (pushed, (back,))
+    G.leaf_shape[w.node] = r0.tshape
+    if spec is not None:
+        L.view_strides[w.node] = spec[3]
+    L.env[f] = _Rec(w, r0.tshape, r0.tshape, r0.dtype)
 
 
 def _push_walk(G, r, reductions=False):
