@@ -1312,6 +1312,43 @@ def test_permute_pushed_through_a_reduction_graph_outputs_also_read():
         torch.testing.assert_close(a.grad, b.grad, **TOL)
 
 
+def test_permute_pushed_through_reductions_of_an_extern_result():
+    """A permute pushed through a softmax of a matmul's result (whose rank the core learns only
+    at run time): the kernel reads the matmul through the permuted view and writes the
+    transposed softmax; the transpose was an extern of its own (the axes could not be moved)."""
+    aten = torch.ops.aten
+
+    def f(x, w):
+        s = aten._softmax.default(aten.view.default(aten.mm.default(x, w), [4, 6, 8]), -1, False)
+        return aten.clone.default(aten.permute.default(s, [1, 0, 2]), memory_format=torch.contiguous_format)
+    x, w = torch.randn(24, 5), torch.randn(5, 8)
+    run = _aten_runner(f, x, w)
+    _assert_same(run(x, w), [f(x, w)])
+    assert run.fallback is None and run.extern_calls == 1 and len(run.kernels) == 1, \
+        (run.extern_calls, [k.fused for k in run.kernels])
+
+
+def test_permute_pushed_where_a_cheap_value_is_read_elsewhere_too():
+    """A LayerNorm backward's pattern: the permute goes through row sums; a cheap pointwise value
+    the push reads (x * 2, the normalized input) is also read by a column sum (the weight's
+    grad). That value is computed again in the permuted order, the row sums only there: one
+    kernel writes the transposed result, with no copy kernel after it."""
+    aten = torch.ops.aten
+
+    def f(x, w, g):
+        gm = aten.view.default(aten.mm.default(g, w), [4, 6, 8])
+        xhat = x * 2
+        y = gm * xhat - aten.sum.dim_IntList(gm * xhat, [2], True)
+        out = aten.clone.default(aten.permute.default(y, [1, 0, 2]), memory_format=torch.contiguous_format)
+        return out, aten.sum.dim_IntList(gm * xhat, [0, 1])
+    x, w, g = torch.randn(4, 6, 8), torch.randn(5, 8), torch.randn(24, 5)
+    run = _aten_runner(f, x, w, g)
+    _assert_same(run(x, w, g), f(x, w, g))
+    fused = [k.fused for k in run.kernels]
+    assert run.fallback is None and len(fused) == 2, fused
+    assert not any(f.count(" = ") == f.count(" = cast(") for f in fused), fused     # no copy kernel
+
+
 @pytest.mark.parametrize("fn", [
     lambda x: (x - x.mean(dim=1, keepdim=True)).permute(2, 0, 1).contiguous() + 1,
     lambda x: torch.softmax(x, dim=-1).transpose(0, 2).contiguous() * 3,

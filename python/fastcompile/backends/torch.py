@@ -262,6 +262,8 @@ class _RecordingGraph:
         self.leaf_shape = {}    # node -> array shape, for inputs and extern results
         self.leaf_strides = {}  # node -> element strides the leaf is expected to have, where known
         self.view_of = {}       # node of a view extern -> (base Value, numpy view functions)
+        self.rank = {}          # node -> its rank where the lowering knows it and the core may not
+                                # (a reduction's input made from an extern's result)
         self.replays = []       # per extern, in the graph's order: (fn, the FX nodes it returns or None)
 
     def input(self, dtype, ndim):
@@ -369,7 +371,10 @@ class _Lowering:
         if name is None:
             raise _NotLowered("dtype %s" % dtype)
         if value.dtype != name:
+            rank = self.g.rank.get(value.node)
             value = self.g.call("cast", value, dtype=name)
+            if rank is not None:
+                self.g.rank[value.node] = rank
         return value
 
     def cshape_of(self, *args):
@@ -388,9 +393,12 @@ class _Lowering:
         """The core value of ``arg`` materialized at its torch shape (for reductions)."""
         r = self.rec(arg)
         if r.exact:
+            self.g.rank[r.value.node] = len(r.cshape)
             return r.value, r.cshape
         v = self.g.call("add", r.value, self.carrier(r.tshape))
-        return v, tuple(torch.broadcast_shapes(r.cshape, r.tshape))
+        cshape = tuple(torch.broadcast_shapes(r.cshape, r.tshape))
+        self.g.rank[v.node] = len(cshape)
+        return v, cshape
 
     # -- externs -----------------------------------------------------------------------------
     def pending(self, node):
@@ -1283,8 +1291,9 @@ def _push_view(L, node, r, new):
         if leaf_only:               # viewed where it is, never computed again in the view's order
             raise _NotLowered("not only core ops read it")
         order, leaves = _push_walk(G, r, reductions=perm is not None)
-        if any(G.made[v.node][1] in _PUSH_REDUCTIONS for v in order) and not _private(L, node, order):
-            saved = _saved_by_outputs(L, node, order, nd)
+        reduced = _reduced(G, order)
+        if reduced and not _private(L, node, reduced):
+            saved = _saved_by_outputs(L, node, reduced, nd)
     except _NotLowered:
         if G.made.get(r.value.node, ("?",))[0] != "call" and not leaf_only:
             raise
@@ -1321,7 +1330,9 @@ def _push_view(L, node, r, new):
         _, op, args, attrs = G.made[v.node]
         if op in _PUSH_REDUCTIONS and attrs.get("axis") is not None:
             # the reduced axes, where the permute put them (the value is full rank once viewed)
-            k = args[0].ndim
+            k = args[0].ndim if args[0].ndim is not None else G.rank.get(args[0].node)
+            if k is None:           # checked before anything is added to the graph (below)
+                raise AssertionError("fastcompile: rank of %s unknown" % (args[0],))
             axes = attrs["axis"] if isinstance(attrs["axis"], tuple) else (attrs["axis"],)
             moved = tuple(sorted(perm.index(a % k + nd - k) for a in axes))
             attrs = dict(attrs, axis=moved if isinstance(attrs["axis"], tuple) else moved[0])
@@ -1362,11 +1373,25 @@ def _perm_of(node, nd):
     return None
 
 
-def _private(L, view_node, order):
-    """Every FX node whose lowered value is among ``order`` (the values a view is pushed
-    through) is read only by others of them or by the view: pushing the view computes them again
-    in the view's layout, and the originals are then dead rather than computed twice."""
-    nodes = {v.node for v in order}
+def _reduced(G, order):
+    """The core nodes among ``order`` (the values a view is pushed through, readers after what
+    they read) that are reductions or read one: those a push must not compute twice. The others
+    are cheap pointwise values of the leaves, computed again in the view's order wherever
+    something else reads them unviewed (a LayerNorm backward's normalized input, which its
+    weight's grad reads too)."""
+    out = set()
+    for v in order:
+        _, op, args, _ = G.made[v.node]
+        if op in _PUSH_REDUCTIONS or any(hasattr(a, "node") and a.node in out for a in args):
+            out.add(v.node)
+    return out
+
+
+def _private(L, view_node, nodes):
+    """Every FX node whose lowered value is among ``nodes`` (the reductions a view is pushed
+    through, and what reads them: _reduced) is read only by others of them, by values the push
+    computes again, or by the view: pushing the view computes them again in the view's layout,
+    and the originals are then dead rather than computed twice."""
     owners = set()
     for f, val in L.env.items():
         vals = val if isinstance(val, tuple) else (val,)
@@ -1376,13 +1401,12 @@ def _private(L, view_node, order):
     return bool(owners) and all(u in inside for f in owners for u in f.users)
 
 
-def _saved_by_outputs(L, view_node, order, nd):
-    """Where a permute is pushed through reductions that other FX nodes read too (training: a
-    LayerNorm's mean and rstd, saved for the backward), and those readers are graph outputs
-    only: the FX nodes to give the pushed values, viewed back (_rebind_saved), as Inductor's
-    LayerNorm kernel writes the transposed output and the statistics. Raises _NotLowered where
-    another node reads them, or one is not a full-rank tensor value of its own."""
-    nodes = {v.node for v in order}
+def _saved_by_outputs(L, view_node, nodes, nd):
+    """Where a permute is pushed through reductions (``nodes``: _reduced) that other FX nodes
+    read too (training: a LayerNorm's mean and rstd, saved for the backward), and those readers
+    are graph outputs only: the FX nodes to give the pushed values, viewed back (_rebind_saved),
+    as Inductor's LayerNorm kernel writes the transposed output and the statistics. Raises
+    _NotLowered where another node reads them, or one is not a full-rank tensor value of its own."""
     owners = {}
     for f, val in L.env.items():
         vals = val if isinstance(val, tuple) else (val,)
@@ -1454,6 +1478,8 @@ def _push_walk(G, r, reductions=False):
                 how[3].get("keepdim") or how[1] in ("softmax", "log_softmax"))
             if how[1] not in _CHEAP and not (reductions and keeps):
                 raise _NotLowered("view of %s" % how[1])
+            if how[1] not in _CHEAP and how[2][0].ndim is None and how[2][0].node not in G.rank:
+                raise _NotLowered("view of %s of unknown rank" % how[1])
             if len(seen) > _PUSH_MAX_NODES:
                 raise _NotLowered("view of a value made by more than %d ops" % _PUSH_MAX_NODES)
             stack.append((v, True))
