@@ -678,6 +678,25 @@ def test_leaf_view_finds_strided_views_numpy_would_copy():
         assert np.array_equal(made, want)
 
 
+@pytest.mark.parametrize("chain", [
+    lambda a: a.transpose(2, 0, 1, 3), lambda a: a[:, 1:, ::2], lambda a: a[1, :, 3],
+    lambda a: a[:, ::-1], lambda a: np.broadcast_to(a[:, :1], (2, 3, 5, 4)),
+    lambda a: a.transpose(0, 2, 1, 3).reshape(2, 5, 12)[:, 2:], lambda a: a[None, ..., None],
+], ids=["permute", "slices", "selects", "reversed", "broadcast", "reshape-after-permute", "new-axes"])
+def test_leaf_view_specs_of_numpy_views_address_the_same_elements(chain):
+    """Where NumPy itself makes the view, _leaf_view reads its strides and start from a view of
+    untouched bytes: the spec, applied to the leaf's memory, gives the chain's elements."""
+    import numpy as np
+    shape, strides = (2, 3, 5, 4), (60, 4, 12, 1)      # a permuted leaf, as flash attention's
+    x = np.arange(120, dtype=np.float32).reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
+    kind, fn, spec = fbt._leaf_view(shape, strides, chain)
+    assert kind == "view" and spec[:2] == (shape, strides)
+    _, _, out_shape, out_strides, offset = spec
+    flat = x.transpose(0, 2, 1, 3).ravel()                   # x's memory, in order
+    made = np.lib.stride_tricks.as_strided(flat[offset:], out_shape, [4 * s for s in out_strides])
+    assert made.shape == chain(x).shape and np.array_equal(made, chain(x))
+
+
 def test_attention_grad_layout_is_read_in_place():
     """The pattern flash attention's backward leaves, as a graph input: contiguous, view to
     (B*H, T, D), permute, contiguous, view to (T, B, H*D), then pointwise. One kernel reads the
