@@ -1758,7 +1758,7 @@ class FxGraphRunner:
             hit = self._cache.get(i)
             if hit is not None and hit[0] == key:
                 return hit[1]
-        d = t.detach()
+        d = t.detach() if t.requires_grad else t     # .numpy() refuses a tensor that requires grad
         if self.device is not None:            # CPU inputs of a CUDA graph stay as they are: externs read them
             a = d.float() if d.dtype == torch.bfloat16 and d.device == self.device else d
         else:
