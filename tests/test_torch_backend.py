@@ -1368,6 +1368,78 @@ def test_permute_pushed_where_a_cheap_value_is_read_elsewhere_too():
     assert not any(f.count(" = ") == f.count(" = cast(") for f in fused), fused     # no copy kernel
 
 
+@pytest.mark.parametrize("source", ["input", "extern", "softmax"])
+def test_permute_not_pushed_through_a_reduction_over_a_broadcast_axis(source):
+    """Pushed, every leaf is broadcast to the viewed value's shape: a reduction over an axis its
+    input has at size 1 would then reduce the broadcast copies (a sum 8 times too large, a
+    softmax of 1/8 where eager's is 1). Such a reduction stops the push; all equal eager."""
+    aten = torch.ops.aten
+
+    def f(x, a, b):
+        y = b if source == "input" else aten.mm.default(a, b)            # (6, 1)
+        s = aten._softmax.default(y, 1, False) if source == "softmax" else aten.sum.dim_IntList(y, [1], True)
+        return aten.clone.default(aten.permute.default(x * s, [1, 0, 2])),
+    x, a = torch.randn(4, 6, 8), torch.randn(6, 3)
+    b = torch.randn(6, 1) if source == "input" else torch.randn(3, 1)
+    _assert_same(_aten_runner(f, x, a, b)(x, a, b), f(x, a, b))
+
+
+def test_saved_statistic_of_a_broadcast_value_is_not_rebound():
+    """A LayerNorm of a (1, T, C) parameter added to a (B, T, C) input, transposed: the saved
+    mean and rstd have the parameter's shape, not the viewed sum's. Pushed, they would come out
+    (B, T, 1); the push stops there and forward and backward equal eager (every call raised)."""
+    torch.manual_seed(0)
+    T, C = 6, 8
+    pos = nn.Parameter(torch.randn(1, T, C))
+    ln = nn.LayerNorm(C)
+
+    def f(x):
+        return (x + ln(pos)).transpose(0, 1).contiguous() * 2
+    x = torch.randn(4, T, C)
+    out = compile_fc(f)(x)
+    ref = f(x)
+    torch.testing.assert_close(out, ref, **TOL)
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(out, [pos, ln.weight, ln.bias], g)
+    want = torch.autograd.grad(ref, [pos, ln.weight, ln.bias], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_rebound_statistic_has_eagers_layout_at_any_size(monkeypatch):
+    """The view that gives a saved statistic back its unpermuted shape carries its spec at any
+    size (_leaf_view gives none past _OFFSETS_MAX elements, and the NumPy transpose it then ran
+    left the output in the permuted layout, which was not restrided)."""
+    aten = torch.ops.aten
+    monkeypatch.setattr(fbt, "_OFFSETS_MAX", 20)
+
+    def saved(x):
+        m = aten.mean.dim(x, [2], True)
+        return aten.clone.default(aten.permute.default(x - m, [1, 0, 2])), m
+    x = torch.randn(4, 6, 8)
+    run = _aten_runner(saved, x)
+    _assert_same(run(x), saved(x))
+
+
+def test_broadcast_view_output_is_not_a_read_only_array():
+    """A view that broadcasts, as a graph output: a cluster's tensor, not the core's read-only
+    broadcast array (torch warned at every call that it was not writable)."""
+    import warnings
+    aten = torch.ops.aten
+
+    def f(x, w):
+        m = aten.mm.default(x, w)
+        y = m * 2
+        e = aten.expand.default(aten.unsqueeze.default(m, 0), [3, 4, 6])
+        return aten.permute.default(e, [2, 0, 1]), y
+    x, w = torch.randn(4, 8), torch.randn(8, 6)
+    run = _aten_runner(f, x, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outs = run(x, w)
+    _assert_same(outs, f(x, w))
+
+
 @pytest.mark.parametrize("fn", [
     lambda x: (x - x.mean(dim=1, keepdim=True)).permute(2, 0, 1).contiguous() + 1,
     lambda x: torch.softmax(x, dim=-1).transpose(0, 2).contiguous() * 3,

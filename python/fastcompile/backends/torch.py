@@ -262,8 +262,8 @@ class _RecordingGraph:
         self.leaf_shape = {}    # node -> array shape, for inputs and extern results
         self.leaf_strides = {}  # node -> element strides the leaf is expected to have, where known
         self.view_of = {}       # node of a view extern -> (base Value, numpy view functions)
-        self.rank = {}          # node -> its rank where the lowering knows it and the core may not
-                                # (a reduction's input made from an extern's result)
+        self.shape = {}         # node -> its core shape where the lowering knows it (reduction inputs:
+                                # the core knows an extern-made value's rank only at run time)
         self.replays = []       # per extern, in the graph's order: (fn, the FX nodes it returns or None)
 
     def input(self, dtype, ndim):
@@ -371,10 +371,10 @@ class _Lowering:
         if name is None:
             raise _NotLowered("dtype %s" % dtype)
         if value.dtype != name:
-            rank = self.g.rank.get(value.node)
+            shape = self.g.shape.get(value.node)
             value = self.g.call("cast", value, dtype=name)
-            if rank is not None:
-                self.g.rank[value.node] = rank
+            if shape is not None:
+                self.g.shape[value.node] = shape
         return value
 
     def cshape_of(self, *args):
@@ -393,11 +393,11 @@ class _Lowering:
         """The core value of ``arg`` materialized at its torch shape (for reductions)."""
         r = self.rec(arg)
         if r.exact:
-            self.g.rank[r.value.node] = len(r.cshape)
+            self.g.shape[r.value.node] = tuple(r.cshape)
             return r.value, r.cshape
         v = self.g.call("add", r.value, self.carrier(r.tshape))
         cshape = tuple(torch.broadcast_shapes(r.cshape, r.tshape))
-        self.g.rank[v.node] = len(cshape)
+        self.g.shape[v.node] = cshape
         return v, cshape
 
     # -- externs -----------------------------------------------------------------------------
@@ -1304,7 +1304,7 @@ def _push_view(L, node, r, new):
         order, leaves = _push_walk(G, r, reductions=perm is not None)
         reduced = _reduced(G, order)
         if reduced and not _private(L, node, reduced):
-            saved = _saved_by_outputs(L, node, reduced, nd)
+            saved = _saved_by_outputs(L, node, reduced, r.tshape)
     except _NotLowered:
         if G.made.get(r.value.node, ("?",))[0] != "call" and not leaf_only:
             raise
@@ -1341,9 +1341,7 @@ def _push_view(L, node, r, new):
         _, op, args, attrs = G.made[v.node]
         if op in _PUSH_REDUCTIONS and attrs.get("axis") is not None:
             # the reduced axes, where the permute put them (the value is full rank once viewed)
-            k = args[0].ndim if args[0].ndim is not None else G.rank.get(args[0].node)
-            if k is None:           # checked before anything is added to the graph (below)
-                raise AssertionError("fastcompile: rank of %s unknown" % (args[0],))
+            k = len(G.shape[args[0].node])     # known: _push_walk checked it
             axes = attrs["axis"] if isinstance(attrs["axis"], tuple) else (attrs["axis"],)
             moved = tuple(sorted(perm.index(a % k + nd - k) for a in axes))
             attrs = dict(attrs, axis=moved if isinstance(attrs["axis"], tuple) else moved[0])
@@ -1353,6 +1351,9 @@ def _push_view(L, node, r, new):
         _rebind_saved(L, f, r0, new_of[r0.value.node], perm)
     out = new_of.get(r.value.node, r.value)
     meta = _meta(node)
+    if leaf_only and spec is not None and any(st == 0 and n > 1 for n, st in zip(spec[2], spec[3])):
+        # a broadcast view is read-only: as a graph output torch would warn at each call
+        raise _NotLowered("view %s -> %s broadcasts, not only for core ops" % (r.tshape, new))
     if not order and spec is not None and _core_dtype(meta.dtype) == _core_dtype(r.dtype):
         # the view itself, laid out as its spec says (_layout compares that with eager's), with
         # no cast: an extern's dtype is known to the core only at run time, and a cast node of
@@ -1412,12 +1413,19 @@ def _private(L, view_node, nodes):
     return bool(owners) and all(u in inside for f in owners for u in f.users)
 
 
-def _saved_by_outputs(L, view_node, nodes, nd):
+def _saved_by_outputs(L, view_node, nodes, full):
     """Where a permute is pushed through reductions (``nodes``: _reduced) that other FX nodes
     read too (training: a LayerNorm's mean and rstd, saved for the backward), and those readers
     are graph outputs only: the FX nodes to give the pushed values, viewed back (_rebind_saved),
     as Inductor's LayerNorm kernel writes the transposed output and the statistics. Raises
-    _NotLowered where another node reads them, or one is not a full-rank tensor value of its own."""
+    _NotLowered where another node reads them, or one is not a full-rank tensor value of its own
+    with the viewed value's shape (``full``) but for the reduced axes, which the pushed value has."""
+    nd = len(full)
+    reduced_axes = set()
+    for n in nodes:
+        how = L.g.made[n]
+        if how[1] in _PUSH_REDUCTIONS:
+            reduced_axes.update(_reduced_axes(L.g, how, nd)[0])
     owners = {}
     for f, val in L.env.items():
         vals = val if isinstance(val, tuple) else (val,)
@@ -1434,7 +1442,10 @@ def _saved_by_outputs(L, view_node, nodes, nd):
         if not isinstance(val, _Rec) or len(val.tshape) != nd or val.value.ndim != nd or \
                 tuple(val.cshape) != tuple(val.tshape):
             raise _NotLowered("view of a reduction a graph output reads as %s" % (val,))
-        if math.prod(val.tshape) * 4 > math.prod(_meta(view_node.args[0]).shape):
+        if any(n != m and not (n == 1 and i in reduced_axes) for i, (n, m) in enumerate(zip(val.tshape, full))):
+            # broadcast along an axis no reduction took: the pushed value has another shape
+            raise _NotLowered("view of a reduction a graph output reads at another shape")
+        if math.prod(val.tshape) * 4 > math.prod(full):
             # a full-size value (a softmax saved for its backward): viewed back, eager's layout
             # would cost a copy of it, the one the pushed permute saves
             raise _NotLowered("view of a reduction a graph output reads at full size")
@@ -1455,20 +1466,44 @@ def _rebind_saved(L, f, r0, pushed, perm):
 
     def back(x):
         return x.transpose(inv)
-    how = _leaf_view(shape, G.leaf_strides[pushed.node], back)
-    spec = how[2] if how is not None else None
+    st = G.leaf_strides[pushed.node]
+    out_strides = tuple(st[inv[i]] if n > 1 else 0 for i, n in enumerate(r0.tshape))
+    spec = (shape, st, tuple(r0.tshape), out_strides, 0)    # at any size (_leaf_view stops at 4M)
     w = G.extern(back, pushed, pure=True, view=spec)
     G.view_of[w.node] = (pushed, (back,))
     G.leaf_shape[w.node] = r0.tshape
-    if spec is not None:
-        L.view_strides[w.node] = spec[3]
+    L.view_strides[w.node] = out_strides
     L.env[f] = _Rec(w, r0.tshape, r0.tshape, r0.dtype)
+
+
+def _reduced_axes(G, how, nd):
+    """The axes (of a rank-``nd`` view's unviewed value) that reduction ``how`` (a G.made entry)
+    reduces, and its input's core shape; _NotLowered where that shape is unknown."""
+    _, op, args, attrs = how
+    shape = G.shape.get(args[0].node) if hasattr(args[0], "node") else None
+    if shape is None:
+        raise _NotLowered("view of %s of unknown shape" % op)
+    k = len(shape)
+    axis = attrs.get("axis")
+    axes = range(k) if axis is None else (axis if isinstance(axis, tuple) else (axis,))
+    return tuple(a % k + nd - k for a in axes), shape
+
+
+def _check_reduced_extent(G, how, full):
+    nd = len(full)
+    axes, shape = _reduced_axes(G, how, nd)
+    k = len(shape)
+    for ra in axes:
+        if ra < 0 or shape[ra - nd + k] != full[ra]:
+            raise _NotLowered("view of %s over an axis its input broadcasts" % how[1])
 
 
 def _push_walk(G, r, reductions=False):
     """The pointwise ops that make ``r`` (readers after what they read) and the leaves they
     start from, for _push_view; _NotLowered where one is not cheap to compute again, or too many.
-    reductions: rank-keeping reductions may be among them too (a permute is pushed)."""
+    reductions: rank-keeping reductions may be among them too (a permute is pushed), where their
+    input has ``r``'s full extent along the reduced axes: every leaf is broadcast to r's shape
+    before it is viewed, so a reduction over a size-1 axis would sum the broadcast copies."""
     order, seen, leaves = [], set(), []
     stack = [(r.value, False)]
     while stack:
@@ -1489,8 +1524,8 @@ def _push_walk(G, r, reductions=False):
                 how[3].get("keepdim") or how[1] in ("softmax", "log_softmax"))
             if how[1] not in _CHEAP and not (reductions and keeps):
                 raise _NotLowered("view of %s" % how[1])
-            if how[1] not in _CHEAP and how[2][0].ndim is None and how[2][0].node not in G.rank:
-                raise _NotLowered("view of %s of unknown rank" % how[1])
+            if how[1] not in _CHEAP:
+                _check_reduced_extent(G, how, r.tshape)
             if len(seen) > _PUSH_MAX_NODES:
                 raise _NotLowered("view of a value made by more than %d ops" % _PUSH_MAX_NODES)
             stack.append((v, True))
