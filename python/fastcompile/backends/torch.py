@@ -492,14 +492,11 @@ class _Lowering:
         except Exception:           # left to run at call time, where it raises as eager would
             return False
         res = [res] if len(outs) == 1 else list(res)
-        for m, arr in zip(outs, res):
-            meta = _meta(m)
-            shape = _static_shape(meta)
-            if tuple(arr.shape) != shape:
-                return False
-        for m, arr in zip(outs, res):
-            meta = _meta(m)
-            shape = _static_shape(meta)
+        metas = [_meta(m) for m in outs]
+        shapes = [_static_shape(meta) for meta in metas]
+        if any(tuple(arr.shape) != shape for arr, shape in zip(res, shapes)):
+            return False
+        for m, meta, shape, arr in zip(outs, metas, shapes, res):
             arr.flags.writeable = False             # shared by every call: nothing may write it
             v = self._input(_core_dtype(meta.dtype), len(shape), "const", arr)
             self.env[m] = _Rec(v, shape, shape, meta.dtype)
@@ -1333,6 +1330,10 @@ def _push_view(L, node, r, new):
         if how is None and (leaf_only or not _viewed_again(node)):
             raise _NotLowered("view %s -> %s copies its leaf" % (r.tshape, new))
         spec = how[2] if how is not None else None
+        if leaf_only and (spec is None or any(st == 0 and n > 1 for n, st in zip(spec[2], spec[3]))):
+            # of unknown layout, or broadcast (read-only: as a graph output torch would warn at
+            # each call): left to a cluster
+            raise _NotLowered("view %s -> %s: no strided view of its own, not only for core ops" % (r.tshape, new))
         w = G.extern(view, base, pure=True, view=spec)
         G.view_of[w.node] = (base, fns)
         G.leaf_shape[w.node] = new
@@ -1341,9 +1342,7 @@ def _push_view(L, node, r, new):
         _, op, args, attrs = G.made[v.node]
         if op in _PUSH_REDUCTIONS and attrs.get("axis") is not None:
             # the reduced axes, where the permute put them (the value is full rank once viewed)
-            k = len(G.shape[args[0].node])     # known: _push_walk checked it
-            axes = attrs["axis"] if isinstance(attrs["axis"], tuple) else (attrs["axis"],)
-            moved = tuple(sorted(perm.index(a % k + nd - k) for a in axes))
+            moved = tuple(sorted(perm.index(a) for a in _reduced_axes(G, G.made[v.node], nd)[0]))
             attrs = dict(attrs, axis=moved if isinstance(attrs["axis"], tuple) else moved[0])
         args = [new_of.get(a.node, a) if hasattr(a, "node") else a for a in args]
         new_of[v.node] = G.call(op, *args, **attrs)
@@ -1351,9 +1350,6 @@ def _push_view(L, node, r, new):
         _rebind_saved(L, f, r0, new_of[r0.value.node], perm)
     out = new_of.get(r.value.node, r.value)
     meta = _meta(node)
-    if leaf_only and spec is not None and any(st == 0 and n > 1 for n, st in zip(spec[2], spec[3])):
-        # a broadcast view is read-only: as a graph output torch would warn at each call
-        raise _NotLowered("view %s -> %s broadcasts, not only for core ops" % (r.tshape, new))
     if not order and spec is not None and _core_dtype(meta.dtype) == _core_dtype(r.dtype):
         # the view itself, laid out as its spec says (_layout compares that with eager's), with
         # no cast: an extern's dtype is known to the core only at run time, and a cast node of
@@ -1361,7 +1357,7 @@ def _push_view(L, node, r, new):
         L.view_strides[out.node] = spec[3]
         return _Rec(out, new, new, meta.dtype)
     if leaf_only:
-        raise _NotLowered("view %s -> %s of unknown layout, not only for core ops" % (r.tshape, new))
+        raise _NotLowered("view %s -> %s changes dtype, not only for core ops" % (r.tshape, new))
     return _Rec(L.cast(out, meta.dtype), new if leaves else (), new, meta.dtype)
 
 
@@ -1404,13 +1400,20 @@ def _private(L, view_node, nodes):
     through, and what reads them: _reduced) is read only by others of them, by values the push
     computes again, or by the view: pushing the view computes them again in the view's layout,
     and the originals are then dead rather than computed twice."""
-    owners = set()
+    owners = _owners(L, nodes)
+    inside = set(owners) | {view_node}
+    return bool(owners) and all(u in inside for f in owners for u in f.users)
+
+
+def _owners(L, nodes):
+    """FX node -> its lowered value (a _Rec, or a tuple of them), for those whose value is among
+    the core ``nodes``."""
+    owners = {}
     for f, val in L.env.items():
         vals = val if isinstance(val, tuple) else (val,)
         if any(isinstance(x, _Rec) and x.value.node in nodes for x in vals):
-            owners.add(f)
-    inside = owners | {view_node}
-    return bool(owners) and all(u in inside for f in owners for u in f.users)
+            owners[f] = val
+    return owners
 
 
 def _saved_by_outputs(L, view_node, nodes, full):
@@ -1426,11 +1429,7 @@ def _saved_by_outputs(L, view_node, nodes, full):
         how = L.g.made[n]
         if how[1] in _PUSH_REDUCTIONS:
             reduced_axes.update(_reduced_axes(L.g, how, nd)[0])
-    owners = {}
-    for f, val in L.env.items():
-        vals = val if isinstance(val, tuple) else (val,)
-        if any(isinstance(x, _Rec) and x.value.node in nodes for x in vals):
-            owners[f] = val
+    owners = _owners(L, nodes)
     inside = set(owners) | {view_node}
     saved = []
     for f, val in owners.items():
@@ -1461,12 +1460,12 @@ def _rebind_saved(L, f, r0, pushed, perm):
     G = L.g
     inv = tuple(perm.index(d) for d in range(len(perm)))
     shape = tuple(r0.tshape[p] for p in perm)
+    st = _contiguous_strides(shape)             # the pushed value, as its kernel stores it
     G.leaf_shape[pushed.node] = shape
-    G.leaf_strides[pushed.node] = _contiguous_strides(shape)
+    G.leaf_strides[pushed.node] = st
 
     def back(x):
         return x.transpose(inv)
-    st = G.leaf_strides[pushed.node]
     out_strides = tuple(st[inv[i]] if n > 1 else 0 for i, n in enumerate(r0.tshape))
     spec = (shape, st, tuple(r0.tshape), out_strides, 0)    # at any size (_leaf_view stops at 4M)
     w = G.extern(back, pushed, pure=True, view=spec)
@@ -1522,9 +1521,9 @@ def _push_walk(G, r, reductions=False):
         elif how[0] == "call":
             keeps = how[1] in _PUSH_REDUCTIONS and "axis" in how[3] and (
                 how[3].get("keepdim") or how[1] in ("softmax", "log_softmax"))
-            if how[1] not in _CHEAP and not (reductions and keeps):
-                raise _NotLowered("view of %s" % how[1])
             if how[1] not in _CHEAP:
+                if not (reductions and keeps):
+                    raise _NotLowered("view of %s" % how[1])
                 _check_reduced_extent(G, how, r.tshape)
             if len(seen) > _PUSH_MAX_NODES:
                 raise _NotLowered("view of a value made by more than %d ops" % _PUSH_MAX_NODES)
