@@ -287,7 +287,7 @@ def async_first_call(base, train, x):
         t0 = time.perf_counter()
         step(run, x)
         first = time.perf_counter() - t0
-        while not all(r.ready for r in record):
+        while not record or not all(r.ready for r in record):    # record: empty until lowered
             step(run, x)
         ready = time.perf_counter() - t0
     finally:

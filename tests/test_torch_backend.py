@@ -758,9 +758,26 @@ def _knob(name, value):
     config.set(**{name: old})
 
 
-@pytest.fixture
-def async_compile():
-    yield from _knob("async_compile", True)
+@pytest.fixture(params=[0, 1], ids=["delay0", "delay1"])
+def async_compile(request):
+    """async_compile on, with the build starting at a graph's first call (async_delay_calls=0)
+    or, as by default, at its second (1: the first call runs Dynamo's graph, not lowered)."""
+    from fastcompile import config
+    old = config.get("async_compile"), config.get("async_delay_calls")
+    config.set(async_compile=True, async_delay_calls=request.param)
+    yield request.param
+    config.set(async_compile=old[0], async_delay_calls=old[1])
+
+
+def _plain_calls(record, call, delay):
+    """The calls of a graph before its build starts: `delay` of them lower nothing (Dynamo's
+    graph runs as plain torch), the next lowers it and starts the build; each call's result is
+    checked by `call`."""
+    for _ in range(delay):
+        call()
+        assert record == []                 # nothing lowered: aot_autograd has not run
+    call()
+    assert record
 
 
 @pytest.fixture
@@ -784,7 +801,8 @@ def test_async_compile_serves_torch_first_then_the_kernels(async_compile):
     cm = compile_fc(m, record=record)
     with torch.no_grad():
         ref = m(x)
-        torch.testing.assert_close(cm(x), ref, **TOL)     # plain torch (the decomposed graph)
+        # plain torch (Dynamo's graph, then the decomposed one)
+        _plain_calls(record, lambda: torch.testing.assert_close(cm(x), ref, **TOL), async_compile)
         runners = _wait_all(record)
         assert all(r.ready and r.ready_s is not None and r.ready_s > 0 for r in runners)
         plans = [r.compiled.nplans for r in runners]
@@ -833,8 +851,8 @@ def test_async_compile_training_draws_random_numbers_as_eager(async_compile):
             loss.backward()
             opt.step()
             outs.append(out.detach().clone())
-            if record is not None and i == 0:
-                _wait_all(record)                  # step 2 on runs the kernels
+            if record is not None and i == async_compile:
+                _wait_all(record)                  # the steps after it run the kernels
         return outs
 
     eager_model, comp_model = copy.deepcopy(base), copy.deepcopy(base)
@@ -864,13 +882,52 @@ def test_async_compile_failure_builds_on_the_next_call(async_compile, no_batch_c
     record = []
     cm = compile_fc(m, record=record)
     with torch.no_grad():
-        torch.testing.assert_close(cm(x), m(x), **TOL)
+        _plain_calls(record, lambda: torch.testing.assert_close(cm(x), m(x), **TOL), async_compile)
         runners = _wait_all(record)
         assert all(r.compiled.nplans == 0 for r in runners)     # the build stopped at the extern
         with caplog.at_level("WARNING", logger="fastcompile"):
             torch.testing.assert_close(cm(x), m(x), **TOL)
     assert "background compile failed" in caplog.text and "stand-in broke" in caplog.text
     assert all(r.compiled.nplans > 0 for r in runners)
+
+
+def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch(monkeypatch, caplog):
+    """async_delay_calls: the call that lowers the graph (aot_autograd, the lowering) meets an
+    error: it is logged once, that call and every later one run Dynamo's graph as plain torch."""
+    from fastcompile import config
+    calls = []
+
+    def broken(gm, example_inputs, mode, record):
+        calls.append(1)
+        raise RuntimeError("lowering broke")
+    monkeypatch.setattr(fbt, "_compile", broken)
+    old = config.get("async_compile"), config.get("async_delay_calls")
+    config.set(async_compile=True, async_delay_calls=2)
+    try:
+        fn = lambda x: (x * 2).exp() + 1     # noqa: E731
+        cm = compile_fc(fn)
+        x = torch.randn(64)
+        with caplog.at_level("WARNING", logger="fastcompile"):
+            for i in range(5):
+                torch.testing.assert_close(cm(x), fn(x))
+                assert len(calls) == (0 if i < 2 else 1)
+    finally:
+        config.set(async_compile=old[0], async_delay_calls=old[1])
+    assert len([r for r in caplog.records if "lowering broke" in r.getMessage()]) == 1
+
+
+def test_async_compile_dynamic_shapes_lower_at_the_first_call(async_compile):
+    """A graph with symbolic sizes is lowered when Dynamo hands it over, whatever the delay: a
+    later call's tensors would specialize it to their sizes."""
+    record = []
+    cm = torch.compile(lambda x: (x * 2).exp() + 1, backend=functools.partial(fbt.backend, record=record),
+                       dynamic=True)
+    x = torch.randn(64)
+    torch.testing.assert_close(cm(x), (x * 2).exp() + 1)
+    assert record, "a graph of symbolic sizes waited for a later call"
+    for n in (64, 100):
+        y = torch.randn(n)
+        torch.testing.assert_close(cm(y), (y * 2).exp() + 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -937,7 +994,7 @@ def test_batch_compile_with_async_compile_builds_in_the_background(async_compile
     cm = compile_fc(m, record=record)
     with torch.no_grad():
         ref = m(x)
-        torch.testing.assert_close(cm(x), ref, **TOL)
+        _plain_calls(record, lambda: torch.testing.assert_close(cm(x), ref, **TOL), async_compile)
         runners = _wait_all(record)
         plans = [r.compiled.nplans for r in runners]
         assert all(plans) and all(len(r.kernels) for r in runners)

@@ -57,6 +57,11 @@ KNOBS = [
     Knob("async_compile", "FASTCOMPILE_ASYNC_COMPILE", _bool, False,
          "torch backend: a graph's first calls run as plain torch while its kernels compile in a "
          "background thread; the kernels take over once built"),
+    Knob("async_delay_calls", "FASTCOMPILE_ASYNC_DELAY_CALLS", int, 1,
+         "async compile: a graph's first N calls run Dynamo's graph as plain torch; call N + 1 lowers it "
+         "(aot_autograd, then ours) and starts the background compile. The first step (a training "
+         "step's forward and backward) then pays neither aot_autograd nor compilers sharing its cores; "
+         "0: lowered when Dynamo hands it over, built from its first call"),
     Knob("batch_compile", "FASTCOMPILE_BATCH_COMPILE", _bool, True,
          "torch backend: when a graph is compiled, render every kernel its first call will need (from "
          "the FX metadata), and compile all pending kernels of all graphs (forward and backward) in one "

@@ -1671,6 +1671,18 @@ def _softmax(L, node):
 # the compiled callable
 # ----------------------------------------------------------------------------------------------
 
+def _drop_dead_random(gm):
+    """Removes random ops nothing reads (and what only they read) from gm, as the partitioner's
+    dead-code pass means to: outside Dynamo (fastcompile.compile, a deferred async compile) a
+    backward graph of aot_autograd's kept a dead native_dropout of the forward's, which a plain
+    run of gm (async compile, a fallback) executed, moving the generator on."""
+    g = gm.graph
+    if any(n.op == "call_function" and not n.users and getattr(n.target, "_nondeterministic_seeded", False)
+           for n in g.nodes):
+        g.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
+        gm.recompile()
+
+
 class FxGraphRunner:
     """One lowered FX graph: call it with the graph's flat inputs, get the list of its outputs.
 
@@ -1688,6 +1700,7 @@ class FxGraphRunner:
         self.lowered_targets = []
         self._warming = None      # async compile: the background build (_Warming), once started
         t0 = time.perf_counter()
+        _drop_dead_random(gm)
         try:
             self._lower(gm, example_inputs)
         except _GraphFallback as e:
@@ -1703,8 +1716,8 @@ class FxGraphRunner:
         if self.compiled is not None and self.fallback is None and config.get("batch_compile") \
                 and self.device is None:
             self._prebuild()
-        self.lower_s = time.perf_counter() - t0
         self._async = self.compiled is not None and bool(config.get("async_compile"))
+        self.lower_s = time.perf_counter() - t0
 
     def _prebuild(self):
         """Batch compile: a dry run of the compiled graph (Compiled._prebuild) on empty arrays laid
@@ -1826,9 +1839,10 @@ class FxGraphRunner:
         return w.ready_s if w is not None and w.done else None
 
     def wait(self, timeout=None):
-        """Async compile: wait for the background build (at most `timeout` s); returns ready."""
+        """Async compile: wait for the background build (at most `timeout` s); returns ready.
+        Returns False at once while no call has started the build."""
         w = self._warming
-        if w is not None and w.pid == os.getpid():
+        if w is not None and w.pid == os.getpid() and not w.done:
             w.thread.join(timeout)
         return self.ready
 
@@ -1839,13 +1853,16 @@ class FxGraphRunner:
         if w is None or w.pid != os.getpid():          # the first call (or the first in a fork)
             return self._start_warming(args)
         if not w.done:
-            out = self.gm(*args)
-            return list(out) if isinstance(out, (tuple, list)) else [out]
+            return self._plain(args)
         self._async = False
         if w.error is not None:
             log.warning("fastcompile: the background compile failed (%s: %s); compiling on this call",
                         type(w.error).__name__, w.error)
         return None
+
+    def _plain(self, args):
+        out = self.gm(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
 
     def _start_warming(self, args):
         """Runs the graph as plain torch, keeping what each extern cluster returned, and starts a
@@ -1885,8 +1902,7 @@ class FxGraphRunner:
 
     def __call__(self, *args):
         if self.fallback is not None:
-            out = self.gm(*args)
-            return list(out) if isinstance(out, (tuple, list)) else [out]
+            return self._plain(args)
         if self._pending and not self._async:
             _load_pending(self)
         if self._async:
@@ -2086,11 +2102,63 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
     ``Compiled.autotune``, see ``runner.compiled.tuning``). options: any ``fastcompile.config`` knob
     (``num_threads``, ``serial_below``, ``pool_mb``, ``cflags``, ...), set process-wide.
     record: a list that receives every ``FxGraphRunner`` built (forward and backward graphs)."""
-    from torch._dynamo.backends.common import aot_autograd
-    from functorch.compile import make_boxed_func
     mode, knobs = _parse_options(mode, options)
     if knobs:
         config.set(**knobs)
+    delay = int(config.get("async_delay_calls")) if config.get("async_compile") else 0
+    if delay > 0 and _deferrable(example_inputs):
+        later = functools.partial(_compile, gm, example_inputs, mode, record)
+        return torch._dynamo.disable(_Deferred(gm, delay, later),
+                                     reason="fastcompile: a graph whose compile waits for a later call")
+    return _compile(gm, example_inputs, mode, record)
+
+
+def _deferrable(example_inputs):
+    """Whether a graph's lowering can wait for a later call: every input a tensor of static
+    shape. With symbolic sizes, aot_autograd may add guards, which only Dynamo's compile of
+    the frame can install."""
+    return all(isinstance(t, torch.Tensor) and not any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride()))
+               for t in example_inputs)
+
+
+class _Deferred:
+    """Async compile with async_delay_calls = N: Dynamo's graph runs as plain torch for its
+    first N calls; call N + 1 hands it to aot_autograd and the lowering (_compile, with the
+    example inputs Dynamo gave: its fake tensors), and the runners start their background
+    build at once. The first calls pay neither aot_autograd's tracing nor the compiler
+    processes sharing their cores. An error there is logged and the graph stays plain torch."""
+
+    def __init__(self, gm, calls, compile_fn):
+        self.gm = gm
+        self.calls = calls            # plain calls left
+        self.compile_fn = compile_fn
+        self.fn = None                # the compiled graph, once call N + 1 made it
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        fn = self.fn
+        if fn is None:
+            with self.lock:
+                fn = self.fn
+                if fn is None and self.calls > 0:
+                    self.calls -= 1
+                elif fn is None:
+                    try:
+                        fn = self.compile_fn()
+                    except Exception as e:      # never fail a call: the graph stays plain torch
+                        log.warning("fastcompile: graph runs as plain torch: %s: %s", type(e).__name__, e,
+                                    exc_info=True)
+                        fn = self.gm
+                    self.fn = fn
+        if fn is None:
+            return self.gm(*args)
+        return fn(*args)
+
+
+def _compile(gm, example_inputs, mode, record):
+    """The backend's work: aot_autograd's forward and backward graphs, each lowered to a runner."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
 
     def compile_graph(fx_gm, inputs):
         runner = fx_to_graph(fx_gm, inputs, mode=mode)
