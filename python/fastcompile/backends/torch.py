@@ -2101,7 +2101,8 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
     thread counts and column-block widths per launch shape on first use and keeps the fastest:
     ``Compiled.autotune``, see ``runner.compiled.tuning``). options: any ``fastcompile.config`` knob
     (``num_threads``, ``serial_below``, ``pool_mb``, ``cflags``, ...), set process-wide.
-    record: a list that receives every ``FxGraphRunner`` built (forward and backward graphs)."""
+    record: a list that receives every ``FxGraphRunner`` built (forward and backward graphs);
+    with async_compile and async_delay_calls > 0, when a later call lowers the graph."""
     mode, knobs = _parse_options(mode, options)
     if knobs:
         config.set(**knobs)
