@@ -891,6 +891,42 @@ def test_async_compile_failure_builds_on_the_next_call(async_compile, no_batch_c
     assert all(r.compiled.nplans > 0 for r in runners)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_async_compile_training_steps_match_eager_through_the_switch(name, async_compile):
+    """Training steps with async compile: plain Dynamo graphs (delay 1), the lowering step's
+    plain aot graphs, then the kernels. Every step's loss, parameters and buffers (BatchNorm's
+    running statistics, updated in place by the plain runs too) match eager's."""
+    torch.manual_seed(0)
+    cls, make = MODELS[name]
+    ref = cls().train()
+    mod = copy.deepcopy(ref)
+    x = make()
+    record = []
+    cm = compile_fc(mod, record=record)
+    target = None
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, mod)]
+    for step in range(async_compile + 3):
+        losses = []
+        for (model, run), opt in zip(((ref, ref), (mod, cm)), opts):
+            out = run(x)
+            if target is None:
+                target = torch.randn_like(out)
+            loss = F.mse_loss(out, target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], **TOL)
+        for a, b in zip(list(mod.parameters()) + list(mod.buffers()), list(ref.parameters()) + list(ref.buffers())):
+            torch.testing.assert_close(a, b, **TOL)
+        assert bool(record) == (step >= async_compile), "lowered at the wrong call"
+        if step == async_compile:
+            _wait_all(record)                       # later steps run the kernels
+    assert {("bw" if any(n.name.startswith("tangents") for n in r.gm.graph.nodes) else "fw")
+            for r in record} == {"fw", "bw"}
+    assert all(r.ready and r.fallback is None for r in record)
+
+
 def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch(monkeypatch, caplog):
     """async_delay_calls: the call that lowers the graph (aot_autograd, the lowering) meets an
     error: it is logged once, that call and every later one run Dynamo's graph as plain torch."""
