@@ -348,20 +348,34 @@ def test_model_forward(name, frontend):
 def sgd_steps(pairs, x):
     """One SGD step (lr 0.1, MSE against one random target) for each (model, how to call it);
     per pair: (loss, gradients, updated parameters, buffers)."""
-    results, target = [], None
+    results, target = [], []
     for model, run in pairs:
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        out = run(x)
-        if target is None:
-            target = torch.randn_like(out)
-        loss = F.mse_loss(out, target)
-        opt.zero_grad()
-        loss.backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        opt.step()
-        results.append((loss.detach(), grads, [p.detach().clone() for p in model.parameters()],
+        loss, grads = _sgd_step(model, run, torch.optim.SGD(model.parameters(), lr=0.1), x, target)
+        results.append((loss, grads, [p.detach().clone() for p in model.parameters()],
                         [b.clone() for b in model.buffers()]))
     return results
+
+
+def _training_pair(name):
+    """(eager model, a copy to compile, input) of MODELS[name], in training mode, seeded."""
+    torch.manual_seed(0)
+    cls, make = MODELS[name]
+    ref = cls().train()
+    return ref, copy.deepcopy(ref), make()
+
+
+def _sgd_step(model, run, opt, x, target):
+    """One step of opt on MSE against target[0] (drawn at the first call, when target is
+    empty); returns (loss, gradients)."""
+    out = run(x)
+    if not target:
+        target.append(torch.randn_like(out))
+    loss = F.mse_loss(out, target[0])
+    opt.zero_grad()
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    opt.step()
+    return loss.detach(), grads
 
 
 @pytest.mark.parametrize("frontend", FRONTENDS)
@@ -370,11 +384,7 @@ def test_model_training_step(name, frontend):
     """One SGD step: loss, gradients, updated parameters and BatchNorm running statistics match
     eager; forward and backward graphs both go through the core. fastcompile.compile traces the
     forward with its own tracer (autograd mode: torch ops recorded for aot_autograd)."""
-    torch.manual_seed(0)
-    cls, make = MODELS[name]
-    ref = cls().train()
-    mod = copy.deepcopy(ref)
-    x = make()
+    ref, mod, x = _training_pair(name)
     record = []
     cm = _frontend(frontend, mod, record)
     (l0, g0, p0, b0), (l1, g1, p1, b1) = sgd_steps(((ref, ref), (mod, cm)), x)
@@ -896,27 +906,15 @@ def test_async_compile_training_steps_match_eager_through_the_switch(name, async
     """Training steps with async compile: plain Dynamo graphs (delay 1), the lowering step's
     plain aot graphs, then the kernels. Every step's loss, parameters and buffers (BatchNorm's
     running statistics, updated in place by the plain runs too) match eager's."""
-    torch.manual_seed(0)
-    cls, make = MODELS[name]
-    ref = cls().train()
-    mod = copy.deepcopy(ref)
-    x = make()
+    ref, mod, x = _training_pair(name)
     record = []
     cm = compile_fc(mod, record=record)
-    target = None
+    target = []
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, mod)]
     for step in range(async_compile + 3):
-        losses = []
-        for (model, run), opt in zip(((ref, ref), (mod, cm)), opts):
-            out = run(x)
-            if target is None:
-                target = torch.randn_like(out)
-            loss = F.mse_loss(out, target)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
-        torch.testing.assert_close(losses[1], losses[0], **TOL)
+        (l0, _), (l1, _) = [_sgd_step(model, run, opt, x, target)
+                            for (model, run), opt in zip(((ref, ref), (mod, cm)), opts)]
+        torch.testing.assert_close(l1, l0, **TOL)
         for a, b in zip(list(mod.parameters()) + list(mod.buffers()), list(ref.parameters()) + list(ref.buffers())):
             torch.testing.assert_close(a, b, **TOL)
         assert bool(record) == (step >= async_compile), "lowered at the wrong call"
