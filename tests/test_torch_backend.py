@@ -925,6 +925,59 @@ def test_async_compile_training_steps_match_eager_through_the_switch(name, async
     assert all(r.ready and r.fallback is None for r in record)
 
 
+@pytest.fixture
+def async_delay1():
+    from fastcompile import config
+    old = config.get("async_compile"), config.get("async_delay_calls")
+    config.set(async_compile=True, async_delay_calls=1)
+    yield
+    config.set(async_compile=old[0], async_delay_calls=old[1])
+
+
+def test_async_compile_deferred_lowering_neither_keeps_nor_reads_the_first_calls_tensors(async_delay1):
+    """Dynamo hands the backend the caller's real tensors. The deferred lowering works on fake
+    copies made then: the first call's tensor is freed, and restriding it in place before the
+    lowering call (x.t_()) does not lower the graph for the wrong layout."""
+    import gc
+    import weakref
+
+    def f(x):
+        return (x * 2).sum(-1)
+    record = []
+    cm = compile_fc(f, record=record)
+    x1 = torch.randn(4, 3)
+    torch.testing.assert_close(cm(x1), f(x1))       # plain: the graph waits for its next call
+    x1.t_()                                         # now (3, 4): a second graph
+    torch.testing.assert_close(cm(x1), f(x1))
+    ref = weakref.ref(x1)
+    del x1
+    for _ in range(3):
+        x = torch.randn(4, 3)
+        torch.testing.assert_close(cm(x), f(x))     # lowers the (4, 3) graph, then its kernels
+        for r in record:
+            assert r.wait(300)
+    gc.collect()
+    assert ref() is None, "the first call's tensor is kept alive"
+    assert record and all(r.fallback is None for r in record)
+
+
+def test_async_compile_deferred_lowering_of_item_uses_dynamos_shape_env(async_delay1, monkeypatch):
+    """A .item() in the graph (capture_scalar_outputs) makes an unbacked size: the deferred
+    lowering needs Dynamo's fake mode and shape env, as without the delay."""
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
+
+    def f(x):
+        return x * x.sum().item() + 1
+    record = []
+    cm = torch.compile(f, backend=functools.partial(fbt.backend, record=record), dynamic=False, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(5)
+        torch.testing.assert_close(cm(x), f(x))
+        for r in record:
+            assert r.wait(300)
+    assert record and all(r.fallback is None for r in record)
+
+
 def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch(monkeypatch, caplog):
     """async_delay_calls: the call that lowers the graph (aot_autograd, the lowering) meets an
     error: it is logged once, that call and every later one run Dynamo's graph as plain torch."""

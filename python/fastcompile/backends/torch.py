@@ -2108,7 +2108,8 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
         config.set(**knobs)
     delay = int(config.get("async_delay_calls")) if config.get("async_compile") else 0
     if delay > 0 and _deferrable(example_inputs):
-        later = functools.partial(_compile, gm, example_inputs, mode, record)
+        fake_mode, fakes = _fakes(example_inputs)
+        later = functools.partial(_compile_later, gm, fake_mode, fakes, mode, record)
         return torch._dynamo.disable(_Deferred(gm, delay, later),
                                      reason="fastcompile: a graph whose compile waits for a later call")
     return _compile(gm, example_inputs, mode, record)
@@ -2116,16 +2117,38 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
 
 def _deferrable(example_inputs):
     """Whether a graph's lowering can wait for a later call: every input a tensor of static
-    shape. With symbolic sizes, aot_autograd may add guards, which only Dynamo's compile of
-    the frame can install."""
+    shape. A SymInt input (Dynamo passes the symbolic sizes of a dynamic graph as inputs of
+    their own) means aot_autograd may add guards, which only Dynamo's compile of the frame can
+    install."""
     return all(isinstance(t, torch.Tensor) and not any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride()))
                for t in example_inputs)
 
 
+def _fakes(example_inputs):
+    """(fake mode, fake copies of the example inputs) for a deferred lowering: Dynamo hands the
+    backend the caller's real tensors, which must be neither kept (memory: a graph after a
+    break gets activations) nor read later (the caller may have resized or restrided them in
+    place). The fake mode is Dynamo's, with its shape env (a .item() in the graph makes an
+    unbacked size aot_autograd needs it for); outside Dynamo (fastcompile.compile), a new one."""
+    from torch._guards import TracingContext
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+    ctx = TracingContext.try_get()
+    fake_mode = ctx.fake_mode if ctx is not None and ctx.fake_mode is not None else FakeTensorMode()
+    return fake_mode, [t if is_fake(t) else fake_mode.from_tensor(t, static_shapes=True) for t in example_inputs]
+
+
+def _compile_later(gm, fake_mode, fakes, mode, record):
+    """_compile for a deferred graph, in a tracing context of its own around Dynamo's fake mode
+    (aot_autograd takes the fake mode from the context, as under Dynamo)."""
+    from torch._guards import TracingContext, tracing
+    with tracing(TracingContext(fake_mode)):
+        return _compile(gm, fakes, mode, record)
+
+
 class _Deferred:
     """Async compile with async_delay_calls = N: Dynamo's graph runs as plain torch for its
-    first N calls; call N + 1 hands it to aot_autograd and the lowering (_compile, with the
-    example inputs Dynamo gave: its fake tensors), and the runners start their background
+    first N calls; call N + 1 hands it to aot_autograd and the lowering (_compile_later, with
+    fake copies of the example inputs Dynamo gave), and the runners start their background
     build at once. The first calls pay neither aot_autograd's tracing nor the compiler
     processes sharing their cores. An error there is logged and the graph stays plain torch."""
 
@@ -2151,6 +2174,7 @@ class _Deferred:
                                     exc_info=True)
                         fn = self.gm
                     self.fn = fn
+                    self.compile_fn = None      # and the fake inputs it held
         if fn is None:
             return self.gm(*args)
         return fn(*args)
