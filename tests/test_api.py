@@ -884,3 +884,92 @@ def test_dropout_in_training_is_one_graph_and_draws_as_eager():
     with torch.no_grad():
         torch.testing.assert_close(cm(x), ref.eval()(x))
     ref.train()
+
+
+# ----------------------------------------------------------------------------------------------
+# async compile (config.async_compile) on our tracer's core route: the first call returns the
+# values the trace computed, the kernels build in a background thread, the next call waits
+# ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def async_on():
+    old = fastcompile.config.get("async_compile")
+    fastcompile.config.set(async_compile=True)
+    yield
+    fastcompile.config.set(async_compile=old)
+
+
+@pytest.fixture
+def held_build(monkeypatch):
+    """The background build waits for gate.set(); builds: the Compiled of each build started."""
+    from fastcompile.trace import runtime
+    gate, builds = threading.Event(), []
+    orig = runtime._FirstCall._build
+
+    def build(self, compiled, arrays, stand_ins):
+        builds.append(compiled)
+        assert gate.wait(60), "the test never let the build go"
+        orig(self, compiled, arrays, stand_ins)
+    monkeypatch.setattr(runtime._FirstCall, "_build", build)
+    yield gate, builds
+    gate.set()
+
+
+def test_async_compile_first_call_returns_the_traced_values_then_the_kernels(async_on, held_build):
+    gate, builds = held_build
+    fastcompile.pending_compiles(wait=True)
+    gc.collect()
+    base = fastcompile.pending_compiles()
+    w = np.random.rand(16, 8)
+
+    def f(x):
+        return np.tanh(x @ w) * 1.25 + x.sum()       # a matmul extern between kernels
+
+    cf = fastcompile.compile(f)
+    x = np.random.rand(32, 16)
+    np.testing.assert_array_equal(cf(x), f(x))        # NumPy's own values: no kernel ran
+    (compiled,) = builds
+    assert compiled.nplans == 0 and fastcompile.pending_compiles() == base + 1
+    gate.set()
+    y = np.random.rand(32, 16)
+    np.testing.assert_allclose(cf(y), f(y), rtol=1e-6)    # waits for the build, runs the kernels
+    assert fastcompile.pending_compiles() == base
+    plans = compiled.nplans
+    assert plans > 0 and len(compiled.kernels) > 0
+    np.testing.assert_allclose(cf(x), f(x), rtol=1e-6)
+    assert compiled.nplans == plans                   # the build had the layouts of real calls
+
+
+def test_async_compile_traced_values_only_for_the_traced_inputs(async_on, held_build):
+    """A target called first with other arrays than the trace's computes them."""
+    gate, _ = held_build
+    gate.set()
+
+    def f(x):
+        return np.exp(x) - 1.5
+    x, y = np.random.rand(100), np.random.rand(100)
+    result = trace.trace_function(f, x)
+    out = result.target(*trace.slot_values(f, (y,), {}, result.slots))
+    np.testing.assert_allclose(out, f(y), rtol=1e-6)
+    out = result.target(*trace.slot_values(f, (x,), {}, result.slots))
+    np.testing.assert_allclose(out, f(x), rtol=1e-6)
+
+
+def test_async_compile_traced_values_of_a_partial_graph_and_a_break(async_on, held_build):
+    """A graph break: the partial graph's first call (from the resume code) returns its traced
+    values too, and the Python after the break sees them."""
+    gate, _ = held_build
+    gate.set()
+    log = []
+
+    def f(x):
+        y = np.sqrt(x) * 3.0
+        log.append(float(y[0]))                       # a break: the list is outside the frame
+        return y + 1.0
+
+    cf = fastcompile.compile(f)
+    for _ in range(3):
+        x = np.random.rand(50) + 0.5
+        log.clear()
+        np.testing.assert_allclose(cf(x), f(x), rtol=1e-6)
+        assert len(log) == 2 and log[0] == pytest.approx(log[1])

@@ -978,6 +978,36 @@ def test_async_compile_deferred_lowering_of_item_uses_dynamos_shape_env(async_de
     assert record and all(r.fallback is None for r in record)
 
 
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_async_compile_fastcompile_compile_matches_eager(name, async_delay1):
+    """fastcompile.compile with async compile: inference (our tracer's core route: the first call
+    returns the values its trace computed, the next waits for the kernels) and training (the
+    autograd route: aot_autograd's graphs, deferred as torch.compile's) match eager at every
+    call, before and after the kernels take over."""
+    import fastcompile
+    ref, mod, x = _training_pair(name)
+    cm = _frontend("fastcompile.compile", mod, [])
+    ref.eval(), mod.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(cm(x), ref(x), **TOL)
+            fastcompile.pending_compiles(wait=True, timeout=300)
+    graphs, _ = _fc_graphs(mod)
+    assert graphs and all(g.compiled is not None and g.compiled.kernels for g in graphs)
+    ref.train(), mod.train()
+    fastcompile.reset()
+    cm = _frontend("fastcompile.compile", mod, [])
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, mod)]
+    target = []
+    for step in range(4):
+        (l0, _), (l1, _) = [_sgd_step(model, run, opt, x, target)
+                            for (model, run), opt in zip(((ref, ref), (mod, cm)), opts)]
+        torch.testing.assert_close(l1, l0, **TOL)
+        for a, b in zip(list(mod.parameters()) + list(mod.buffers()), list(ref.parameters()) + list(ref.buffers())):
+            torch.testing.assert_close(a, b, **TOL)
+        fastcompile.pending_compiles(wait=True, timeout=300)
+
+
 def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch(monkeypatch, caplog):
     """async_delay_calls: the call that lowers the graph (aot_autograd, the lowering) meets an
     error: it is logged once, that call and every later one run Dynamo's graph as plain torch."""

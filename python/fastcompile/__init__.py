@@ -44,7 +44,19 @@ def cuda_info():
     return _C.cuda_info()
 
 
+def pending_compiles(wait=False, timeout=None):
+    """Async compile (``config.async_compile``): how many graphs do not run their kernels yet,
+    because their lowering waits for a later call (``async_delay_calls``) or their kernels are
+    building in a background thread. ``wait=True`` first waits (at most ``timeout`` s) for the
+    builds already started."""
+    from . import pending
+    if wait:
+        pending.wait(timeout)
+    return len(pending.pending())
+
+
 from .api import compile, reset            # noqa: E402  (after _configure: tracing compiles graphs)
 from .explain import explain               # noqa: E402
 
-__all__ = ["compile", "explain", "reset", "graph", "config", "cache_clear", "stats", "cuda_info"]
+__all__ = ["compile", "explain", "reset", "graph", "config", "cache_clear", "stats", "cuda_info",
+           "pending_compiles"]

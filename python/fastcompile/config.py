@@ -56,7 +56,9 @@ KNOBS = [
     Knob("verify", "FASTCOMPILE_VERIFY", _bool, False, "run fc_graph_verify after every pass (tests turn it on)"),
     Knob("async_compile", "FASTCOMPILE_ASYNC_COMPILE", _bool, False,
          "torch backend: a graph's first calls run as plain torch while its kernels compile in a "
-         "background thread; the kernels take over once built"),
+         "background thread; the kernels take over once built. fastcompile.compile: a traced frame's "
+         "first call returns the values its trace computed eagerly, the kernels compile in a background "
+         "thread, the next call waits for them"),
     Knob("async_delay_calls", "FASTCOMPILE_ASYNC_DELAY_CALLS", int, 1,
          "async compile: a graph's first N calls run Dynamo's graph as plain torch; call N + 1 lowers it "
          "(aot_autograd, then ours) and starts the background compile. The first step (a training "

@@ -9,6 +9,7 @@ import re
 
 from . import _C
 from . import api
+from . import config
 
 
 class _Recorder:
@@ -113,9 +114,14 @@ def explain(fn, *, fullgraph=False):
         code = api._forward_code(target) if api._is_module(target) else getattr(target, "__code__", None)
         force = [code] if code is not None else ()
         hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder, force=force))
+        asynchronous = config.get("async_compile")
+        if asynchronous:        # the report lists the kernels: the one call compiles them
+            config.set(async_compile=False)
         try:
             hooked(*args, **kwargs)
         finally:
+            if asynchronous:
+                config.set(async_compile=True)
             api.reset()
         return ExplainOutput(recorder)
 

@@ -46,6 +46,7 @@ import torch.fx
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .. import config              # noqa: E402
+from .. import pending             # noqa: E402
 from ..graph import Graph          # noqa: E402
 
 log = logging.getLogger("fastcompile.backends.torch")
@@ -1717,6 +1718,8 @@ class FxGraphRunner:
                 and self.device is None:
             self._prebuild()
         self._async = self.compiled is not None and bool(config.get("async_compile"))
+        if self._async:
+            pending.add(self)
         self.lower_s = time.perf_counter() - t0
 
     def _prebuild(self):
@@ -2158,6 +2161,15 @@ class _Deferred:
         self.compile_fn = compile_fn
         self.fn = None                # the compiled graph, once call N + 1 made it
         self.lock = threading.Lock()
+        pending.add(self)
+
+    @property
+    def ready(self):
+        """Lowered (its runners, registered themselves, say when their kernels are built)."""
+        return self.fn is not None
+
+    def wait(self, timeout=None):
+        return self.ready               # nothing to wait for: the lowering waits for a call
 
     def __call__(self, *args):
         fn = self.fn

@@ -125,6 +125,7 @@ class Tracer:
         self.f_locals, self.stop_at = f_locals, stop_at
         self.graph = Graph()
         self.inputs = []            # (source, kind, example) per graph input
+        self.extern_results = []    # per extern of the graph, in order: its eager result while tracing
         self.arrays = {}            # id(array) -> ArrayVar of graph inputs
         self.keep = []              # objects whose id is a key above
         self.guards = []
@@ -540,6 +541,7 @@ class Tracer:
             return out if nout is None else tuple(out)
         run.__name__ = "extern_" + _name(fn).replace(".", "_")
         v = self.graph.extern(run, *[a.value for a in arrays], nout=nout)
+        self.extern_results.append(example)
         self.record_op()
         if nout is None:
             return ArrayVar(v, example, kind)

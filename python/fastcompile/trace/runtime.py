@@ -1,7 +1,9 @@
 """Trace stage, run time: turns the traced state into a callable that runs the
 compiled graph once and rebuilds Python values around its outputs. In: a
 Tracer and the Vars to rebuild; out: (run(*slot_values) -> list, slots)."""
+import logging
 import sys
+import threading
 
 import numpy as np
 
@@ -98,11 +100,22 @@ def build(tracer, vars_, user_stack=()):
     if outputs:
         graph.output(*[v.value for v in outputs])
     state = {"compiled": None}
+    first = None
+    if outputs:
+        from .. import config
+        if config.get("async_compile"):
+            state["compiled"] = graph.compile()
+            first = _FirstCall(tracer, outputs, state["compiled"])
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
         if outputs:
+            if first is not None:
+                outs = first.take([env.get(src) for src, _, _ in inputs])
+                if outs is not None:
+                    return [p(env, outs) for p in plans]
+                first.wait()
             c = state["compiled"]
             if c is None:
                 c = state["compiled"] = graph.compile()
@@ -120,8 +133,95 @@ def build(tracer, vars_, user_stack=()):
     run.graph = graph if outputs else None
     run.op_count = op_count
     run.lines = list(tracer.lines)       # (filename, lineno) of each op of the graph
-    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph) if outputs else None
+    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph, first) if outputs else None
+    run.first_call = first
     return run
+
+
+log = logging.getLogger("fastcompile")
+
+
+def _host(v):
+    """A traced value as the core sees it: a tensor's NumPy view, anything else as it is."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(v, torch.Tensor):
+        return v.detach().numpy()
+    return v
+
+
+class _FirstCall:
+    """Async compile (config.async_compile), our tracer's core route. The trace ran every op
+    eagerly on the first call's inputs, so that call returns those values: no kernel waits for
+    the compiler. A background thread builds the graph's kernels meanwhile (Compiled._prebuild
+    on the first call's inputs, the trace's extern results standing in for the externs, then
+    Compiled._load_pending); the next call waits for it (wait()). The values are NumPy's own
+    (a view of an input stays one, as the kernels' view externs give). They are handed out
+    once, and only to a call whose inputs are the traced objects themselves."""
+
+    def __init__(self, tracer, outputs, compiled):
+        ins = [ex for _, _, ex in tracer.inputs]
+        arrays = [_host(a) for a in ins]
+        self.inputs, self.outs = ins, tuple(_host(v.example) for v in outputs)
+        stand_ins = [_stand_in(r) for r in tracer.extern_results]
+        self.error = None
+        self.thread = threading.Thread(target=self._build, args=(compiled, tuple(arrays), stand_ins),
+                                       name="fastcompile-build")
+        try:
+            self.thread.start()
+        except RuntimeError as e:           # no thread to be had: the next call builds
+            self.error, self.thread = e, None
+        from .. import pending
+        pending.add(self)
+
+    @property
+    def ready(self):
+        t = self.thread
+        return t is None or not t.is_alive()
+
+    def _build(self, compiled, arrays, stand_ins):
+        try:
+            compiled._prebuild(arrays, stand_ins)
+            type(compiled)._load_pending([compiled])
+        except BaseException as e:          # the calls build what they need, and raise as without it
+            self.error = e
+            log.debug("fastcompile: background build failed (%s: %s); calls build their kernels",
+                      type(e).__name__, e)
+
+    def take(self, values):
+        """The traced outputs for the first call (values: its input objects, in trace order),
+        or None: handed out already, or other inputs."""
+        outs, ins = self.outs, self.inputs
+        self.outs = self.inputs = None
+        if outs is None or len(values) != len(ins) or any(a is not b for a, b in zip(values, ins)):
+            return None
+        return outs
+
+    def wait(self, timeout=None):
+        t = self.thread
+        if t is not None:
+            t.join(timeout)
+            if not t.is_alive():
+                self.thread = None
+        return self.ready
+
+    def wrap(self, compiled):
+        """A callable for Pick: the traced outputs at the first call, then compiled's."""
+        def call(*arrays):
+            if self.outs is not None:
+                outs = self.take(arrays)
+                if outs is not None:
+                    return outs
+            if self.thread is not None:
+                self.wait()
+            return compiled(*arrays)
+        return call
+
+
+def _stand_in(result):
+    """An extern stand-in returning what the extern returned while tracing, as the extern's
+    run function hands it to the core (tensors as NumPy views, tuples as tuples)."""
+    r = tuple(_host(x) for x in result) if isinstance(result, (tuple, list)) else _host(result)
+    return lambda *a: r
 
 
 class FxCompiled:
@@ -173,7 +273,7 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     return run
 
 
-def _fast_target(vars_, outputs, inputs, slots, state, graph):
+def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     """For the common frame (NumPy arrays straight from arguments in, one array or a
     tuple of arrays straight out of the graph), a target with no per-call
     bookkeeping: pick the arguments, call the Compiled, pick the outputs. None otherwise."""
@@ -191,13 +291,14 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph):
         ks.append(next(i for i, o in enumerate(outputs) if o is v))
     from .. import _C
     pos = tuple(slots.index(src.slot) for src, _, _ in inputs)
-    compiled = state["compiled"] = graph.compile()
+    compiled = state["compiled"] = state["compiled"] or graph.compile()
+    fn = compiled if first is None else first.wrap(compiled)    # async: a Python frame per call
     if not isinstance(ret, TupleVar):
         (k,) = ks
-        return _C.Pick(compiled, pos, k)                 # C: no Python frame per call
+        return _C.Pick(fn, pos, k)                       # C: no Python frame per call
     if ks == list(range(len(outputs))):
-        return _C.Pick(compiled, pos)
-    return lambda *values: (lambda outs: tuple(outs[k] for k in ks))(compiled(*[values[p] for p in pos]))
+        return _C.Pick(fn, pos)
+    return lambda *values: (lambda outs: tuple(outs[k] for k in ks))(fn(*[values[p] for p in pos]))
 
 
 class _Closure:
