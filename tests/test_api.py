@@ -901,16 +901,20 @@ def async_on():
 
 @pytest.fixture
 def held_build(monkeypatch):
-    """The background build waits for gate.set(); builds: the Compiled of each build started."""
+    """The background builds wait for gate.set(); builds: the Compiled of each build queued."""
     from fastcompile.trace import runtime
     gate, builds = threading.Event(), []
-    orig = runtime._FirstCall._build
+    submit, work = runtime._submit, runtime._work
 
-    def build(self, compiled, arrays, stand_ins):
+    def queued(first, compiled, arrays, stand_ins):
         builds.append(compiled)
+        submit(first, compiled, arrays, stand_ins)
+
+    def held():
         assert gate.wait(60), "the test never let the build go"
-        orig(self, compiled, arrays, stand_ins)
-    monkeypatch.setattr(runtime._FirstCall, "_build", build)
+        work()
+    monkeypatch.setattr(runtime, "_submit", queued)
+    monkeypatch.setattr(runtime, "_work", held)
     yield gate, builds
     gate.set()
 
@@ -973,3 +977,33 @@ def test_async_compile_traced_values_of_a_partial_graph_and_a_break(async_on, he
         log.clear()
         np.testing.assert_allclose(cf(x), f(x), rtol=1e-6)
         assert len(log) == 2 and log[0] == pytest.approx(log[1])
+
+
+def test_async_compile_first_calls_of_many_graphs_build_in_one_batch(async_on, held_build):
+    """Many traced frames first-called at once (a model with graph breaks) queue their builds
+    for one worker thread, which compiles them in one batch: not a thread and a compiler per
+    core for each."""
+    gate, builds = held_build
+    gc.collect()
+    base = fastcompile.pending_compiles()             # what other tests left (nothing building)
+    salt = np.random.rand()                           # kernels of this run's own: compiled now
+    fns = []
+    for i in range(5):
+        c = 1.0 + salt + i
+
+        def f(x, c=c):
+            return np.tanh(x) * c + c
+        fns.append((f, fastcompile.compile(f)))
+    x = np.random.rand(1000)
+    before = fastcompile.stats()["compiler_runs"]
+    for f, cf in fns:
+        np.testing.assert_array_equal(cf(x), f(x))
+    assert len(builds) == 5
+    assert len([t for t in threading.enumerate() if t.name == "fastcompile-build"]) == 1
+    gate.set()
+    assert fastcompile.pending_compiles(wait=True, timeout=300) == base
+    runs = fastcompile.stats()["compiler_runs"] - before
+    assert 1 <= runs <= min(5, len(os.sched_getaffinity(0)))
+    for f, cf in fns:
+        np.testing.assert_allclose(cf(x), f(x), rtol=1e-6)
+    assert all(len(c.kernels) == 1 for c in builds)

@@ -2,6 +2,7 @@
 compiled graph once and rebuilds Python values around its outputs. In: a
 Tracer and the Vars to rebuild; out: (run(*slot_values) -> list, slots)."""
 import logging
+import os
 import sys
 import threading
 
@@ -112,10 +113,12 @@ def build(tracer, vars_, user_stack=()):
         outs = ()
         if outputs:
             if first is not None:
-                outs = first.take([env.get(src) for src, _, _ in inputs])
-                if outs is not None:
-                    return [p(env, outs) for p in plans]
-                first.wait()
+                if first.outs is not None:
+                    outs = first.take([env.get(src) for src, _, _ in inputs])
+                    if outs is not None:
+                        return [p(env, outs) for p in plans]
+                if not first.done.is_set():
+                    first.wait()
             c = state["compiled"]
             if c is None:
                 c = state["compiled"] = graph.compile()
@@ -152,40 +155,26 @@ def _host(v):
 class _FirstCall:
     """Async compile (config.async_compile), our tracer's core route. The trace ran every op
     eagerly on the first call's inputs, so that call returns those values: no kernel waits for
-    the compiler. A background thread builds the graph's kernels meanwhile (Compiled._prebuild
-    on the first call's inputs, the trace's extern results standing in for the externs, then
-    Compiled._load_pending); the next call waits for it (wait()). The values are NumPy's own
-    (a view of an input stays one, as the kernels' view externs give). They are handed out
-    once, and only to a call whose inputs are the traced objects themselves."""
+    the compiler. The graph's kernels build in the background meanwhile (_submit: one worker
+    thread for all of them; Compiled._prebuild on the first call's inputs, the trace's extern
+    results standing in for the externs, then Compiled._load_pending); the next call waits for
+    that (wait()). The values are NumPy's own (a view of an input stays one, as the kernels'
+    view externs give). They are handed out once, and only to a call whose inputs are the
+    traced objects themselves."""
 
     def __init__(self, tracer, outputs, compiled):
         ins = [ex for _, _, ex in tracer.inputs]
-        arrays = [_host(a) for a in ins]
         self.inputs, self.outs = ins, tuple(_host(v.example) for v in outputs)
-        stand_ins = [_stand_in(r) for r in tracer.extern_results]
         self.error = None
-        self.thread = threading.Thread(target=self._build, args=(compiled, tuple(arrays), stand_ins),
-                                       name="fastcompile-build")
-        try:
-            self.thread.start()
-        except RuntimeError as e:           # no thread to be had: the next call builds
-            self.error, self.thread = e, None
+        self.pid = os.getpid()
+        self.done = threading.Event()
         from .. import pending
         pending.add(self)
+        _submit(self, compiled, tuple(_host(a) for a in ins), [_stand_in(r) for r in tracer.extern_results])
 
     @property
     def ready(self):
-        t = self.thread
-        return t is None or not t.is_alive()
-
-    def _build(self, compiled, arrays, stand_ins):
-        try:
-            compiled._prebuild(arrays, stand_ins)
-            type(compiled)._load_pending([compiled])
-        except BaseException as e:          # the calls build what they need, and raise as without it
-            self.error = e
-            log.debug("fastcompile: background build failed (%s: %s); calls build their kernels",
-                      type(e).__name__, e)
+        return self.done.is_set() or self.pid != os.getpid()    # a fork's child builds at its calls
 
     def take(self, values):
         """The traced outputs for the first call (values: its input objects, in trace order),
@@ -197,11 +186,8 @@ class _FirstCall:
         return outs
 
     def wait(self, timeout=None):
-        t = self.thread
-        if t is not None:
-            t.join(timeout)
-            if not t.is_alive():
-                self.thread = None
+        if self.pid == os.getpid():
+            self.done.wait(timeout)
         return self.ready
 
     def wrap(self, compiled):
@@ -211,10 +197,74 @@ class _FirstCall:
                 outs = self.take(arrays)
                 if outs is not None:
                     return outs
-            if self.thread is not None:
+            if not self.done.is_set():
                 self.wait()
             return compiled(*arrays)
         return call
+
+
+# the background builds of _FirstCall: one worker thread takes every build queued so far and
+# compiles their kernels in one batch (Compiled._load_pending: one compiler per core), so a
+# model whose graph breaks first-call many graphs at once does not start a build, and a
+# compiler per core, for each
+_QUEUE = []
+_QUEUE_LOCK = threading.Lock()
+_WORKER = [None]
+
+
+def _submit(first, compiled, arrays, stand_ins):
+    with _QUEUE_LOCK:
+        _QUEUE.append((first, compiled, arrays, stand_ins))
+        if _WORKER[0] is None:
+            t = threading.Thread(target=_work, name="fastcompile-build")
+            _WORKER[0] = t
+            try:
+                t.start()
+            except RuntimeError as e:           # no thread to be had: the calls build
+                _WORKER[0] = None
+                for f, _, _, _ in _QUEUE:
+                    f.error = e
+                    f.done.set()
+                _QUEUE.clear()
+
+
+def _work():
+    while True:
+        with _QUEUE_LOCK:
+            batch = list(_QUEUE)
+            _QUEUE.clear()
+            if not batch:
+                _WORKER[0] = None
+                return
+        built = []
+        for first, compiled, arrays, stand_ins in batch:
+            try:
+                compiled._prebuild(arrays, stand_ins)
+                built.append(compiled)
+            except BaseException as e:      # the calls build what they need, and raise as without it
+                first.error = e
+                log.debug("fastcompile: background build failed (%s: %s); calls build their kernels",
+                          type(e).__name__, e)
+        try:
+            if built:
+                type(built[0])._load_pending(built)
+        except BaseException as e:
+            log.debug("fastcompile: background compile failed (%s: %s); calls compile their kernels",
+                      type(e).__name__, e)
+        finally:
+            for first, _, _, _ in batch:
+                first.done.set()
+
+
+def _reset_after_fork():
+    global _QUEUE_LOCK
+    _QUEUE_LOCK = threading.Lock()      # a fork may copy it held by the worker the child lacks
+    _QUEUE.clear()
+    _WORKER[0] = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _stand_in(result):
