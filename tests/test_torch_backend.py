@@ -1008,6 +1008,33 @@ def test_async_compile_fastcompile_compile_matches_eager(name, async_delay1):
         fastcompile.pending_compiles(wait=True, timeout=300)
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_fastcompile_compile_runs_an_extern_with_side_effects_once_at_the_first_call(asynchronous):
+    """BatchNorm in training mode under no_grad (recalibrating its statistics) is an extern of
+    our tracer's core route that updates the running statistics. The trace runs it on the first
+    call's inputs: the first call must not run it again (it did: statistics updated twice,
+    num_batches_tracked 2 after one call), with async compile or without."""
+    import fastcompile
+    from fastcompile import config
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU()).train()
+    mod = copy.deepcopy(ref)
+    old = config.get("async_compile")
+    config.set(async_compile=asynchronous)
+    try:
+        cm = fastcompile.compile(mod)
+        with torch.no_grad():
+            for i in range(3):
+                x = torch.randn(8, 4)
+                torch.testing.assert_close(cm(x), ref(x), **TOL)
+                assert int(mod[1].num_batches_tracked) == int(ref[1].num_batches_tracked) == i + 1
+                torch.testing.assert_close(mod[1].running_mean, ref[1].running_mean, **TOL)
+                torch.testing.assert_close(mod[1].running_var, ref[1].running_var, **TOL)
+                fastcompile.pending_compiles(wait=True, timeout=300)
+    finally:
+        config.set(async_compile=old)
+
+
 def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch(monkeypatch, caplog):
     """async_delay_calls: the call that lowers the graph (aot_autograd, the lowering) meets an
     error: it is logged once, that call and every later one run Dynamo's graph as plain torch."""

@@ -896,12 +896,14 @@ Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
                      c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune, 0);
 }
 
-/* _warm and _prebuild: one run of the graph with the callables in `externs`
- * standing in for its extern calls (same order and count), without
- * autotuning; the outputs are dropped. args: borrowed; returns: None (new
- * reference), or NULL + exception. */
+/* _warm, _prebuild and _call_with: one run of the graph with the callables
+ * in `externs` standing in for its extern calls (same order and count).
+ * keep = 0 (_warm, _prebuild): without autotuning, the outputs dropped;
+ * returns None. keep = 1 (_call_with): a call in every other respect;
+ * returns its outputs. args: borrowed; returns a new reference, or NULL +
+ * exception. */
 static PyObject *
-run_with_stand_ins(CompiledObject *c, PyObject *args, int dry, const char *format)
+run_with_stand_ins(CompiledObject *c, PyObject *args, int dry, int keep, const char *format)
 {
     PyObject *arrays, *externs, *r;
     if (!PyArg_ParseTuple(args, format, &PyTuple_Type, &arrays, &PyList_Type, &externs)) {
@@ -909,12 +911,14 @@ run_with_stand_ins(CompiledObject *c, PyObject *args, int dry, const char *forma
     }
     if (PyList_GET_SIZE(externs) != PyList_GET_SIZE(c->externs)) {
         PyErr_Format(PyExc_ValueError, "fastcompile: %s takes %zd extern stand-ins, got %zd",
-                     dry ? "_prebuild" : "_warm", PyList_GET_SIZE(c->externs), PyList_GET_SIZE(externs));
+                     keep ? "_call_with" : dry ? "_prebuild" : "_warm", PyList_GET_SIZE(c->externs),
+                     PyList_GET_SIZE(externs));
         return NULL;
     }
-    r = run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs, 0, dry);
-    if (r == NULL) {
-        return NULL;
+    r = run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs,
+                  keep ? (c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune) : 0, dry);
+    if (r == NULL || keep) {
+        return r;
     }
     Py_DECREF(r);
     Py_RETURN_NONE;
@@ -928,7 +932,7 @@ run_with_stand_ins(CompiledObject *c, PyObject *args, int dry, const char *forma
 static PyObject *
 Compiled_warm(CompiledObject *c, PyObject *args)
 {
-    return run_with_stand_ins(c, args, 0, "O!O!:_warm");
+    return run_with_stand_ins(c, args, 0, 0, "O!O!:_warm");
 }
 
 /* Compiled._prebuild(arrays, externs): a dry run that renders every plan a
@@ -941,7 +945,17 @@ Compiled_warm(CompiledObject *c, PyObject *args)
 static PyObject *
 Compiled_prebuild(CompiledObject *c, PyObject *args)
 {
-    return run_with_stand_ins(c, args, 1, "O!O!:_prebuild");
+    return run_with_stand_ins(c, args, 1, 0, "O!O!:_prebuild");
+}
+
+/* Compiled._call_with(arrays, externs) -> outputs: a call whose extern calls
+ * are answered by the stand-in callables: our tracer's first call, whose
+ * trace already ran every extern on these inputs (once: an extern with side
+ * effects, BatchNorm's running statistics, must not run again). */
+static PyObject *
+Compiled_call_with(CompiledObject *c, PyObject *args)
+{
+    return run_with_stand_ins(c, args, 0, 1, "O!O!:_call_with");
 }
 
 /* Compiled._load_pending(graphs) -> int: loads (compiling where needed) the
@@ -1201,6 +1215,8 @@ static PyMethodDef Compiled_methods[] = {
     {"_prebuild", (PyCFunction)Compiled_prebuild, METH_VARARGS,
      "_prebuild(arrays, externs): a dry run (no kernel runs) rendering every plan arrays of these layouts "
      "need, compiling none (see _load_pending)"},
+    {"_call_with", (PyCFunction)Compiled_call_with, METH_VARARGS,
+     "_call_with(arrays, externs) -> outputs: a call with stand-in extern callables (same order and count)"},
     {"_load_pending", (PyCFunction)Compiled_load_pending, METH_O | METH_STATIC,
      "_load_pending(graphs) -> int: compile the plans _prebuild left in these Compiled objects, in one batch"},
     {"_cuda_render", (PyCFunction)Compiled_cuda_render, METH_VARARGS,

@@ -100,23 +100,25 @@ def build(tracer, vars_, user_stack=()):
     op_count = tracer.op_count
     if outputs:
         graph.output(*[v.value for v in outputs])
-    state = {"compiled": None}
-    first = None
+    state = {"compiled": None, "first": None}
     if outputs:
         from .. import config
-        if config.get("async_compile"):
+        background = bool(config.get("async_compile"))
+        if background:
             state["compiled"] = graph.compile()
-            first = _FirstCall(tracer, outputs, state["compiled"])
+        state["first"] = _FirstCall(tracer, outputs, state["compiled"], background)
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
         if outputs:
+            first = state["first"]
+            got = None
             if first is not None:
-                if first.outs is not None:
-                    outs = first.take([env.get(src) for src, _, _ in inputs])
-                    if outs is not None:
-                        return [p(env, outs) for p in plans]
+                if first.inputs is not None:
+                    got = first.take([env.get(src) for src, _, _ in inputs])
+                    if got is not None and got[0] is not None:
+                        return [p(env, got[0]) for p in plans]
                 if not first.done.is_set():
                     first.wait()
             c = state["compiled"]
@@ -128,7 +130,8 @@ def build(tracer, vars_, user_stack=()):
                 if kind == "torch":
                     a = a.detach().numpy()
                 arrays.append(a)
-            outs = c(*arrays)
+            # the first call (sync): the trace ran every extern on these inputs already
+            outs = c(*arrays) if got is None else c._call_with(tuple(arrays), got[1])
         return [p(env, outs) for p in plans]
 
     run.slots = slots
@@ -136,8 +139,9 @@ def build(tracer, vars_, user_stack=()):
     run.graph = graph if outputs else None
     run.op_count = op_count
     run.lines = list(tracer.lines)       # (filename, lineno) of each op of the graph
-    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph, first) if outputs else None
-    run.first_call = first
+    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph, state["first"]) if outputs else None
+    if run.fast_target is not None and state["first"] is not None and not state["first"].background:
+        state["first"] = None           # sync: the fast target runs the graph, run() never will
     return run
 
 
@@ -153,37 +157,46 @@ def _host(v):
 
 
 class _FirstCall:
-    """Async compile (config.async_compile), our tracer's core route. The trace ran every op
-    eagerly on the first call's inputs, so that call returns those values: no kernel waits for
-    the compiler. The graph's kernels build in the background meanwhile (_submit: one worker
-    thread for all of them; Compiled._prebuild on the first call's inputs, the trace's extern
-    results standing in for the externs, then Compiled._load_pending); the next call waits for
-    that (wait()). The values are NumPy's own (a view of an input stays one, as the kernels'
-    view externs give). They are handed out once, and only to a call whose inputs are the
-    traced objects themselves."""
+    """Our tracer's core route, the first call of a traced graph. The trace ran every op eagerly
+    on that call's inputs, externs included, so:
+    - sync (the default): the call runs the kernels with the trace's extern results standing in
+      for the externs (Compiled._call_with): an extern runs once, not twice (BatchNorm in
+      training mode under no_grad updated its running statistics twice), and its time is saved;
+    - async compile (background): the call returns the trace's values, NumPy's or torch's own
+      (a view of an input stays one, as the kernels' view externs give); no kernel waits for the
+      compiler. The kernels build in the background meanwhile (_submit: one worker thread for
+      all; Compiled._prebuild on the first call's inputs with the same stand-ins, then
+      Compiled._load_pending); the next call waits for that (wait()).
+    Either is used once, and only by a call whose inputs are the traced objects themselves."""
 
-    def __init__(self, tracer, outputs, compiled):
+    def __init__(self, tracer, outputs, compiled, background):
         ins = [ex for _, _, ex in tracer.inputs]
-        self.inputs, self.outs = ins, tuple(_host(v.example) for v in outputs)
+        stand_ins = [_stand_in(r) for r in tracer.extern_results]
+        self.inputs, self.stand_ins = ins, stand_ins
+        self.outs = tuple(_host(v.example) for v in outputs) if background else None
+        self.background = background
         self.error = None
         self.pid = os.getpid()
         self.done = threading.Event()
+        if not background:
+            self.done.set()
+            return
         from .. import pending
         pending.add(self)
-        _submit(self, compiled, tuple(_host(a) for a in ins), [_stand_in(r) for r in tracer.extern_results])
+        _submit(self, compiled, tuple(_host(a) for a in ins), stand_ins)
 
     @property
     def ready(self):
         return self.done.is_set() or self.pid != os.getpid()    # a fork's child builds at its calls
 
     def take(self, values):
-        """The traced outputs for the first call (values: its input objects, in trace order),
-        or None: handed out already, or other inputs."""
-        outs, ins = self.outs, self.inputs
-        self.outs = self.inputs = None
-        if outs is None or len(values) != len(ins) or any(a is not b for a, b in zip(values, ins)):
+        """(traced outputs or None (sync), extern stand-ins) for the first call (values: its
+        input objects, in trace order), or None: taken already, or other inputs."""
+        outs, stand_ins, ins = self.outs, self.stand_ins, self.inputs
+        self.outs = self.stand_ins = self.inputs = None
+        if ins is None or len(values) != len(ins) or any(a is not b for a, b in zip(values, ins)):
             return None
-        return outs
+        return outs, stand_ins
 
     def wait(self, timeout=None):
         if self.pid == os.getpid():
@@ -191,12 +204,13 @@ class _FirstCall:
         return self.ready
 
     def wrap(self, compiled):
-        """A callable for Pick: the traced outputs at the first call, then compiled's."""
+        """Async compile: a callable for Pick, the traced outputs at the first call, then
+        compiled's (after the build)."""
         def call(*arrays):
-            if self.outs is not None:
-                outs = self.take(arrays)
-                if outs is not None:
-                    return outs
+            if self.inputs is not None:
+                got = self.take(arrays)
+                if got is not None:
+                    return got[0]
             if not self.done.is_set():
                 self.wait()
             return compiled(*arrays)
@@ -342,7 +356,9 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     from .. import _C
     pos = tuple(slots.index(src.slot) for src, _, _ in inputs)
     compiled = state["compiled"] = state["compiled"] or graph.compile()
-    fn = compiled if first is None else first.wrap(compiled)    # async: a Python frame per call
+    # async: a Python frame per call. Sync: the Compiled itself, so the first call runs the
+    # externs again (NumPy arrays in, arrays out: pure NumPy calls)
+    fn = compiled if first is None or not first.background else first.wrap(compiled)
     if not isinstance(ret, TupleVar):
         (k,) = ks
         return _C.Pick(fn, pos, k)                       # C: no Python frame per call
