@@ -1658,3 +1658,32 @@ def test_permutes_pushed_through_reductions_match_eager(fn):
     assert out.is_contiguous()
     (r,) = record
     assert r.fallback is None and len(r.kernels) == 1, [k.fused for k in r.kernels]
+
+
+def test_fastcompile_compile_first_call_keeps_views_of_kernel_outputs_and_refuses_out():
+    """The first call answers externs from the trace, except one whose result views an argument
+    (z = y[0]): it runs again on the kernels' output, so the in-place y += 1 after the graph break
+    reaches z as in eager. torch.add(x, 1, out=c) breaks the graph before the trace writes c (it
+    was traced as an add that never wrote c: calls after the first returned stale values)."""
+    import fastcompile
+
+    def view_then_update(x):
+        y = x * 2
+        z = y[0]
+        y += 1
+        return z
+
+    def add_out(x, c):
+        torch.add(x, 1, out=c)
+        return c * 2
+
+    for fn in (view_then_update, add_out):
+        fastcompile.reset()
+        cf = fastcompile.compile(fn)
+        for _ in range(3):
+            x = torch.randn(4, 3)
+            args = (x,) if fn is view_then_update else (x, torch.empty(4, 3))
+            want_args = tuple(a.clone() for a in args)
+            torch.testing.assert_close(cf(*args), fn(*want_args))
+            for a, b in zip(args, want_args):
+                torch.testing.assert_close(a, b)

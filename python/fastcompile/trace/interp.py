@@ -125,7 +125,8 @@ class Tracer:
         self.f_locals, self.stop_at = f_locals, stop_at
         self.graph = Graph()
         self.inputs = []            # (source, kind, example) per graph input
-        self.extern_results = []    # per extern of the graph, in order: its eager result while tracing
+        self.extern_results = []    # per extern of the graph, in order: (eager result, run function,
+        #                             its array arguments' examples), from tracing
         self.arrays = {}            # id(array) -> ArrayVar of graph inputs
         self.keep = []              # objects whose id is a key above
         self.guards = []
@@ -541,7 +542,7 @@ class Tracer:
             return out if nout is None else tuple(out)
         run.__name__ = "extern_" + _name(fn).replace(".", "_")
         v = self.graph.extern(run, *[a.value for a in arrays], nout=nout)
-        self.extern_results.append(example)
+        self.extern_results.append((example, run, [a.example for a in arrays]))
         self.record_op()
         if nout is None:
             return ArrayVar(v, example, kind)

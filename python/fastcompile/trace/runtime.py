@@ -281,10 +281,18 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def _stand_in(result):
-    """An extern stand-in returning what the extern returned while tracing, as the extern's
-    run function hands it to the core (tensors as NumPy views, tuples as tuples)."""
+def _stand_in(traced):
+    """An extern stand-in for the first call: what the extern returned while tracing, as the
+    extern's run function hands it to the core (tensors as NumPy views, tuples as tuples). An
+    extern whose result is a view of an argument (y[0]) is its own run function: its result
+    must view the arrays of this call (the kernels' fresh outputs), not the trace's, for an
+    in-place update after a graph break to reach it."""
+    result, run, args = traced
     r = tuple(_host(x) for x in result) if isinstance(result, (tuple, list)) else _host(result)
+    hosts = [a for a in (_host(x) for x in args) if isinstance(a, np.ndarray)]
+    if any(isinstance(x, np.ndarray) and np.may_share_memory(x, a)
+           for x in (r if isinstance(r, tuple) else (r,)) for a in hosts):
+        return run
     return lambda *a: r
 
 

@@ -172,6 +172,8 @@ def layer_norm(tr, args, kwargs):
 
 def call(tr, fn, args, kwargs):
     from .interp import _any_array
+    if "out" in kwargs:             # before any eager run: the trace must not write it either
+        tr.unsupported("%s(out=...) writes into a tensor (side effect)" % getattr(fn, "__name__", fn))
     if fn in IMPURE or (getattr(fn, "__name__", "").endswith("_") and not getattr(fn, "__name__", "").endswith("__")):
         tr.unsupported("call to %s is not supported (random or in-place)" % getattr(fn, "__name__", fn))
     if not _any_array(args, kwargs):
