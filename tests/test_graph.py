@@ -1093,16 +1093,21 @@ def test_unused_values_are_not_computed_and_pure_externs_not_called():
         g.extern(view, x, pur=True)
 
 
-def test_warm_runs_stand_in_externs_and_survives_a_list_changed_mid_call():
-    """Compiled._warm (the torch backend's async compile) calls the stand-ins, not the graph's
-    externs, and builds the plans; a stand-in that empties the list it came in raises a
-    RuntimeError for the next extern (the list was read past its end before) and no crash."""
+def _recording_extern():
+    """(calls, an extern a -> a * 2 that appends "real" to calls)."""
     called = []
 
     def real(a):
         called.append("real")
         return a * 2
+    return called, real
 
+
+def test_warm_runs_stand_in_externs_and_survives_a_list_changed_mid_call():
+    """Compiled._warm (the torch backend's async compile) calls the stand-ins, not the graph's
+    externs, and builds the plans; a stand-in that empties the list it came in raises a
+    RuntimeError for the next extern (the list was read past its end before) and no crash."""
+    called, real = _recording_extern()
     g = Graph()
     x = g.input("float64", 1)
     y = g.extern(real, g.call("add", x, 1.0))
@@ -1134,12 +1139,7 @@ def test_call_with_returns_the_outputs_of_stand_in_externs():
     the kernels with the stand-ins' results and returns the outputs, as a call; the graph's own
     externs are not called; refcounts of the arrays are unchanged after many calls."""
     import sys
-    called = []
-
-    def real(a):
-        called.append("real")
-        return a * 2
-
+    called, real = _recording_extern()
     g = Graph()
     x = g.input("float64", 1)
     y = g.extern(real, g.call("add", x, 1.5))
