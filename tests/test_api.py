@@ -1007,3 +1007,80 @@ def test_async_compile_first_calls_of_many_graphs_build_in_one_batch(async_on, h
     for f, cf in fns:
         np.testing.assert_allclose(cf(x), f(x), rtol=1e-6)
     assert all(len(c.kernels) == 1 for c in builds)
+
+
+def test_one_array_under_two_sources_at_trace_is_two_inputs():
+    """A resume function traced while two of its values were one array (z = pick(x, y)
+    returned y) read both from one source: once they differed, y's uses got z's values. Also
+    a compiled function re-entered from its own graph-break callback (the same pattern)."""
+    same = [True]
+    log = []
+
+    def pick(x, y):
+        log.append(1)                                 # a break: mutation of an outside list
+        return y if same[0] else x * 7.0
+
+    def f(x):
+        y = np.sqrt(x) * 3.0
+        z = pick(x, y)
+        return y + z.sum()
+
+    cf = fastcompile.compile(f)
+    x = np.array([1.0, 4.0, 9.0])
+    for flag in (True, False, True, False):
+        same[0] = flag
+        np.testing.assert_allclose(cf(x), f(x), rtol=1e-12)
+
+    depth = [0]
+
+    def cb(x, y):
+        if depth[0] < 2:
+            depth[0] += 1
+            r = cg(x)
+            depth[0] -= 1
+            return r
+        return y
+
+    def g(x):
+        y = np.sqrt(x) * 3.0
+        return y + cb(x, y).sum()
+
+    cg = fastcompile.compile(g)
+    for _ in range(3):
+        x = np.random.rand(5) + 0.5
+        want = g(x)
+        depth[0] = 0
+        np.testing.assert_allclose(cg(x), want, rtol=1e-12)
+
+
+def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
+    """An inlined function's closure cells were read once, as constants of the trace: a
+    rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and
+    appending to it was dropped (a local list's append). They are now read at call time
+    (CellSource): rebinding recompiles, and the append is a graph break that runs."""
+    def make():
+        c = 2.0
+        log = []
+
+        def scale(v):
+            return v * c
+
+        def note(v):
+            log.append(1)
+            return v
+
+        def f(x):
+            return note(scale(x)) + 1.0
+
+        def set_c(v):
+            nonlocal c
+            c = v
+        return f, set_c, log
+
+    f, set_c, log = make()
+    cf = fastcompile.compile(f)
+    x = np.arange(4.0)
+    np.testing.assert_allclose(cf(x), x * 2.0 + 1.0)
+    set_c(3.0)
+    np.testing.assert_allclose(cf(x), x * 3.0 + 1.0)
+    assert len(log) == 2                              # both calls appended

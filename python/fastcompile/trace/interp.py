@@ -127,7 +127,7 @@ class Tracer:
         self.inputs = []            # (source, kind, example) per graph input
         self.extern_results = []    # per extern of the graph, in order: (eager result, run function,
         #                             its array arguments' examples), from tracing
-        self.arrays = {}            # id(array) -> ArrayVar of graph inputs
+        self.arrays = {}            # (id(array), source), autograd mode id(array) -> ArrayVar of inputs
         self.keep = []              # objects whose id is a key above
         self.guards = []
         self.wrapped = {}           # source -> Var
@@ -207,7 +207,12 @@ class Tracer:
         return PyVar(value, source)
 
     def array_input(self, arr, source, kind):
-        key = id(arr)
+        # The core route keys inputs by object and source: one object reached through two sources
+        # (z = pick(x, y) returning y) is two inputs, since no guard says the two sources will hold
+        # one object at later calls (one input read through the first source gave z's value for y
+        # once they differed). Its graph ops are pure, so aliasing changes no value. Autograd
+        # mode keeps one placeholder per object (tied weights), as before.
+        key = id(arr) if self.fx is not None else (id(arr), source)
         if key in self.arrays:
             return self.arrays[key]
         if kind == "numpy":
@@ -1212,7 +1217,8 @@ class Tracer:
             from . import torch_ops
             return torch_ops.call(self, v, args, kwargs)
         if isinstance(v, types.FunctionType):
-            cells = tuple(CellVar(loader=_const_loader(self, c)) for c in (v.__closure__ or ()))
+            cells = tuple(CellVar(loader=_const_loader(self, c, S.CellSource(c, "%s.<cell %s>" % (v.__qualname__, n))))
+                          for n, c in zip(v.__code__.co_freevars, v.__closure__ or ()))
             defaults = tuple(self.wrap(d, None) for d in (v.__defaults__ or ()))
             kwd = {k: self.wrap(d, None) for k, d in (v.__kwdefaults__ or {}).items()}
             return self.inline(v.__code__, v.__globals__, cells, defaults, kwd, args, kwargs)
@@ -1521,12 +1527,16 @@ def _unlazy(v):
     return v.get() if isinstance(v, _Lazy) else v
 
 
-def _const_loader(tracer, cell):
+def _const_loader(tracer, cell, source=None):
+    """Loads an inlined function's closure cell: with a source (S.CellSource), its contents are
+    guarded and re-read at call time, and mutating them is a side effect; without one, a
+    constant of the trace."""
     def load():
         try:
-            return tracer.wrap(cell.cell_contents, None)
+            value = cell.cell_contents
         except ValueError:
             return None
+        return tracer.wrap(value, source)
     return load
 
 

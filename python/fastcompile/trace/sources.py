@@ -83,6 +83,40 @@ class CallSource(Source):
         return "%s.%s()" % (getattr(self.fn, "__module__", None) or "?", getattr(self.fn, "__name__", "?"))
 
 
+class CellSource(CallSource):
+    """The contents of a closure cell of a function the trace inlined (not the traced frame's own
+    closure, ClosureSource): read at call time, so guards see a rebound cell (nonlocal) and the
+    in-place updates of the object in it, and mutating that object is a side effect. Guards
+    load it with call0 (fn: a callable that never raises; an empty cell reads as EMPTY_CELL)."""
+    __slots__ = ("cell", "label")
+
+    def __init__(self, cell, label):
+        super().__init__(_CellContents(cell))
+        self.cell, self.label = cell, label
+
+    def _key(self):
+        return (id(self.cell),)
+
+    def __repr__(self):
+        return self.label
+
+
+EMPTY_CELL = object()
+
+
+class _CellContents:
+    __slots__ = ("cell",)
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def __call__(self):
+        try:
+            return self.cell.cell_contents
+        except ValueError:
+            return EMPTY_CELL
+
+
 class ItemSource(Source):
     __slots__ = ("base", "key")
 
