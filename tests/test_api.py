@@ -1084,3 +1084,33 @@ def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_
     set_c(3.0)
     np.testing.assert_allclose(cf(x), x * 3.0 + 1.0)
     assert len(log) == 2                              # both calls appended
+
+
+def test_async_compile_general_path_next_call_waits_for_the_build(async_on, held_build):
+    """A target off the fast path (a dict result): the first call returns the traced values, the
+    next call waits for the background build before it runs the graph."""
+    import time
+    gate, builds = held_build
+
+    def f(x):
+        return {"a": np.tanh(x) * 1.75 + 0.5}
+
+    cf = fastcompile.compile(f)
+    x = np.random.rand(64)
+    np.testing.assert_array_equal(cf(x)["a"], f(x)["a"])
+    (compiled,) = builds
+    assert compiled.nplans == 0
+    opened = []
+
+    def let_go():
+        time.sleep(0.3)
+        opened.append(time.monotonic())
+        gate.set()
+    t = threading.Thread(target=let_go)
+    t.start()
+    y = np.random.rand(64)
+    np.testing.assert_allclose(cf(y)["a"], f(y)["a"], rtol=1e-6)
+    done = time.monotonic()
+    t.join()
+    assert opened and done >= opened[0], "the second call ran before the build was let go"
+    assert compiled.nplans > 0

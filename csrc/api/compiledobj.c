@@ -884,6 +884,13 @@ done:
     return result;
 }
 
+/* whether a call autotunes: the graph's own setting, else the process's */
+static int
+call_autotune(const CompiledObject *c)
+{
+    return c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune;
+}
+
 static PyObject *
 Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw)
 {
@@ -892,8 +899,7 @@ Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
         PyErr_SetString(PyExc_TypeError, "fastcompile: a compiled graph takes positional arrays only");
         return NULL;
     }
-    return run_graph(c, args, PyVectorcall_NARGS(nargsf), c->externs,
-                     c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune, 0);
+    return run_graph(c, args, PyVectorcall_NARGS(nargsf), c->externs, call_autotune(c), 0);
 }
 
 /* _warm, _prebuild and _call_with: one run of the graph with the callables
@@ -916,7 +922,7 @@ run_with_stand_ins(CompiledObject *c, PyObject *args, int dry, int keep, const c
         return NULL;
     }
     r = run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs,
-                  keep ? (c->autotune >= 0 ? c->autotune : fc_plan_config()->autotune) : 0, dry);
+                  keep ? call_autotune(c) : 0, dry);
     if (r == NULL || keep) {
         return r;
     }

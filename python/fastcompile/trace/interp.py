@@ -1527,10 +1527,9 @@ def _unlazy(v):
     return v.get() if isinstance(v, _Lazy) else v
 
 
-def _const_loader(tracer, cell, source=None):
-    """Loads an inlined function's closure cell: with a source (S.CellSource), its contents are
-    guarded and re-read at call time, and mutating them is a side effect; without one, a
-    constant of the trace."""
+def _const_loader(tracer, cell, source):
+    """Loads an inlined function's closure cell; source (S.CellSource): its contents are guarded
+    and re-read at call time, and mutating them is a side effect."""
     def load():
         try:
             value = cell.cell_contents

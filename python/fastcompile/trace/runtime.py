@@ -114,13 +114,13 @@ def build(tracer, vars_, user_stack=()):
         if outputs:
             first = state["first"]
             got = None
-            if first is not None:
+            if first is not None:           # the first call, or the next one (async: waits for the build)
                 if first.inputs is not None:
                     got = first.take([env.get(src) for src, _, _ in inputs])
                     if got is not None and got[0] is not None:
                         return [p(env, got[0]) for p in plans]
-                if not first.done.is_set():
-                    first.wait()
+                first.wait()
+                state["first"] = None       # spent: later calls skip all this
             c = state["compiled"]
             if c is None:
                 c = state["compiled"] = graph.compile()
@@ -175,7 +175,6 @@ class _FirstCall:
         self.inputs, self.stand_ins = ins, stand_ins
         self.outs = tuple(_host(v.example) for v in outputs) if background else None
         self.background = background
-        self.error = None
         self.pid = os.getpid()
         self.done = threading.Event()
         if not background:
@@ -234,10 +233,9 @@ def _submit(first, compiled, arrays, stand_ins):
             _WORKER[0] = t
             try:
                 t.start()
-            except RuntimeError as e:           # no thread to be had: the calls build
+            except RuntimeError:                # no thread to be had: the calls build
                 _WORKER[0] = None
                 for f, _, _, _ in _QUEUE:
-                    f.error = e
                     f.done.set()
                 _QUEUE.clear()
 
@@ -256,7 +254,6 @@ def _work():
                 compiled._prebuild(arrays, stand_ins)
                 built.append(compiled)
             except BaseException as e:      # the calls build what they need, and raise as without it
-                first.error = e
                 log.debug("fastcompile: background build failed (%s: %s); calls build their kernels",
                           type(e).__name__, e)
         try:
