@@ -663,6 +663,73 @@ def test_reset_and_del_do_not_leak_a_function_with_breaks():
     assert ref() is None
 
 
+def _live_vars():
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, trace.variables.ArrayVar))
+
+
+def _kept_pair(x, y):
+    z = np.exp(x) * y + 1
+    return z, np.tanh(z) - 3
+
+
+def _kept_sum(x, y):
+    z = np.exp(x) * y + 1
+    return z, z.sum()                   # a NumPy scalar out: run(), no fast target
+
+
+def _kept_break(x, y):
+    z = np.exp(x) * y + 1
+    print("", end="", file=_SINK)       # graph break: the slow path (no fast target)
+    return z * 2, y
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("fn", [_kept_pair, _kept_sum, _kept_break], ids=["fast", "scalar", "break"])
+def test_a_compiled_function_keeps_neither_the_first_calls_inputs_nor_the_traces_arrays(fn, background):
+    """A compiled target lives as long as the function: what the trace saw (the first call's
+    arrays as examples, every traced value's array) must not live on in it. Before, a batch
+    passed once stayed in memory for good."""
+    old = fastcompile.config.get("async_compile")
+    fastcompile.config.set(async_compile=background)
+    try:
+        vars0 = _live_vars()
+        f = fastcompile.compile(fn)
+        x, y = C.a2(777), C.a2(777, seed=1)
+        want = fn(x, y)
+        got = f(x, y)
+        same(got, want)
+        refs = [weakref.ref(x), weakref.ref(y)]
+        del x, y, got, want
+        gc.collect()
+        assert [r() is None for r in refs] == [True, True]
+        assert _live_vars() == vars0
+        x2 = C.a2(777, seed=2)                 # and the target still runs, on new inputs
+        same(f(x2, x2), fn(x2, x2))
+    finally:
+        fastcompile.config.set(async_compile=old)
+        fastcompile.reset()
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["core", "autograd"])
+def test_a_compiled_module_keeps_no_input_of_its_first_call(train):
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))
+    f = fastcompile.compile(m)
+    x = torch.randn(4, 8, requires_grad=train)
+    with torch.set_grad_enabled(train):
+        y = f(x)
+        torch.testing.assert_close(y, m(x))
+    if train:
+        y.sum().backward()
+    refs = [weakref.ref(x), weakref.ref(y)]
+    del x, y
+    gc.collect()
+    assert [r() is None for r in refs] == [True, True]
+    fastcompile.reset()
+
+
 # ----------------------------------------------------------------------------------------------
 # nn.Module
 # ----------------------------------------------------------------------------------------------

@@ -83,8 +83,9 @@ def build(tracer, vars_, user_stack=()):
         raise Unsupported("cannot rebuild a %s after the graph" % type(v).__name__, user_stack)
 
     plans = [plan(v) for v in vars_]
-    inputs = list(tracer.inputs)
-    for src, kind, ex in inputs:
+    # (source, kind) only: the examples (the first call's arrays) must not live on in run
+    inputs = [(src, kind) for src, kind, _ in tracer.inputs]
+    for src, _ in inputs:
         _roots(src, roots)
     slots = []
     for r in roots:
@@ -108,15 +109,17 @@ def build(tracer, vars_, user_stack=()):
             state["compiled"] = graph.compile()
         state["first"] = _FirstCall(tracer, outputs, state["compiled"], background)
 
+    has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's arrays
+
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
-        if outputs:
+        if has_outputs:
             first = state["first"]
             got = None
             if first is not None:           # the first call, or the next one (async: waits for the build)
                 if first.inputs is not None:
-                    got = first.take([env.get(src) for src, _, _ in inputs])
+                    got = first.take([env.get(src) for src, _ in inputs])
                     if got is not None and got[0] is not None:
                         return [p(env, got[0]) for p in plans]
                 first.wait()
@@ -125,7 +128,7 @@ def build(tracer, vars_, user_stack=()):
             if c is None:
                 c = state["compiled"] = graph.compile()
             arrays = []
-            for src, kind, _ in inputs:
+            for src, kind in inputs:
                 a = env.get(src)
                 if kind == "torch":
                     a = a.detach().numpy()
@@ -318,12 +321,13 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     f_globals, f_builtins = tracer.f_globals, tracer.f_builtins
     state = {"compiled": None}
     runners = []
+    has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's tensors
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
-        if outputs:
-            tensors = [env.get(src) for src, _, _ in inputs]
+        if has_outputs:
+            tensors = [env.get(src) for src, _ in inputs]
             c = state["compiled"]
             if c is None:
                 import torch
@@ -347,7 +351,7 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     tuple of arrays straight out of the graph), a target with no per-call
     bookkeeping: pick the arguments, call the Compiled, pick the outputs. None otherwise."""
     from .interp import _unlazy
-    if len(vars_) != 1 or any(kind != "numpy" or not isinstance(src, S.LocalSource) for src, kind, _ in inputs):
+    if len(vars_) != 1 or any(kind != "numpy" or not isinstance(src, S.LocalSource) for src, kind in inputs):
         return None
     ret = _unlazy(vars_[0])
     items = ret.items if isinstance(ret, TupleVar) else [ret]
@@ -359,7 +363,7 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
             return None
         ks.append(next(i for i, o in enumerate(outputs) if o is v))
     from .. import _C
-    pos = tuple(slots.index(src.slot) for src, _, _ in inputs)
+    pos = tuple(slots.index(src.slot) for src, _ in inputs)
     compiled = state["compiled"] = state["compiled"] or graph.compile()
     # async: a Python frame per call. Sync: the Compiled itself, so the first call runs the
     # externs again (NumPy arrays in, arrays out: pure NumPy calls)
