@@ -185,15 +185,39 @@ def test_corpus_compiled_and_explained(case, capsys, request):
     check_golden(name, text)
 
 
-@pytest.mark.xfail(strict=True, reason="a list read from outside the frame is guarded on its length even "
-                   "when the frame only appends to it (LOG.append at a graph break): every call recompiles, "
-                   "until the 8-variant limit makes the function run uncompiled")
 def test_outside_list_append_does_not_recompile():
+    """A list read from outside the frame is guarded on its length only where the trace reads
+    its items or length: appending to it (a graph break) changed the length each call, and each
+    call recompiled until the variant limit made the function run uncompiled."""
     f = fastcompile.compile(C.br_side_effect)
     x = C.a2(5, 6)
+    n = len(C.LOG)
     for _ in range(3):
-        f(x)
+        same(f(x), x + 1)
+    assert len(C.LOG) == n + 3                      # the append ran at every call
     assert len(entries(C.br_side_effect)) == 1
+
+
+def _sum_outside(x):
+    return x * len(_OUTSIDE) + _OUTSIDE[0]
+
+
+_OUTSIDE = [1.0, 2.0]
+
+
+def test_an_outside_list_whose_items_are_read_is_still_guarded():
+    f = fastcompile.compile(_sum_outside)
+    x = C.a2(5, 6)
+    try:
+        same(f(x), _sum_outside(x))
+        _OUTSIDE.append(3.0)                        # the length changed: traced again
+        same(f(x), _sum_outside(x))
+        _OUTSIDE[0] = 5.0                           # an item changed: traced again
+        same(f(x), _sum_outside(x))
+        assert len(entries(_sum_outside)) == 3
+    finally:
+        del _OUTSIDE[2:]
+        _OUTSIDE[0] = 1.0
 
 
 def test_every_golden_has_a_case():
@@ -1142,15 +1166,19 @@ def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_
         def set_c(v):
             nonlocal c
             c = v
-        return f, set_c, log
+        return f, set_c, log, note
 
-    f, set_c, log = make()
+    f, set_c, log, note = make()
     cf = fastcompile.compile(f)
     x = np.arange(4.0)
     np.testing.assert_allclose(cf(x), x * 2.0 + 1.0)
     set_c(3.0)
     np.testing.assert_allclose(cf(x), x * 3.0 + 1.0)
     assert len(log) == 2                              # both calls appended
+    for _ in range(4):                                # appending changes no guard: no recompile
+        np.testing.assert_allclose(cf(x), x * 3.0 + 1.0)
+    assert len(log) == 6
+    assert len(entries(note)) == 1                    # before, one more entry per call
 
 
 def test_async_compile_general_path_next_call_waits_for_the_build(async_on, held_build):

@@ -180,10 +180,15 @@ class Tracer:
             return TupleVar([self.wrap(v, S.ItemSource(source, i) if source else None)
                              for i, v in enumerate(value)], source)
         if t is list:
+            if source is None:
+                return ListVar([self.wrap(v, None) for v in value])
             self.guard(source, "type", list)
-            self.guard(source, "len", len(value))
-            return ListVar([self.wrap(v, S.ItemSource(source, i) if source else None)
-                            for i, v in enumerate(value)], source)
+            snapshot = list(value)          # the items as read now; the trace mutates no outside list
+
+            def items():                    # on the first read of the items or length (ListVar)
+                self.guard(source, "len", len(snapshot))
+                return [self.wrap(v, S.ItemSource(source, i)) for i, v in enumerate(snapshot)]
+            return ListVar((), source, loader=items)
         if t is dict:
             self.guard(source, "type", dict)
             self.guard(source, "len", len(value))

@@ -60,11 +60,11 @@ def build(tracer, vars_, user_stack=()):
             c = v.value
             return lambda env, outs: c
         if isinstance(v, (TupleVar, ListVar)):
-            parts = [plan(x) for x in v.items]
-            if v.source is not None and isinstance(v, ListVar):
+            if v.source is not None and isinstance(v, ListVar):     # its items unread: no guard on them
                 _roots(v.source, roots)
                 src = v.source
                 return lambda env, outs: env.get(src)
+            parts = [plan(x) for x in v.items]
             ctor = tuple if isinstance(v, TupleVar) else list
             return lambda env, outs: ctor(p(env, outs) for p in parts)
         if isinstance(v, DictVar):

@@ -59,10 +59,25 @@ class TupleVar(Var):
 
 
 class ListVar(Var):
-    """A list; source set when it came from outside the frame (then read-only)."""
+    """A list; source set when it came from outside the frame (then read-only). loader: for a
+    list from outside, called on the first read of items; it guards the length and wraps the
+    items then, so a frame that only appends to the list (a graph break) is not guarded on a
+    length that every call changes."""
 
-    def __init__(self, items, source=None):
-        self.items, self.source = list(items), source
+    def __init__(self, items, source=None, loader=None):
+        self._items = list(items) if loader is None else None
+        self.source, self._loader = source, loader
+
+    @property
+    def items(self):
+        if self._items is None:
+            loader, self._loader = self._loader, None
+            self._items = list(loader())
+        return self._items
+
+    @items.setter
+    def items(self, items):
+        self._items, self._loader = list(items), None
 
 
 class DictVar(Var):
