@@ -40,7 +40,7 @@ TRANSCENDENTAL = {
     "log1p": "log1p", "sqrt": "sqrt", "sin": "sin", "cos": "cos", "tan": "tan", "tanh": "tanh",
     "asin": "arcsin", "acos": "arccos", "atan": "arctan", "sinh": "sinh", "cosh": "cosh",
     "asinh": "arcsinh", "acosh": "arccosh", "atanh": "arctanh", "erf": None, "rsqrt": None,
-    "sigmoid": None, "silu": None, "gelu": None, "gelu_tanh": None, "softplus": None,
+    "sigmoid": None, "silu": None, "gelu": None, "gelu_tanh": None, "gelu_grad": None, "softplus": None,
 }
 
 
@@ -280,6 +280,15 @@ def reference(stem, x):
             # erfc(-x/sqrt2): rounding the argument costs ~2z^2 ULP near the tail
             zz = x.astype(np.float64) * 0.7071067811865476
             return 0.5 * x.astype(np.float64) * _erfc(-zz), 4 * zz * zz
+        if stem == "gelu_grad":
+            # Phi(x) + x phi(x): the sum cancels near its root (x = -0.752), where the error of
+            # each term counts relative to the small result; both roundings of x^2 (exp's and
+            # erfc's argument) cost ~x^2 ULP, as gelu's
+            x64 = x.astype(np.float64)
+            big, small = 0.5 * _erfc(-x64 * 0.7071067811865476), x64 * np.exp(-0.5 * x64 * x64) / math.sqrt(2 * math.pi)
+            f = big + small
+            cond = (np.abs(big) + np.abs(small)) / np.where(f == 0, 1.0, np.abs(f))
+            return f, 4 * np.where(np.isfinite(cond), cond, 0) + 2 * x64 * x64
         if stem == "gelu_tanh":
             u = math.sqrt(2 / math.pi) * (wide + 0.044715 * wide ** 3)
             # x * sigmoid(2u) == 0.5x(1 + tanh(u)); the rounded 0.044715 costs ~|u| ULP
@@ -298,6 +307,7 @@ EXTRA = {
     "sigmoid": [np.linspace(-800, 800, 3201)], "silu": [np.linspace(-800, 800, 3201)],
     "softplus": [np.linspace(-120, 40, 1601), [19.999, 20.0001, 20.0, -20.0]],
     "gelu": [np.linspace(-40, 10, 2001)], "gelu_tanh": [np.linspace(-30, 10, 2001)],
+    "gelu_grad": [np.linspace(-20, 20, 4001), -0.75179 + np.linspace(-1e-3, 1e-3, 201)],
 }
 
 
@@ -322,7 +332,7 @@ def test_transcendental(lib, rng, stem, t):
     x = float_inputs(t, rng, extra=EXTRA.get(stem, ()))
     ref, extra = reference(stem, x)
     # x * (a subnormal) loses bits: products below the normal range get an absolute bound
-    tiny = float(np.finfo(NPTYPE[t]).smallest_normal) if stem in ("silu", "gelu", "gelu_tanh") else 0.0
+    tiny = float(np.finfo(NPTYPE[t]).smallest_normal) if stem in ("silu", "gelu", "gelu_tanh", "gelu_grad") else 0.0
     assert_same("%s_%s" % (stem, t), run(lib, stem, t, x), ref, x, tol=4 + extra,
                 zero_sign=TRANSCENDENTAL[stem] is not None, abs_tol=tiny)
 

@@ -200,6 +200,19 @@ def ref_gelu(x):
         return 0.5 * x64 * vec(math.erfc, -x64 * SQRT1_2)
 
 
+def _gelu_grad_terms(x):
+    """Phi(x) and x phi(x) in float64: gelu_grad is their sum"""
+    x64 = np.asarray(x, np.float64)
+    with np.errstate(all="ignore"):
+        return 0.5 * vec(math.erfc, -x64 * SQRT1_2), x64 * np.exp(-0.5 * x64 * x64) / math.sqrt(2 * math.pi)
+
+
+def ref_gelu_grad(x):
+    big, small = _gelu_grad_terms(x)
+    with np.errstate(all="ignore"):
+        return big + small
+
+
 def ref_sigmoid(x):
     with np.errstate(all="ignore"):
         return 1 / (1 + np.exp(-ld(x)))
@@ -304,6 +317,7 @@ UNARY = {
     "relu": (native(_relu), EXACT, all_dtypes),
     "gelu": (with_result_dtype(ref_gelu), TRANSC, all_dtypes),
     "gelu_tanh": (with_result_dtype(ref_gelu_tanh), TRANSC, all_dtypes),
+    "gelu_grad": (with_result_dtype(ref_gelu_grad), TRANSC, all_dtypes),
     "silu": (with_result_dtype(lambda x: ld(x) * ref_sigmoid(x)), TRANSC, all_dtypes),
     "softplus": (with_result_dtype(ref_softplus), TRANSC, all_dtypes),
     "floor": (native(np.floor), EXACT, all_dtypes),
@@ -360,7 +374,9 @@ BINARY = {
 # the first operand where float32/float64 return the second, so the sign of a zero
 # coming out of a tie is not defined; the core always returns the second (relu(-0.0)
 # is +0.0, as np.maximum(x, 0) in float32/float64).
-NO_SIGNED_ZERO = {"fmax", "fmin"}
+# gelu_grad: where x << 0 the result underflows; its exact value is negative, the kernel's
+# zero is +0 (Phi's +0 plus x phi's -0), as torch's own gelu_backward gives.
+NO_SIGNED_ZERO = {"fmax", "fmin", "gelu_grad"}
 NO_SIGNED_ZERO_F16 = {"maximum", "minimum", "relu", "clamp"}
 
 
@@ -383,7 +399,17 @@ def _cond_gelu_tanh(x):
         return 1 + 3.2 * (np.abs(x) + 0.044715 * np.abs(x) ** 3)
 
 
-CONDITION = {"gelu": _cond_gelu, "gelu_tanh": _cond_gelu_tanh}
+def _cond_gelu_grad(x):
+    # x^2: gelu's (the rounded argument of exp and erfc); the ratio: Phi(x) + x phi(x)
+    # cancels near its root at x = -0.752
+    big, small = _gelu_grad_terms(x)
+    with np.errstate(all="ignore"):
+        f = np.abs(big + small)
+        ratio = np.where(f > 0, (np.abs(big) + np.abs(small)) / np.where(f > 0, f, 1), 1)
+        return 1 + np.asarray(x, np.float64) ** 2 + np.where(np.isfinite(ratio), ratio, 1)
+
+
+CONDITION = {"gelu": _cond_gelu, "gelu_tanh": _cond_gelu_tanh, "gelu_grad": _cond_gelu_grad}
 
 
 def check(op, table, got, args, err):

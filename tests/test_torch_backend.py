@@ -487,6 +487,41 @@ def test_layernorm_is_one_kernel():
     assert len(r.kernels) == 1, [k.name for k in r.kernels]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_backward_is_one_core_kernel_and_matches_eager(approximate, dtype):
+    """aten.gelu_backward is lowered, not decomposed: the erf form as the core's gelu_grad (one
+    exp, no erf: torch's decomposition computes both), the tanh form as that decomposition; in
+    one kernel with the grad's multiply, no extern, NaN where eager's (x = +-inf, NaN)."""
+    def f(g, x):
+        return torch.ops.aten.gelu_backward(g, x, approximate=approximate)
+
+    record = []
+    x = torch.cat([torch.linspace(-16, 16, 3201), torch.tensor([float("inf"), -float("inf"), float("nan"),
+                                                                 0.0, -0.0, -0.7518])]).to(dtype)
+    g = torch.randn(x.shape).to(dtype)
+    torch.testing.assert_close(compile_fc(f, record=record)(g, x), f(g, x), equal_nan=True)
+    (r,) = record
+    assert r.fallback is None and r.extern_calls == 0 and len(r.kernels) == 1
+    ops = {n.split("(")[0].split()[-1] for k in r.kernels for n in k.fused.splitlines() if " = " in n}
+    assert ("gelu_grad" in ops) == (approximate == "none") and "erf" not in ops, ops
+
+
+def test_gelu_mlp_training_step_uses_gelu_grad():
+    """The backward graph of Linear -> GELU -> Linear: gelu_grad, no erf; gradients as eager's."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 8))
+    ref = copy.deepcopy(m)
+    record = []
+    x = torch.randn(32, 16)
+    compile_fc(m, record=record)(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, **TOL)
+    fused = "\n".join(k.fused for r in record for k in r.kernels)
+    assert "gelu_grad(" in fused and "erf(" not in fused, fused
+
+
 def test_repeated_layers_share_their_kernels():
     """Identical layers, forward and backward: a third layer's kernels have the same text as the
     second's (locals are numbered per kernel, not by graph node; the first layer differs, as its

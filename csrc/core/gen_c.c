@@ -524,7 +524,7 @@ flat_is_heavy(const Gen *G)
         case FC_OP_LOG10: case FC_OP_LOG1P: case FC_OP_SIN: case FC_OP_COS: case FC_OP_TAN:
         case FC_OP_TANH: case FC_OP_ASIN: case FC_OP_ACOS: case FC_OP_ATAN: case FC_OP_SINH:
         case FC_OP_COSH: case FC_OP_ASINH: case FC_OP_ACOSH: case FC_OP_ATANH: case FC_OP_ERF:
-        case FC_OP_SIGMOID: case FC_OP_GELU: case FC_OP_GELU_TANH: case FC_OP_SILU:
+        case FC_OP_SIGMOID: case FC_OP_GELU: case FC_OP_GELU_TANH: case FC_OP_GELU_GRAD: case FC_OP_SILU:
         case FC_OP_SOFTPLUS: case FC_OP_POW: case FC_OP_ATAN2: case FC_OP_HYPOT:
             return 1;
         default:

@@ -87,7 +87,8 @@ class _NotLowered(Exception):
 # decompositions
 # ----------------------------------------------------------------------------------------------
 
-_KEEP = ("silu", "softplus", "logsumexp")       # core ops: do not decompose them
+# core ops, or lowered by hand (gelu_backward: the core's gelu_grad): do not decompose them
+_KEEP = ("silu", "softplus", "logsumexp", "gelu_backward")
 
 
 @functools.lru_cache(maxsize=None)
@@ -937,6 +938,32 @@ def _gelu(L, node):
     x = node.args[0]
     v = L.operand(x, _meta(node).dtype)
     return L.out(node, L.g.call("gelu", v, approximate=approx), L.cshape_of(x))
+
+
+@_register(aten.gelu_backward)
+def _gelu_backward(L, node):
+    """grad * gelu'(x). The erf form is the core's gelu_grad: one exp and a rational per
+    element, where torch's decomposition (which Inductor compiles) computes erf and exp apart;
+    the tanh form is torch's decomposition, op for op."""
+    grad, x = node.args[:2]
+    approx = node.kwargs.get("approximate", node.args[2] if len(node.args) > 2 else "none")
+    dt = _meta(node).dtype
+    g, v = L.operand(grad, dt), L.operand(x, dt)
+    call = L.g.call
+    if approx == "none":
+        d = call("gelu_grad", v)
+    elif approx == "tanh":
+        beta, kappa = 1.41421356237309504880 * 1.12837916709551257390 * 0.5, 0.044715
+        x_sq = call("mul", v, v)
+        inner = call("mul", call("add", v, call("mul", call("mul", x_sq, v), kappa)), beta)
+        t = call("tanh", inner)
+        left_d = call("mul", call("add", t, 1), 0.5)
+        right_d = call("mul", call("mul", call("mul", v, 0.5), call("sub", 1, call("mul", t, t))),
+                       call("mul", call("add", call("mul", x_sq, 3 * kappa), 1), beta))
+        d = call("add", left_d, right_d)
+    else:
+        raise _NotLowered("gelu_backward approximate=%r" % (approx,))
+    return L.out(node, call("mul", g, d), L.cshape_of(grad, x))
 
 
 @_register(aten.softplus)

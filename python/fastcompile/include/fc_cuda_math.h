@@ -60,6 +60,13 @@ FC_DEV float fc__bits_f32(uint32_t u) { return __uint_as_float(u); }
  * is a few FMAs. gelu(-inf) is NaN, as torch. */
 FC_DEV float fc_gelu_f32(float x) { return 0.5f * x * erfcf(-0.70710678118654752f * x); }
 FC_DEV double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
+/* gelu_grad: Phi(x) + x phi(x), the derivative of gelu (its backward) */
+FC_DEV float fc_gelu_grad_f32(float x) {
+    return 0.5f * erfcf(-0.70710678118654752f * x) + x * (expf(-0.5f * x * x) * 0.398942280401432678f);
+}
+FC_DEV double fc_gelu_grad_f64(double x) {
+    return 0.5 * erfc(-0.70710678118654752 * x) + x * (exp(-0.5 * x * x) * 0.398942280401432678);
+}
 
 /* ---- hypot in float64: CUDA's overflows to inf where the result is near the
  * largest double (hypot(DBL_MAX, 1e300)); this one scales by the larger

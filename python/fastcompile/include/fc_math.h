@@ -129,12 +129,10 @@ FC_INLINE float fc__bits_f32(uint32_t u) { float x; memcpy(&x, &u, 4); return x;
 #define FC_GELU_S2 -2.083454654e-02f
 #define FC_GELU_S1 1.249978691e-01f
 #define FC_GELU_S0 -4.999998510e-01f
-FC_INLINE float fc_gelu_f32(float x) {
-    const uint32_t ab = fc__f32_bits(x) & 0x7fffffffu;
-    const float c = fc__bits_f32(ab < 0x41680000u ? ab : 0x41680000u);  /* min(|x|, 14.5) */
-    const int32_t xb = (int32_t)fc__f32_bits(x);
-    const int32_t mb = xb < 0x7149F2CA ? xb : 0x7149F2CA;                /* min(x, 1e30) */
-    const float k = fc__bits_f32((uint32_t)mb & 0x7fffffffu);            /* |x|, finite at +inf */
+/* The part gelu and gelu_grad share, for c = min(|x|, 14.5): returns X = 2^k exp(-c^2 / 2)
+ * (2^(n + k) e^r, zero where that leaves the normal range) and sets *e = P/Q(c) X =
+ * -2^k erfc(c / sqrt2) / 2. k (a constant) moves the zeroing down k binades. */
+FC_INLINE float fc__gelu_tail(float c, float *e, int k) {
     float p = FC__FMAF(c, FC_GELU_P3, FC_GELU_P2);
     p = FC__FMAF(p, c, FC_GELU_P1);
     p = FC__FMAF(p, c, FC_GELU_P0);
@@ -153,11 +151,45 @@ FC_INLINE float fc_gelu_f32(float x) {
     s = FC__FMAF(s, rp, FC_GELU_S1);
     s = FC__FMAF(s, rp, FC_GELU_S0);
     const float E = FC__FMAF(s, rp, 1.0f);                               /* e^r */
-    const uint32_t es = fc__f32_bits(E) + (fc__f32_bits(nb) << 23);      /* e^r 2^n, while normal */
-    const float e = pq * fc__bits_f32(n >= -125.0f ? es : 0u);          /* -erfc(|x| / sqrt2) / 2 */
+    const uint32_t es = fc__f32_bits(E) + ((fc__f32_bits(nb) + (uint32_t)k) << 23);  /* e^r 2^(n+k) */
+    const float X = fc__bits_f32(n >= -125.0f - (float)k ? es : 0u);    /* while normal */
+    *e = pq * X;                                                         /* -2^k erfc(|x| / sqrt2) / 2 */
+    return X;
+}
+FC_INLINE float fc_gelu_f32(float x) {
+    const uint32_t ab = fc__f32_bits(x) & 0x7fffffffu;
+    const float c = fc__bits_f32(ab < 0x41680000u ? ab : 0x41680000u);  /* min(|x|, 14.5) */
+    const int32_t xb = (int32_t)fc__f32_bits(x);
+    const int32_t mb = xb < 0x7149F2CA ? xb : 0x7149F2CA;                /* min(x, 1e30) */
+    const float k = fc__bits_f32((uint32_t)mb & 0x7fffffffu);            /* |x|, finite at +inf */
+    float e;
+    (void)fc__gelu_tail(c, &e, 0);
     const uint32_t xb32 = fc__f32_bits(x);
     /* relu keeping the sign of zero, gelu(+-0) = +-0: -0 for every x with the sign bit set */
     return FC__FMAF(k, e, fc__bits_f32(xb32 <= 0x80000000u ? xb32 : 0x80000000u));
+}
+
+/* ---- float32 gelu_grad: d gelu / dx = Phi(x) + x phi(x) (gelu's backward) --
+ * torch's decomposition computes erf(x / sqrt2) and exp(-x^2 / 2) apart: a
+ * libmvec erff call and an exp per element, which made the backward kernel of
+ * a GELU MLP compute-bound. gelu's tail gives both at once: with c = |x|,
+ * e = -erfc(c / sqrt2) / 2 and X = exp(-c^2 / 2),
+ *     Phi(x) = -e for x < 0 (= Phi(-c)), 1 + e otherwise;  phi(x) = X / sqrt(2 pi).
+ * No erf, one exp. Phi keeps gelu's accuracy (relative, in the tail too);
+ * near the root at x = -0.752 the sum cancels, as any float formula does.
+ * X and e come scaled by 16 (k = 4): x phi(x) is up to 5.8 X, so X must stay
+ * normal 3 binades further down than in gelu for the result to be exact down
+ * to FLT_MIN (x = -13.3: -2e-38, which X zeroed at 2^-125 gave as 0).
+ * x = +-inf and NaN give NaN (x * 0 or NaN), as torch's decomposition. */
+FC_INLINE float fc_gelu_grad_f32(float x) {
+    const uint32_t xb = fc__f32_bits(x);
+    const uint32_t ab = xb & 0x7fffffffu;
+    const float c = fc__bits_f32(ab < 0x41680000u ? ab : 0x41680000u);  /* min(|x|, 14.5) */
+    float e16;
+    const float X16 = fc__gelu_tail(c, &e16, 4);
+    const float e = e16 * 0.0625f;                                       /* exact */
+    const float Phi = xb >> 31 ? -e : 1.0f + e;
+    return FC__FMAF(x, X16 * (0.398942280401432678f / 16.0f), Phi);
 }
 
 /* ---- float32 exp without libm ---------------------------------------------
@@ -230,6 +262,9 @@ FC_INLINE float fc__expf(float x) {
 #undef FC_GELU_S1
 #undef FC_GELU_S0
 FC_INLINE double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
+FC_INLINE double fc_gelu_grad_f64(double x) {
+    return 0.5 * erfc(-0.70710678118654752 * x) + x * (exp(-0.5 * x * x) * 0.398942280401432678);
+}
 
 /* ---- maximum, minimum, fmax, fmin, clamp of floats (ints: fc_math_common.h)
  * maximum/minimum propagate NaN (a + b is the first NaN operand); on a
