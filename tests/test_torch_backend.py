@@ -624,6 +624,38 @@ def test_dynamic_shapes_fall_back():
         torch.testing.assert_close(f(x), (x * 2).sum(-1))
 
 
+def test_steady_state_calls_run_the_generated_runner():
+    """From the second call a CPU graph runs one generated function (FxGraphRunner._make_fast):
+    inputs converted inline (parameters through _convert's cache, which a step's in-place update
+    invalidates), outputs made as the plan says (a dtype cast, eager's layout for a transposed
+    output, an input passed through); results as eager's at every call, and a wrong input type
+    is still a TypeError."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, w, b):
+        y = torch.sigmoid(x @ w) * 2
+        return y, (y + b).t(), (y > 1).to(torch.int32), b, x.t() * 2 + y.sum()    # the last: restrided
+
+    x, w, b = torch.randn(6, 8), nn.Parameter(torch.randn(8, 5)), torch.randn(5)
+    gm = make_fx(f, decomposition_table=fbt.decompositions())(x, w, b)
+    run = fbt.fx_to_graph(gm, [x, w, b])
+    assert run._fast is None
+    for step in range(4):
+        with torch.no_grad():
+            got, want = run(x, w, b), f(x, w, b)
+        assert len(got) == len(want)
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e)
+            assert g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
+        assert run._fast is not None                # made by the first call, used by the rest
+        with torch.no_grad():
+            w.mul_(0.5)                         # a parameter updated in place, as an optimizer step
+        x = torch.randn(6, 8)
+    assert "compiled(" in run._fast.source and "_restride(" in run._fast.source
+    with pytest.raises(TypeError, match="input 2"):
+        run(x, w, b.numpy())
+
+
 def test_fx_to_graph_reusable():
     """fx_to_graph lowers an aten graph on its own (the project's own frontend can route here)."""
     from torch.fx.experimental.proxy_tensor import make_fx

@@ -1737,6 +1737,7 @@ class FxGraphRunner:
         except Exception as e:          # never fail compilation
             self.fallback = "%s: %s" % (type(e).__name__, e)
             log.warning("fastcompile: graph runs as plain torch: %s", self.fallback, exc_info=True)
+        self._fast = None         # the generated steady-state call (_make_fast), after a first call
         self._pending = False     # batch compile: plans rendered, waiting for _load_pending()
         self._batch = None        # batch compile: the _Batch that took them, once one did
         # batch compile renders the plans of NumPy stand-ins: CPU graphs only (NVRTC compiles
@@ -1930,7 +1931,61 @@ class FxGraphRunner:
                  self.core_ops)
         return out
 
+    def _make_fast(self):
+        """The steady-state call of a CPU graph as one generated straight-line function (args ->
+        outputs): the conversions of the inputs and outputs __call__ decides per item and per call
+        are decided once, here (per step of a small model's training, this was most of the time
+        the runner added to the torch ops it calls). Parameters, bfloat16 inputs and
+        reduce-overhead mode keep _convert (its cache); anything else as __call__ does."""
+        glob = {"compiled": self.compiled, "convert": self._convert, "from_numpy": torch.from_numpy,
+                "_to_torch": _to_torch, "_restride": _restride, "Tensor": torch.Tensor, "TypeError": TypeError}
+        lines, arrays = [], []
+        for j, k in enumerate(self._arrays):
+            if k is not None:
+                glob["k%d" % j] = k
+            arrays.append("k%d" % j)
+        slow = self.mode == "reduce-overhead"
+        for j, i in self._arg_slots:
+            if slow or i in self._arg_bf16:
+                lines.append("a%d = convert(%d, args[%d])" % (j, i, i))
+            else:           # a plain tensor inline; a Parameter (cached) or a wrong type: _convert
+                lines.append("t = args[%d]" % i)
+                lines.append("a%d = (t.detach() if t.requires_grad else t).numpy() if type(t) is Tensor "
+                             "else convert(%d, t)" % (j, i))
+            arrays[j] = "a%d" % j
+        for j, i in self._passed_slots:
+            arrays[j] = "args[%d]" % i
+        lines.append("res = compiled(%s)" % ", ".join(arrays) if self.compiled is not None else "res = ()")
+        outs = []
+        for n, p in enumerate(self.plan):
+            if p[0] == "core":
+                _, k, tshape, dtype, copy, layout = p
+                glob["s%d" % n], glob["d%d" % n], glob["l%d" % n] = tshape, dtype, layout
+                lines.append("a = res[%d]" % k)
+                lines.append("o%d = from_numpy(a) if a.shape == s%d else _to_torch(a, s%d, d%d)" % (n, n, n, n))
+                if layout is not None:
+                    lines.append("o%d = _restride(o%d, l%d, d%d)" % (n, n, n, n))
+                else:
+                    lines.append("if o%d.dtype != d%d:\n        o%d = o%d.to(d%d)" % (n, n, n, n, n))
+                    if copy:
+                        lines.append("else:\n        o%d = o%d.clone()" % (n, n))
+                outs.append("o%d" % n)
+            elif p[0] == "arg":
+                outs.append("args[%d]" % p[1])
+            else:
+                glob["c%d" % n] = p[1]
+                outs.append("c%d" % n)
+        lines.append("return [%s]" % ", ".join(outs))
+        src = "def run(args):\n    %s\n" % "\n    ".join(lines)
+        exec(compile(src, "<fastcompile runner>", "exec"), glob)
+        run = glob["run"]
+        run.source = src
+        return run
+
     def __call__(self, *args):
+        fast = self._fast
+        if fast is not None:
+            return fast(args)
         if self.fallback is not None:
             return self._plain(args)
         if self._pending and not self._async:
@@ -1939,6 +1994,8 @@ class FxGraphRunner:
             out = self._call_async(args)
             if out is not None:
                 return out
+        if self.device is None and self.compiled is not None:
+            self._fast = self._make_fast()     # every later call: the steady state
         res = ()
         if self.compiled is not None:
             res = self.compiled(*self._core_args(args))
