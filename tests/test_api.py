@@ -725,6 +725,7 @@ def test_a_compiled_function_keeps_neither_the_first_calls_inputs_nor_the_traces
         same(got, want)
         refs = [weakref.ref(x), weakref.ref(y)]
         del x, y, got, want
+        fastcompile.pending_compiles(wait=True, timeout=120)      # async: the build holds them till done
         gc.collect()
         assert [r() is None for r in refs] == [True, True]
         assert _live_vars() == vars0

@@ -251,23 +251,34 @@ def _work():
             if not batch:
                 _WORKER[0] = None
                 return
-        built = []
-        for first, compiled, arrays, stand_ins in batch:
-            try:
-                compiled._prebuild(arrays, stand_ins)
-                built.append(compiled)
-            except BaseException as e:      # the calls build what they need, and raise as without it
-                log.debug("fastcompile: background build failed (%s: %s); calls build their kernels",
-                          type(e).__name__, e)
+        firsts = [item[0] for item in batch]
         try:
-            if built:
-                type(built[0])._load_pending(built)
-        except BaseException as e:
-            log.debug("fastcompile: background compile failed (%s: %s); calls compile their kernels",
-                      type(e).__name__, e)
+            _build(batch)
         finally:
-            for first, _, _, _ in batch:
+            batch = None        # the first calls' arrays are let go before their calls go on
+            for first in firsts:
                 first.done.set()
+
+
+def _build(batch):
+    """One batch of _work: prebuild every item, then compile their kernels in one go. Empties
+    the list: nothing of it (the first calls' input arrays) outlives the build."""
+    built = []
+    while batch:
+        _, compiled, arrays, stand_ins = batch.pop(0)
+        try:
+            compiled._prebuild(arrays, stand_ins)
+            built.append(compiled)
+        except BaseException as e:      # the calls build what they need, and raise as without it
+            log.debug("fastcompile: background build failed (%s: %s); calls build their kernels",
+                      type(e).__name__, e)
+        del arrays, stand_ins
+    try:
+        if built:
+            type(built[0])._load_pending(built)
+    except BaseException as e:
+        log.debug("fastcompile: background compile failed (%s: %s); calls compile their kernels",
+                  type(e).__name__, e)
 
 
 def _reset_after_fork():
