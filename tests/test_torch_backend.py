@@ -16,10 +16,12 @@ Every test skips with a reason where torch is not importable (CI runs a Python w
 """
 import copy
 import functools
+import gc
 import importlib.metadata
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 
@@ -654,6 +656,18 @@ def test_steady_state_calls_run_the_generated_runner():
     assert "compiled(" in run._fast.source and "_restride(" in run._fast.source
     with pytest.raises(TypeError, match="input 2"):
         run(x, w, b.numpy())
+    # a bfloat16 tensor where the graph was built for float32 converts as the generic path does
+    with torch.no_grad():
+        got, want = run(x, w, b.to(torch.bfloat16)), f(x, w, b.to(torch.bfloat16).float())
+    torch.testing.assert_close(got[0], want[0])
+    # the generated call holds what it calls, not the runner: no reference cycle keeps a runner
+    ref = weakref.ref(run)
+    gc.disable()
+    try:
+        del run
+        assert ref() is None
+    finally:
+        gc.enable()
 
 
 def test_fx_to_graph_reusable():

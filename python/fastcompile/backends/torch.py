@@ -1711,6 +1711,30 @@ def _drop_dead_random(gm):
         gm.recompile()
 
 
+def _convert_input(cache, mode, device, i, t):
+    """Input i of a runner as the array the core reads (FxGraphRunner._convert; a function of the
+    runner's cache, mode and device, so the generated call (_make_fast) does not hold the runner).
+    Parameters (any input, in reduce-overhead mode) are converted once per tensor, storage and
+    version: the cache holds the tensor, so its id cannot be reused while the entry stands, and an
+    in-place update moves the version."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("fastcompile: input %d is a %s, the graph was compiled for a tensor" % (i, type(t)))
+    cached = type(t) is torch.nn.Parameter or mode == "reduce-overhead"
+    if cached:
+        key = (id(t), t.data_ptr(), t._version)
+        hit = cache.get(i)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+    d = t.detach() if t.requires_grad else t     # .numpy() refuses a tensor that requires grad
+    if device is not None:            # CPU inputs of a CUDA graph stay as they are: externs read them
+        a = d.float() if d.dtype == torch.bfloat16 and d.device == device else d
+    else:
+        a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
+    if cached:
+        cache[i] = (key, a, t)
+    return a
+
+
 class FxGraphRunner:
     """One lowered FX graph: call it with the graph's flat inputs, get the list of its outputs.
 
@@ -1825,25 +1849,7 @@ class FxGraphRunner:
         return self.compiled.kernels if self.compiled is not None else []
 
     def _convert(self, i, t):
-        """Input i as the array the core reads. Parameters (any input, in reduce-overhead mode)
-        are converted once per tensor, storage and version: the cache holds the tensor, so its
-        id cannot be reused while the entry stands, and an in-place update moves the version."""
-        if not isinstance(t, torch.Tensor):
-            raise TypeError("fastcompile: input %d is a %s, the graph was compiled for a tensor" % (i, type(t)))
-        cached = type(t) is torch.nn.Parameter or self.mode == "reduce-overhead"
-        if cached:
-            key = (id(t), t.data_ptr(), t._version)
-            hit = self._cache.get(i)
-            if hit is not None and hit[0] == key:
-                return hit[1]
-        d = t.detach() if t.requires_grad else t     # .numpy() refuses a tensor that requires grad
-        if self.device is not None:            # CPU inputs of a CUDA graph stay as they are: externs read them
-            a = d.float() if d.dtype == torch.bfloat16 and d.device == self.device else d
-        else:
-            a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
-        if cached:
-            self._cache[i] = (key, a, t)
-        return a
+        return _convert_input(self._cache, self.mode, self.device, i, t)
 
     def _core_args(self, args):
         """The compiled graph's arguments for a call with ``args``: a new list per call, since
@@ -1936,9 +1942,11 @@ class FxGraphRunner:
         outputs): the conversions of the inputs and outputs __call__ decides per item and per call
         are decided once, here (per step of a small model's training, this was most of the time
         the runner added to the torch ops it calls). Parameters, bfloat16 inputs and
-        reduce-overhead mode keep _convert (its cache); anything else as __call__ does."""
-        glob = {"compiled": self.compiled, "convert": self._convert, "from_numpy": torch.from_numpy,
-                "_to_torch": _to_torch, "_restride": _restride, "Tensor": torch.Tensor, "TypeError": TypeError}
+        reduce-overhead mode keep _convert (its cache); anything else as __call__ does. It holds
+        what it calls, not the runner: a runner stays free of reference cycles."""
+        glob = {"compiled": self.compiled, "from_numpy": torch.from_numpy, "BF16": torch.bfloat16,
+                "convert": functools.partial(_convert_input, self._cache, self.mode, self.device),
+                "_to_torch": _to_torch, "_restride": _restride, "Tensor": torch.Tensor}
         lines, arrays = [], []
         for j, k in enumerate(self._arrays):
             if k is not None:
@@ -1948,10 +1956,10 @@ class FxGraphRunner:
         for j, i in self._arg_slots:
             if slow or i in self._arg_bf16:
                 lines.append("a%d = convert(%d, args[%d])" % (j, i, i))
-            else:           # a plain tensor inline; a Parameter (cached) or a wrong type: _convert
+            else:           # a plain tensor inline; a Parameter (cached), bfloat16 or a wrong type: _convert
                 lines.append("t = args[%d]" % i)
-                lines.append("a%d = (t.detach() if t.requires_grad else t).numpy() if type(t) is Tensor "
-                             "else convert(%d, t)" % (j, i))
+                lines.append("a%d = (t.detach() if t.requires_grad else t).numpy() "
+                             "if type(t) is Tensor and t.dtype is not BF16 else convert(%d, t)" % (j, i))
             arrays[j] = "a%d" % j
         for j, i in self._passed_slots:
             arrays[j] = "args[%d]" % i

@@ -177,9 +177,11 @@ FC_INLINE float fc_gelu_f32(float x) {
  *     Phi(x) = -e for x < 0 (= Phi(-c)), 1 + e otherwise;  phi(x) = X / sqrt(2 pi).
  * No erf, one exp. Phi keeps gelu's accuracy (relative, in the tail too);
  * near the root at x = -0.752 the sum cancels, as any float formula does.
- * X and e come scaled by 16 (k = 4): x phi(x) is up to 5.8 X, so X must stay
- * normal 3 binades further down than in gelu for the result to be exact down
- * to FLT_MIN (x = -13.3: -2e-38, which X zeroed at 2^-125 gave as 0).
+ * X and e come scaled by 16 (k = 4), and x multiplies X before the constant
+ * does (X / sqrt(2 pi) alone would be subnormal there): x phi(x) is up to
+ * 5.8 X, so X must stay normal 3 binades further down than in gelu, or
+ * results just above FLT_MIN come out 0 (x = -13.3: -2e-38); results below
+ * FLT_MIN (x < -13.4) may be 0.
  * x = +-inf and NaN give NaN (x * 0 or NaN), as torch's decomposition. */
 FC_INLINE float fc_gelu_grad_f32(float x) {
     const uint32_t xb = fc__f32_bits(x);
@@ -189,7 +191,7 @@ FC_INLINE float fc_gelu_grad_f32(float x) {
     const float X16 = fc__gelu_tail(c, &e16, 4);
     const float e = e16 * 0.0625f;                                       /* exact */
     const float Phi = xb >> 31 ? -e : 1.0f + e;
-    return FC__FMAF(x, X16 * (0.398942280401432678f / 16.0f), Phi);
+    return FC__FMAF(x * X16, 0.398942280401432678f / 16.0f, Phi);
 }
 
 /* ---- float32 exp without libm ---------------------------------------------

@@ -71,8 +71,8 @@ class ListVar(Var):
     @property
     def items(self):
         if self._items is None:
-            loader, self._loader = self._loader, None
-            self._items = list(loader())
+            self._items = list(self._loader())      # raises again at the next read if it raised
+            self._loader = None
         return self._items
 
     @items.setter
