@@ -198,6 +198,51 @@ def test_outside_list_append_does_not_recompile():
     assert len(entries(C.br_side_effect)) == 1
 
 
+_OUTSIDE_DICT = {}
+
+
+def _dict_insert(x):
+    y = x + 1
+    _OUTSIDE_DICT[id(y)] = 1                       # a store into an outside dict: a graph break
+    return y * 2
+
+
+def test_outside_dict_insert_does_not_recompile():
+    """As for lists: an outside dict is guarded on its length only where its items are read."""
+    f = fastcompile.compile(_dict_insert)
+    x = C.a2(5, 6)
+    n = len(_OUTSIDE_DICT)
+    try:
+        for _ in range(3):
+            same(f(x), (x + 1) * 2)
+        assert len(_OUTSIDE_DICT) >= n + 1          # the stores ran (ids may repeat)
+        assert len(entries(_dict_insert)) == 1
+    finally:
+        _OUTSIDE_DICT.clear()
+
+
+def _read_outside_dict(x):
+    return x * _SCALES["a"] + len(_SCALES)
+
+
+_SCALES = {"a": 2.0}
+
+
+def test_an_outside_dict_whose_items_are_read_is_still_guarded():
+    f = fastcompile.compile(_read_outside_dict)
+    x = C.a2(5, 6)
+    try:
+        same(f(x), _read_outside_dict(x))
+        _SCALES["a"] = 5.0                          # an item changed: traced again
+        same(f(x), _read_outside_dict(x))
+        _SCALES["b"] = 1.0                          # the length changed: traced again
+        same(f(x), _read_outside_dict(x))
+        assert len(entries(_read_outside_dict)) == 3
+    finally:
+        _SCALES.clear()
+        _SCALES["a"] = 2.0
+
+
 def _sum_outside(x):
     return x * len(_OUTSIDE) + _OUTSIDE[0]
 

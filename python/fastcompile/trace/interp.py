@@ -190,12 +190,19 @@ class Tracer:
                 return [self.wrap(v, S.ItemSource(source, i)) for i, v in enumerate(snapshot)]
             return ListVar((), source, loader=items)
         if t is dict:
+            if source is None:
+                if not all(type(k) in (str, int) for k in value):
+                    self.unsupported("dict with non-str/int keys")
+                return DictVar({k: self.wrap(v, None) for k, v in value.items()})
             self.guard(source, "type", dict)
-            self.guard(source, "len", len(value))
-            if not all(type(k) in (str, int) for k in value):
-                self.unsupported("dict with non-str/int keys")
-            return DictVar({k: self.wrap(v, S.ItemSource(source, k) if source else None)
-                            for k, v in value.items()}, source)
+            snapshot = dict(value)          # as ListVar's: read at the first use of the items
+
+            def entries():
+                self.guard(source, "len", len(snapshot))
+                if not all(type(k) in (str, int) for k in snapshot):
+                    self.unsupported("dict with non-str/int keys")
+                return {k: self.wrap(v, S.ItemSource(source, k)) for k, v in snapshot.items()}
+            return DictVar((), source, loader=entries)
         if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type,
                               np.ufunc, np.dtype)) or value is Ellipsis:
             self.guard(source, "id", value)

@@ -81,10 +81,24 @@ class ListVar(Var):
 
 
 class DictVar(Var):
-    """A dict with Python-constant keys; source set when it came from outside."""
+    """A dict with Python-constant keys; source set when it came from outside. loader: as
+    ListVar's (a frame that only inserts into an outside dict at a graph break is not guarded on
+    its length)."""
 
-    def __init__(self, items, source=None):
-        self.items, self.source = dict(items), source
+    def __init__(self, items, source=None, loader=None):
+        self._items = dict(items) if loader is None else None
+        self.source, self._loader = source, loader
+
+    @property
+    def items(self):
+        if self._items is None:
+            self._items = dict(self._loader())      # raises again at the next read if it raised
+            self._loader = None
+        return self._items
+
+    @items.setter
+    def items(self, items):
+        self._items, self._loader = dict(items), None
 
 
 class ShapeVar(Var):
