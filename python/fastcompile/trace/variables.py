@@ -58,47 +58,37 @@ class TupleVar(Var):
         self.items, self.source = list(items), source
 
 
-class ListVar(Var):
-    """A list; source set when it came from outside the frame (then read-only). loader: for a
-    list from outside, called on the first read of items; it guards the length and wraps the
-    items then, so a frame that only appends to the list (a graph break) is not guarded on a
-    length that every call changes."""
+class _Items(Var):
+    """A list or dict Var (kind: list or dict). loader: for one read from outside the frame,
+    called on the first read of items; it guards the length and wraps the items then, so a frame
+    that only adds to it (a store or append at a graph break) is not guarded on a length that
+    every call changes."""
+    kind = list
 
     def __init__(self, items, source=None, loader=None):
-        self._items = list(items) if loader is None else None
+        self._items = self.kind(items) if loader is None else None
         self.source, self._loader = source, loader
 
     @property
     def items(self):
         if self._items is None:
-            self._items = list(self._loader())      # raises again at the next read if it raised
+            self._items = self.kind(self._loader())     # raises again at the next read if it raised
             self._loader = None
         return self._items
 
     @items.setter
     def items(self, items):
-        self._items, self._loader = list(items), None
+        self._items, self._loader = self.kind(items), None
 
 
-class DictVar(Var):
-    """A dict with Python-constant keys; source set when it came from outside. loader: as
-    ListVar's (a frame that only inserts into an outside dict at a graph break is not guarded on
-    its length)."""
+class ListVar(_Items):
+    """A list; source set when it came from outside the frame (then read-only)."""
+    kind = list
 
-    def __init__(self, items, source=None, loader=None):
-        self._items = dict(items) if loader is None else None
-        self.source, self._loader = source, loader
 
-    @property
-    def items(self):
-        if self._items is None:
-            self._items = dict(self._loader())      # raises again at the next read if it raised
-            self._loader = None
-        return self._items
-
-    @items.setter
-    def items(self, items):
-        self._items, self._loader = dict(items), None
+class DictVar(_Items):
+    """A dict with Python-constant keys; source set when it came from outside."""
+    kind = dict
 
 
 class ShapeVar(Var):
