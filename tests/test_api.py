@@ -1081,6 +1081,61 @@ def test_async_compile_first_call_returns_the_traced_values_then_the_kernels(asy
     assert compiled.nplans == plans                   # the build had the layouts of real calls
 
 
+def test_async_compile_fast_target_runs_the_compiled_from_c_once_built(async_on, held_build):
+    """Arrays in, an array out (a Pick target): the first call returns the trace's values
+    through a Python wrapper; the call that first runs the kernels hands the Pick the Compiled
+    itself, so later calls have no Python frame, as without async compile."""
+    gate, builds = held_build
+
+    def f(x):
+        return np.tanh(x) * 1.25 + 1
+
+    cf = fastcompile.compile(f)
+    x = np.random.rand(64)
+    np.testing.assert_array_equal(cf(x), f(x))
+    (entry,) = entries(f)
+    (compiled,) = builds
+    assert isinstance(entry.target, _C.Pick) and entry.target.fn is not compiled
+    gate.set()
+    np.testing.assert_allclose(cf(x * 2), f(x * 2), rtol=1e-6)
+    assert entry.target.fn is compiled
+    np.testing.assert_allclose(cf(x), f(x), rtol=1e-6)
+
+
+def test_pick_fn_is_replaceable_by_a_callable_only():
+    p = _C.Pick(lambda a, b: (a, b), (1, 0))
+    assert p(1, 2) == (2, 1)
+    p.fn = lambda a, b: (b, a)
+    assert p(1, 2) == (1, 2)
+    with pytest.raises(TypeError, match="callable"):
+        p.fn = 3
+    with pytest.raises(TypeError, match="callable"):
+        del p.fn
+    assert p(1, 2) == (1, 2)
+
+
+def test_pick_keeps_its_fn_alive_through_a_call_that_replaces_it():
+    """fn may replace Pick.fn while it runs (the async first call's wrapper does): the call it
+    is in holds it, and refcounts stay flat."""
+    holder = []
+
+    def first(a):
+        holder[0].fn = lambda a: a + 1
+        return a * 10
+
+    holder.append(_C.Pick(first, (0,)))
+    ref = weakref.ref(first)
+    del first
+    assert holder[0](2) == 20
+    assert holder[0](2) == 3
+    assert ref() is None
+    fn = holder[0].fn
+    before = sys.getrefcount(fn)
+    for _ in range(100):
+        holder[0](1)
+    assert sys.getrefcount(fn) == before
+
+
 def test_async_compile_traced_values_only_for_the_traced_inputs(async_on, held_build):
     """A target called first with other arrays than the trace's computes them."""
     gate, _ = held_build

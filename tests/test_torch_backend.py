@@ -627,7 +627,7 @@ def test_dynamic_shapes_fall_back():
 
 
 def test_steady_state_calls_run_the_generated_runner():
-    """From the second call a CPU graph runs one generated function (FxGraphRunner._make_fast):
+    """A graph runs one generated function (FxGraphRunner._make_fast), made at its first call:
     inputs converted inline (parameters through _convert's cache, which a step's in-place update
     invalidates), outputs made as the plan says (a dtype cast, eager's layout for a transposed
     output, an input passed through); results as eager's at every call, and a wrong input type

@@ -37,7 +37,10 @@ Pick_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *
         }
         picked[i] = args[p->pos[i]];
     }
-    PyObject *res = PyObject_Vectorcall(p->fn, picked, (size_t)p->npos, NULL);
+    /* fn is held for the call: Pick.fn may be replaced meanwhile (the graph may release the GIL) */
+    PyObject *fn = Py_NewRef(p->fn);
+    PyObject *res = PyObject_Vectorcall(fn, picked, (size_t)p->npos, NULL);
+    Py_DECREF(fn);
     if (res == NULL || p->index < 0) {
         return res;
     }
@@ -130,8 +133,33 @@ Pick_dealloc(PickObject *p)
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
+/* Pick.fn: readable, and replaceable by another callable (the async first call's wrapper hands
+ * the entry over to the Compiled itself once its kernels are built) */
+static PyObject *
+Pick_get_fn(PickObject *p, void *closure)
+{
+    (void)closure;
+    return Py_NewRef(p->fn != NULL ? p->fn : Py_None);        /* NULL only after tp_clear */
+}
+
+static int
+Pick_set_fn(PickObject *p, PyObject *value, void *closure)
+{
+    (void)closure;
+    if (value == NULL || !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "Pick.fn must be a callable");
+        return -1;
+    }
+    Py_SETREF(p->fn, Py_NewRef(value));
+    return 0;
+}
+
+static PyGetSetDef Pick_getset[] = {
+    {"fn", (getter)Pick_get_fn, (setter)Pick_set_fn, "the callable", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef Pick_members[] = {
-    {"fn", T_OBJECT, offsetof(PickObject, fn), READONLY, "the callable"},
     {"positions", T_OBJECT, offsetof(PickObject, positions), READONLY, "which arguments it gets"},
     {"item", T_OBJECT, offsetof(PickObject, item), READONLY, "which item of its result is returned, or None"},
     {NULL, 0, 0, 0, NULL},
@@ -150,6 +178,7 @@ static PyTypeObject Pick_Type = {
     .tp_traverse = (traverseproc)Pick_traverse,
     .tp_clear = (inquiry)Pick_clear,
     .tp_members = Pick_members,
+    .tp_getset = Pick_getset,
     .tp_new = Pick_new,
 };
 

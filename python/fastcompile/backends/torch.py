@@ -1761,7 +1761,7 @@ class FxGraphRunner:
         except Exception as e:          # never fail compilation
             self.fallback = "%s: %s" % (type(e).__name__, e)
             log.warning("fastcompile: graph runs as plain torch: %s", self.fallback, exc_info=True)
-        self._fast = None         # the generated steady-state call (_make_fast), after a first call
+        self._fast = None         # the generated call (_make_fast), made by the first call that runs kernels
         self._pending = False     # batch compile: plans rendered, waiting for _load_pending()
         self._batch = None        # batch compile: the _Batch that took them, once one did
         # batch compile renders the plans of NumPy stand-ins: CPU graphs only (NVRTC compiles
@@ -1938,12 +1938,12 @@ class FxGraphRunner:
         return out
 
     def _make_fast(self):
-        """The steady-state call of a CPU graph as one generated straight-line function (args ->
-        outputs): the conversions of the inputs and outputs __call__ decides per item and per call
-        are decided once, here (per step of a small model's training, this was most of the time
-        the runner added to the torch ops it calls). Parameters, bfloat16 inputs and
-        reduce-overhead mode keep _convert (its cache); anything else as __call__ does. It holds
-        what it calls, not the runner: a runner stays free of reference cycles."""
+        """The graph's call once lowered and built, as one generated straight-line function (args
+        -> outputs): the conversions of each input and output are decided once, here, not per item
+        and call (per step of a small model's training, that was most of the time the runner
+        added to the torch ops it calls). CPU tensors convert inline; parameters, bfloat16 inputs,
+        reduce-overhead mode and CUDA graphs go through _convert_input (its cache). It holds what
+        it calls, not the runner: a runner stays free of reference cycles."""
         glob = {"compiled": self.compiled, "from_numpy": torch.from_numpy, "BF16": torch.bfloat16,
                 "convert": functools.partial(_convert_input, self._cache, self.mode, self.device),
                 "_to_torch": _to_torch, "_restride": _restride, "Tensor": torch.Tensor}
@@ -1952,7 +1952,7 @@ class FxGraphRunner:
             if k is not None:
                 glob["k%d" % j] = k
             arrays.append("k%d" % j)
-        slow = self.mode == "reduce-overhead"
+        slow = self.mode == "reduce-overhead" or self.device is not None
         for j, i in self._arg_slots:
             if slow or i in self._arg_bf16:
                 lines.append("a%d = convert(%d, args[%d])" % (j, i, i))
@@ -1970,7 +1970,8 @@ class FxGraphRunner:
                 _, k, tshape, dtype, copy, layout = p
                 glob["s%d" % n], glob["d%d" % n], glob["l%d" % n] = tshape, dtype, layout
                 lines.append("a = res[%d]" % k)
-                lines.append("o%d = from_numpy(a) if a.shape == s%d else _to_torch(a, s%d, d%d)" % (n, n, n, n))
+                same = "a" if self.device is not None else "from_numpy(a)"     # on CUDA: a tensor
+                lines.append("o%d = %s if a.shape == s%d else _to_torch(a, s%d, d%d)" % (n, same, n, n, n))
                 if layout is not None:
                     lines.append("o%d = _restride(o%d, l%d, d%d)" % (n, n, n, n))
                 else:
@@ -2002,31 +2003,8 @@ class FxGraphRunner:
             out = self._call_async(args)
             if out is not None:
                 return out
-        if self.device is None and self.compiled is not None:
-            self._fast = self._make_fast()     # every later call: the steady state
-        res = ()
-        if self.compiled is not None:
-            res = self.compiled(*self._core_args(args))
-        out = []
-        for p in self.plan:
-            kind = p[0]
-            if kind == "core":
-                _, k, tshape, dtype, copy, layout = p
-                a = res[k]
-                t = _to_torch(a, tshape, dtype) if a.shape != tshape else \
-                    a if self.device is not None else torch.from_numpy(a)
-                if layout is not None:
-                    t = _restride(t, layout, dtype)
-                elif t.dtype != dtype:
-                    t = t.to(dtype)
-                elif copy:
-                    t = t.clone()
-                out.append(t)
-            elif kind == "arg":
-                out.append(args[p[1]])
-            else:
-                out.append(p[1])
-        return out
+        self._fast = self._make_fast()         # this call and every later one
+        return self._fast(args)
 
 
 class _Warming:

@@ -1229,7 +1229,7 @@ class Tracer:
             from . import torch_ops
             return torch_ops.call(self, v, args, kwargs)
         if isinstance(v, types.FunctionType):
-            cells = tuple(CellVar(loader=_const_loader(self, c, S.CellSource(c, "%s.<cell %s>" % (v.__qualname__, n))))
+            cells = tuple(CellVar(loader=_cell_loader(self, c, S.CellSource(c, "%s.<cell %s>" % (v.__qualname__, n))))
                           for n, c in zip(v.__code__.co_freevars, v.__closure__ or ()))
             defaults = tuple(self.wrap(d, None) for d in (v.__defaults__ or ()))
             kwd = {k: self.wrap(d, None) for k, d in (v.__kwdefaults__ or {}).items()}
@@ -1539,7 +1539,7 @@ def _unlazy(v):
     return v.get() if isinstance(v, _Lazy) else v
 
 
-def _const_loader(tracer, cell, source):
+def _cell_loader(tracer, cell, source):
     """Loads an inlined function's closure cell; source (S.CellSource): its contents are guarded
     and re-read at call time, and mutating them is a side effect."""
     def load():

@@ -205,16 +205,20 @@ class _FirstCall:
             self.done.wait(timeout)
         return self.ready
 
-    def wrap(self, compiled):
+    def wrap(self, compiled, picks):
         """Async compile: a callable for Pick, the traced outputs at the first call, then
-        compiled's (after the build)."""
+        compiled's (after the build). picks: the Pick objects calling it (filled in by the
+        caller); the first call that runs the kernels hands them compiled itself, so later
+        calls run with no Python frame, as without async compile."""
         def call(*arrays):
             if self.inputs is not None:
                 got = self.take(arrays)
                 if got is not None:
                     return got[0]
-            if not self.done.is_set():
-                self.wait()
+            self.wait()
+            for p in picks:
+                p.fn = compiled
+            picks.clear()
             return compiled(*arrays)
         return call
 
@@ -376,14 +380,17 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     from .. import _C
     pos = tuple(slots.index(src.slot) for src, _ in inputs)
     compiled = state["compiled"] = state["compiled"] or graph.compile()
-    # async: a Python frame per call. Sync: the Compiled itself, so the first call runs the
-    # externs again (NumPy arrays in, arrays out: pure NumPy calls)
-    fn = compiled if first is None or not first.background else first.wrap(compiled)
+    # Sync: the Compiled itself, so the first call runs the externs again (NumPy arrays in,
+    # arrays out: pure NumPy calls). Async: a Python wrapper until the kernels first run
+    picks = []
+    fn = compiled if first is None or not first.background else first.wrap(compiled, picks)
     if not isinstance(ret, TupleVar):
         (k,) = ks
-        return _C.Pick(fn, pos, k)                       # C: no Python frame per call
+        picks.append(_C.Pick(fn, pos, k))                # C: no Python frame per call
+        return picks[0]
     if ks == list(range(len(outputs))):
-        return _C.Pick(fn, pos)
+        picks.append(_C.Pick(fn, pos))
+        return picks[0]
     return lambda *values: (lambda outs: tuple(outs[k] for k in ks))(fn(*[values[p] for p in pos]))
 
 
