@@ -1509,6 +1509,36 @@ def test_a_view_output_of_a_kernel_value_gets_eagers_layout():
     _assert_same(run(x, w), f(x, w))
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_tensor_constants_of_the_code_lower(train, caplog):
+    """torch.tensor(...) in the compiled code is a tensor constant of the graph (get_attr), a real
+    tensor that the lowering converts while aot_autograd's fake mode is active: it is converted
+    with the mode off, and the graph compiles instead of running as plain torch (it did, with a
+    FakeTensor assertion logged), in training too and through fastcompile.compile."""
+    def f(x):
+        y = x * torch.tensor([1.0, -2.0, 3.0, 0.5]) + torch.tensor(2.0)
+        return y.index_add(0, torch.tensor([0, 0, 2]), torch.ones(3, 4)).sin()
+
+    x = torch.randn(3, 4)
+    for how in ("backend", "fastcompile.compile"):
+        torch._dynamo.reset()
+        record = []
+        cf = compile_fc(f, record=record) if how == "backend" else fastcompile.compile(f)
+        with caplog.at_level("WARNING", logger="fastcompile"):
+            for k in range(2):
+                a, b = (x + k).requires_grad_(train), (x + k).requires_grad_(train)
+                out, ref = cf(a), f(b)
+                torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+                if train:
+                    out.square().sum().backward()
+                    ref.square().sum().backward()
+                    torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+        assert "plain torch" not in caplog.text, caplog.text
+        if how == "backend":
+            assert record and all(r.fallback is None for r in record), [r.fallback for r in record]
+            assert sum(r.core_ops for r in record) > 0
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

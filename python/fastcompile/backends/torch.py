@@ -544,8 +544,10 @@ class _Lowering:
                     continue
                 self.check_tensor(t, node)
                 shape = tuple(t.shape)
-                v = self._input(_core_dtype(t.dtype), len(shape), "const",
-                                _to_numpy(t) if self.device is None else _to_core(t))
+                from torch.utils._python_dispatch import _disable_current_modes
+                with _disable_current_modes():      # a real tensor (torch.tensor(...) in the code):
+                    arr = _to_numpy(t) if self.device is None else _to_core(t)   # not under the fake mode
+                v = self._input(_core_dtype(t.dtype), len(shape), "const", arr)
                 self.env[node] = _Rec(v, shape, shape, t.dtype)
             elif node.op == "output":
                 return node
