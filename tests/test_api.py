@@ -1245,6 +1245,53 @@ def test_one_array_under_two_sources_at_trace_is_two_inputs():
         np.testing.assert_allclose(cg(x), want, rtol=1e-12)
 
 
+def _w_ufunc_pos_out(a, o): np.exp(a, o); return o + 1
+def _w_ufunc_pos_out_self(a, o): np.negative(a, out=a); np.exp(a, a); return a          # noqa: E702
+def _w_sum_pos_out(a, o): np.sum(a, 1, None, o[:, 0]); return o * 2
+def _w_dot_pos_out(a, o): np.dot(a[:, :4], a[:4, :6], o); return o - 1
+def _w_reduce_pos_out(a, o): np.add.reduce(a, 1, None, o[:, 1]); return o * 1
+def _w_clip_method_out(a, o): a.clip(0, 1, o); return o + a
+def _w_round_method_out(a, o): a.round(1, o); return o + 1
+def _w_cumsum_method_out(a, o): a.cumsum(1, None, o); return o * 1
+def _w_ufunc_at(a, o): np.add.at(a, [0, 1, 1], 1.0); return a * 2
+def _w_iadd_dunder(a, o): a.__iadd__(1); return a * 2
+def _w_imul_dunder(a, o): a.__imul__(o); return a + 1
+def _w_setitem_dunder(a, o): a.__setitem__((0, 0), 5.0); return a * 2
+def _w_fresh_iadd_dunder(a, o): b = a * 2; b.__iadd__(o); return b * 3
+def _w_operator_iadd(a, o): __import__("operator").iadd(a, 1.5); return a * 2
+
+
+WRITES_NUMPY = [_w_ufunc_pos_out, _w_ufunc_pos_out_self, _w_sum_pos_out, _w_dot_pos_out, _w_reduce_pos_out,
+                _w_clip_method_out, _w_round_method_out, _w_cumsum_method_out, _w_ufunc_at]
+WRITES_ANY = [_w_iadd_dunder, _w_imul_dunder, _w_setitem_dunder, _w_fresh_iadd_dunder, _w_operator_iadd]
+
+
+@pytest.mark.parametrize("fn,kind", [(f, "numpy") for f in WRITES_NUMPY + WRITES_ANY] + [(f, "torch") for f in WRITES_ANY],
+                         ids=lambda v: v.__name__[3:] if callable(v) else v)
+def test_writes_into_arguments_happen_as_in_python(fn, kind):
+    """A call that writes into an array it is given: NumPy's out by position (a ufunc's outputs
+    after its inputs, np.sum's, np.dot's and ndarray methods' out parameter), ufunc.at, and the
+    in-place operator methods called by name (a.__iadd__(b)). Each compiled call must write what
+    Python writes and return the same: these were traced as pure calls, and a positional out or
+    a.__iadd__ on an argument was lost from the second call on (np.exp(a, a) returned a
+    unchanged)."""
+    if kind == "torch":
+        torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    rng = np.random.default_rng(0)
+    x, o = rng.standard_normal((4, 6)).astype(np.float32), np.zeros((4, 6), np.float32)
+    compiled = fastcompile.compile(fn)
+    for k in range(3):                       # a trace, then cache hits
+        a1, o1, a2, o2 = x + k, o.copy(), x + k, o.copy()
+        if kind == "torch":
+            a1, o1, a2, o2 = (torch.from_numpy(v) for v in (a1, o1, a2, o2))
+        want, got = fn(a1, o1), compiled(a2, o2)
+        if kind == "torch":
+            want, got, a1, o1, a2, o2 = (v.numpy() for v in (want, got, a1, o1, a2, o2))
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg="call %d: result" % k)
+        np.testing.assert_allclose(a2, a1, rtol=1e-6, atol=1e-6, err_msg="call %d: a" % k)
+        np.testing.assert_allclose(o2, o1, rtol=1e-6, atol=1e-6, err_msg="call %d: o" % k)
+
+
 def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
     """An inlined function's closure cells were read once, as constants of the trace: a
     rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and

@@ -1426,7 +1426,7 @@ class Tracer:
         self.unsupported("builtin %s on arrays (data-dependent comparison)" % fn.__name__)
 
     def numpy_call(self, fn, args, kwargs):
-        if "out" in kwargs:
+        if NP.writes_into(fn, len(args), kwargs):
             self.unsupported("%s(out=...) writes into an array (side effect)" % _name(fn))
         if not NP.is_pure(fn):
             self.unsupported("call to %s is not supported (not a pure function)" % _name(fn))
@@ -1471,6 +1471,13 @@ class Tracer:
         return self.array_call(fn, args, kwargs)
 
     def array_method(self, arr, name, args, kwargs):
+        what = "Tensor" if arr.kind == "torch" else "ndarray"
+        if name in NP.INPLACE_METHODS:
+            if len(args) != 1 or kwargs:
+                self.unsupported("%s.%s with %d arguments" % (what, name, len(args) + len(kwargs)))
+            return self.binary(arr, args[0], NP.INPLACE_METHODS[name], True)
+        if name in NP.MUTATING_DUNDERS or what == "ndarray" and name in NP.MUTATING_METHODS:
+            self.unsupported("%s.%s mutates the array (side effect)" % (what, name))
         if arr.kind == "torch":
             from . import torch_ops
             return torch_ops.method(self, arr, name, args, kwargs)
@@ -1481,13 +1488,12 @@ class Tracer:
             return self.array_call(lambda x: x.astype(dt), [arr], {}, "cast", {"dtype": dt.name})
         if name in ("clip", "round") and hasattr(np, name):
             return self.numpy_call(getattr(np, name), [arr] + list(args), kwargs)
-        if name in ("fill", "sort", "resize", "put", "itemset", "setfield", "setflags", "tofile",
-                    "partition", "byteswap"):
-            self.unsupported("ndarray.%s mutates the array (side effect)" % name)
         if name in ("item", "tolist", "tobytes", "__bool__", "__int__", "__float__"):
             self.unsupported("data-dependent ndarray.%s()" % name)
         if not hasattr(np.ndarray, name):
             self.unsupported("ndarray has no attribute %r" % name)
+        if hasattr(np, name) and NP.writes_into(getattr(np, name), 1 + len(args), kwargs):
+            self.unsupported("ndarray.%s(out=...) writes into an array (side effect)" % name)   # a.clip(0, 1, o)
         return self.array_call(lambda x, *a, **k: getattr(x, name)(*a, **k), [arr] + list(args), kwargs)
 
 

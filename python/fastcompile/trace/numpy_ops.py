@@ -39,6 +39,18 @@ OPERATORS = {
     "!=": ("ne", operator.ne), ">": ("gt", operator.gt), ">=": ("ge", operator.ge),
 }
 
+# in-place operator methods called by name (a.__iadd__(b)): traced as the statement a += b
+INPLACE_METHODS = {"__i%s__" % name: sym for sym, name in (
+    ("+", "add"), ("-", "sub"), ("*", "mul"), ("/", "truediv"), ("//", "floordiv"), ("%", "mod"),
+    ("**", "pow"), ("&", "and"), ("|", "or"), ("^", "xor"), ("@", "matmul"), ("<<", "lshift"),
+    (">>", "rshift"))}
+
+# methods that write into their array or change it (side effects the graph cannot hold): of
+# any array (ndarray and Tensor), and of ndarrays (Tensor.sort and Tensor.put return new ones)
+MUTATING_DUNDERS = frozenset(("__setitem__", "__delitem__", "__setstate__"))
+MUTATING_METHODS = frozenset(("fill", "sort", "resize", "put", "itemset", "setfield", "setflags",
+                              "tofile", "partition", "byteswap"))
+
 # reductions: function or method name -> core op
 REDUCTIONS = {
     "sum": "sum", "mean": "mean", "prod": "prod", "max": "amax", "amax": "amax", "min": "amin",
@@ -68,6 +80,45 @@ def is_pure(fn):
         return False
     mod = getattr(fn, "__module__", None) or ""
     return not mod.startswith(NOT_PURE_MODULES)
+
+
+def writes_into(fn, nargs, kwargs):
+    """Whether calling NumPy's fn with nargs positional arguments and kwargs (names) writes into
+    an array it is given: an ``out`` argument by keyword or by position (a ufunc's outputs follow
+    its nin inputs; a function's or a ufunc method's ``out`` parameter), or ``ufunc.at``."""
+    if "out" in kwargs:
+        return True
+    if isinstance(fn, np.ufunc):
+        return nargs > fn.nin
+    if getattr(fn, "__name__", None) == "at" and isinstance(getattr(fn, "__self__", None), np.ufunc):
+        return True
+    pos = _out_position(fn)
+    return pos is not None and nargs > pos
+
+
+_OUT_POSITION = {}
+
+
+def _out_position(fn):
+    """The index of fn's positional ``out`` parameter, or None (none, or no signature)."""
+    key = fn if _hashable(fn) else None
+    if key is not None and key in _OUT_POSITION:
+        return _OUT_POSITION[key]
+    import inspect
+    pos = None
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    for i, p in enumerate(params):
+        if p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY, p.VAR_KEYWORD):
+            break
+        if p.name == "out":
+            pos = i
+            break
+    if key is not None:
+        _OUT_POSITION[key] = pos
+    return pos
 
 
 def _hashable(x):
