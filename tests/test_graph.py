@@ -453,6 +453,56 @@ def test_promotion_at_run_time(a, b):
     np.testing.assert_array_equal(out, want)
 
 
+def _bf16_round(x32):
+    """float32 -> the nearest bfloat16 (ties to even) as float32; NaN stays NaN."""
+    u = np.ascontiguousarray(x32, np.float32).view(np.uint32).astype(np.uint64)
+    r = (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x32), np.float32("nan"), r)
+
+
+def _f64_to_f32_odd(x):
+    """float64 -> float32 rounded to odd (truncated, the last bit set where inexact): rounding
+    that to a shorter type rounds x once."""
+    t = x.astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        over = np.isfinite(x) & (np.abs(t.astype(np.float64)) > np.abs(x))
+    t = np.where(over, np.nextafter(t, np.float32(0)), t)
+    inexact = np.isfinite(x) & (t.astype(np.float64) != x)
+    return np.where(inexact, (t.view(np.uint32) | 1).view(np.float32), t)
+
+
+@pytest.mark.parametrize("src,half", [(s, h) for s in ("float32", "float64", "int32", "float16")
+                                      for h in ("float16", "bfloat16") if s != h])
+def test_cast_to_a_half_type_rounds_inside_a_kernel(src, half):
+    """A cast to float16/bfloat16 whose value the same kernel reads again (cast back to float32)
+    is the value rounded to the half type, once, as NumPy's astype and torch's .to give. It was
+    the value unrounded: half-type values are float32 inside kernels, and only a store rounded."""
+    g = Graph()
+    x = g.input(src, 1)
+    h = g.call("cast", x, dtype=half)
+    g.output(g.call("cast", h, dtype="float32"), g.call("mul", g.call("cast", h, dtype="float32"), 2.0))
+    c = g.compile()
+    rng = np.random.default_rng(3)
+    if src == "int32":
+        x = np.concatenate([rng.integers(-70000, 70000, 3000), [2049, 2051, 4097, -4099, 65504, 65519, 65520,
+                                                                 2 ** 24 + 2 ** 16 + 1, -(2 ** 30) - 2 ** 22]])
+    else:
+        x = np.concatenate([rng.standard_normal(3000) * 10.0 ** rng.integers(-9, 6, 3000),
+                            [1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 65519.9, 65520.0,
+                             6e-8, 3e-8, 1e-40, -0.0, np.inf, -np.inf, np.nan, 3.3e38]])
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = x.astype(src)
+        if half == "float16":
+            want = x.astype(np.float16).astype(np.float32)
+        elif src == "float64":
+            want = _bf16_round(_f64_to_f32_odd(x))
+        else:
+            want = _bf16_round(x.astype(np.float32))         # integers through float32, as torch does
+    got, twice = c(x)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(twice, want * 2)
+
+
 def test_bfloat16_promotion_in_graph():
     assert fc_dtype("add", "bfloat16", "float16") == "float32"
     assert fc_dtype("add", "bfloat16", "int8") == "bfloat16"

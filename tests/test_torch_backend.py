@@ -1539,6 +1539,26 @@ def test_tensor_constants_of_the_code_lower(train, caplog):
             assert sum(r.core_ops for r in record) > 0
 
 
+@pytest.mark.parametrize("case", ["bf16", "f16", "bf16_f16", "f64_bf16", "int_bf16"])
+def test_explicit_casts_to_half_types_round_as_eager(case):
+    """x.to(torch.bfloat16) / .to(torch.float16) read again in the same kernel is x rounded, as
+    eager's is: exactly eager's values (Inductor's, which does not round there, differ). An op's
+    half-type result still is not rounded between ops (the module doc)."""
+    fns = {
+        "bf16": lambda x: x.to(torch.bfloat16).float() * 2,
+        "f16": lambda x: (x * 3).to(torch.float16).float() + 1,
+        "bf16_f16": lambda x: x.to(torch.bfloat16).to(torch.float16).float(),
+        "f64_bf16": lambda x: x.double().exp().to(torch.bfloat16).float(),
+        "int_bf16": lambda x: (x * 1000).long().to(torch.bfloat16).float() - 1,
+    }
+    fn = fns[case]
+    x = torch.randn(64, 33) * 10
+    record = []
+    torch.testing.assert_close(compile_fc(fn, record=record)(x), fn(x), rtol=0, atol=0)
+    (r,) = record
+    assert r.fallback is None and r.extern_calls == 0 and len(r.kernels) == 1
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

@@ -408,6 +408,15 @@ fc_expr_emit_node(FcExprGen *E, int v)
             const char *h = sn->dtype == FC_F16 ? "f16" : "bf16";
             snprintf(expr, EXPR, "fc_load_%s(fc_store_%s(fc_f64_to_f32_odd(%s)))", h, h, raw);
         }
+        else if ((sn->dtype == FC_F16 || sn->dtype == FC_BF16) && dt[0] != sn->dtype) {
+            /* a cast to a half type rounds to it, as NumPy's astype and torch's .to do
+             * (an op's float16 result is not rounded between ops: README); from float32,
+             * an integer (through float32, as torch converts) or the other half type */
+            const char *h = sn->dtype == FC_F16 ? "f16" : "bf16";
+            char wide[EXPR];
+            fc_expr_convert(E, wide, raw, dt[0], FC_F32);
+            snprintf(expr, EXPR, "fc_load_%s(fc_store_%s(%s))", h, h, wide);
+        }
         else {
             fc_expr_convert(E, expr, raw, dt[0], ct);
         }

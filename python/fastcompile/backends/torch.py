@@ -18,7 +18,8 @@ Data crosses the boundary without copies: CPU tensors go in as ``t.numpy()`` vie
 back as ``torch.from_numpy``. bfloat16 (NumPy has none) is carried as float32 inside the core:
 bf16 inputs are widened once on entry, externs narrow their bf16 arguments back (so an extern
 sees exactly the bf16 tensors eager would) and bf16 outputs are rounded on exit. Like Inductor,
-pointwise chains on bf16/fp16 round only where a value leaves the core, not after every op.
+pointwise chains on bf16/fp16 round only where a value leaves the core, not after every op; an
+explicit conversion into a half type (.to(torch.bfloat16)) rounds where it is, as eager's does.
 
 Whole-graph fallbacks (the graph runs as plain torch, with a logged reason): symbolic shapes
 (dynamic=True or automatic dynamic), non-CPU tensors, and a complex/quantized/float8 tensor that
@@ -378,6 +379,19 @@ class _Lowering:
             if shape is not None:
                 self.g.shape[value.node] = shape
         return value
+
+    def convert(self, value, src, dtype):
+        """An explicit dtype conversion of ``value`` (torch dtype ``src``) to ``dtype``. A
+        conversion into a half type rounds, as eager's does: the core's cast to float16 does, and
+        bfloat16, carried as float32 in the core, goes through a core bfloat16 value (a cast
+        between float32s would not round). An op's bfloat16 result is not rounded between ops
+        (the module doc)."""
+        if dtype == torch.bfloat16 and src != torch.bfloat16:
+            shape = self.g.shape.get(value.node)
+            value = self.g.call("cast", value, dtype="bfloat16")
+            if shape is not None:
+                self.g.shape[value.node] = shape
+        return self.cast(value, dtype)
 
     def cshape_of(self, *args):
         shapes = [self.rec(a).cshape for a in args if isinstance(a, torch.fx.Node)]
@@ -1037,7 +1051,7 @@ def _identity_cast(L, node):
         # result until run time, and which would make a copy kernel of it (then a graph output
         # carries the extern's tensor with its own layout, not a C-ordered copy restrided)
         return _Rec(r.value, r.cshape, _static_shape(meta), meta.dtype)
-    return _Rec(L.cast(r.value, meta.dtype), r.cshape, _static_shape(meta), meta.dtype)
+    return _Rec(L.convert(r.value, r.dtype, meta.dtype), r.cshape, _static_shape(meta), meta.dtype)
 
 
 @_register(aten.copy)
@@ -1046,7 +1060,7 @@ def _copy(L, node):
         raise _NotLowered("copy non_blocking")
     src = L.rec(node.args[1])
     meta = _meta(node)
-    return _Rec(L.cast(src.value, meta.dtype), src.cshape, _static_shape(meta), meta.dtype)
+    return _Rec(L.convert(src.value, src.dtype, meta.dtype), src.cshape, _static_shape(meta), meta.dtype)
 
 
 def _constant(L, node, value):
