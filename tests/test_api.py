@@ -1305,6 +1305,30 @@ def test_astype_to_float16_rounds_as_numpy():
             np.testing.assert_array_equal(g, w)
 
 
+@pytest.mark.parametrize("case", ["longdouble_input", "astype_longdouble", "astype_complex", "asarray_longdouble"])
+def test_dtypes_outside_the_core_run_as_numpy_without_an_internal_error(case):
+    """Values of a dtype the core has no kernels for (long double, complex) are NumPy's: a
+    long double argument is a graph break, a cast to one an extern call. Both were internal
+    errors (a warning, and the whole function uncompiled): the input check let every 'f' kind
+    through, and a core op's cast to the example's dtype raised outside the fallback to an
+    extern."""
+    fns = {
+        "longdouble_input": (lambda a: a * 2 + 1, np.longdouble),
+        "astype_longdouble": (lambda a: a.astype(np.longdouble) * 2, np.float32),
+        "astype_complex": (lambda a: np.sin(a).astype(np.complex64) * 2, np.float32),
+        "asarray_longdouble": (lambda a: np.asarray(a, dtype=np.longdouble) + 1, np.float32),
+    }
+    fn, dtype = fns[case]
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(dtype)
+    compiled = fastcompile.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastcompileWarning)
+        for _ in range(2):
+            got, want = compiled(x), fn(x)
+            assert got.dtype == want.dtype
+            np.testing.assert_allclose(got, want, rtol=1e-6)        # sin: libmvec's, not NumPy's
+
+
 def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
     """An inlined function's closure cells were read once, as constants of the trace: a
     rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and

@@ -231,7 +231,7 @@ class Tracer:
             if self.fx is not None:
                 self.unsupported("a NumPy array in a frame that trains (tensors requiring grad): "
                                  "autograd frames are traced as torch ops only", whole_frame=True)
-            if arr.dtype.kind not in "biuf":
+            if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:      # longdouble: not in the core
                 self.unsupported("array of dtype %s is not supported" % arr.dtype)
             if source is not None:
                 self.guards.append(G.array_guard(source, arr))
@@ -496,15 +496,15 @@ class Tracer:
     def core(self, op, args, attrs, example, kind):
         """A core op; dtype checked against the eager example (cast when it differs)."""
         vals = [self.graph_arg(a) for a in args]
+        want = _np_dtype(example)
         try:
             v = self.graph.call(op, *vals, **attrs)
+            if v.dtype != want.name:        # None after an extern call: known at compile time
+                v = self.graph.call("cast", v, dtype=want.name)     # TypeError: not a core dtype
         except (TypeError, ValueError, OverflowError, np.exceptions.AxisError) as e:
             if _DEBUG:
                 print("core %s failed: %r" % (op, e))
             raise _NoCore()
-        want = _np_dtype(example)
-        if v.dtype != want.name:            # None after an extern call: known at compile time
-            v = self.graph.call("cast", v, dtype=want.name)
         if v.ndim is not None and v.ndim != np.ndim(example):
             raise _NoCore()
         self.record_op()
