@@ -1329,6 +1329,32 @@ def test_dtypes_outside_the_core_run_as_numpy_without_an_internal_error(case):
             np.testing.assert_allclose(got, want, rtol=1e-6)        # sin: libmvec's, not NumPy's
 
 
+@pytest.mark.parametrize("case", ["to_complex", "bfloat16_method", "float8", "quantized", "sparse", "view_as_real"])
+def test_tensor_dtypes_and_layouts_outside_the_core_run_as_torch_without_an_internal_error(case):
+    """A tensor whose dtype has no NumPy dtype (complex, bfloat16, float8, quantized) or whose
+    layout is not strided (sparse), made inside the traced code: the op that makes it runs as torch
+    (a graph break or an extern), the rest compiles. Each was an internal error (a KeyError in the
+    dtype map, or .numpy() raising), a warning and the whole function uncompiled."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+    fns = {
+        "to_complex": lambda a: a.to(torch.complex64) * 2,
+        "bfloat16_method": lambda a: a.bfloat16() * 2,
+        "float8": lambda a: a.to(torch.float8_e4m3fn).float() + 1,
+        "quantized": lambda a: torch.quantize_per_tensor(a, 0.1, 0, torch.qint8).dequantize() * 2,
+        "sparse": lambda a: (a.relu().to_sparse() * 2).to_dense() + 1,
+        "view_as_real": lambda a: torch.view_as_real(a.to(torch.complex64) * 1j).sum(-1) + a,
+    }
+    fn = fns[case]
+    x = torch.randn(4, 6)
+    compiled = fastcompile.compile(fn)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastcompileWarning)
+        for _ in range(2):
+            got, want = compiled(x), fn(x)
+            assert got.dtype == want.dtype and got.layout == want.layout
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
     """An inlined function's closure cells were read once, as constants of the trace: a
     rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and

@@ -239,6 +239,8 @@ class Tracer:
         else:
             if arr.device.type != "cpu":
                 self.unsupported("tensor on device %s: only CPU tensors are traced" % arr.device)
+            if arr.layout != torch.strided:
+                self.unsupported("tensor with layout %s: only strided tensors are traced" % arr.layout)
             if arr.requires_grad and torch.is_grad_enabled() and self.fx is None:
                 raise NeedAutograd()
             if arr.requires_grad and self.fx is None:   # traced as data under no_grad: only while grad stays off
@@ -541,6 +543,10 @@ class Tracer:
             self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
                              % (_name(fn), type(example).__name__))
         to_torch = kind == "torch"
+        for e in (example if nout else [example]):
+            if torch is not None and isinstance(e, torch.Tensor) and (e.dtype not in TORCH_TO_NP or e.layout != torch.strided):
+                self.unsupported("%s returns a tensor of dtype %s, layout %s: the core takes NumPy's "
+                                 "dtypes, strided" % (_name(fn), e.dtype, e.layout))
         if to_torch and any(getattr(e, "requires_grad", False) for e in (example if nout else [example])):
             if torch.is_grad_enabled() and self.fx is None:
                 raise NeedAutograd()            # parameters inside a torch module: trace for autograd

@@ -44,8 +44,12 @@ def _u(v):
     return _unlazy(v)
 
 
-def _np(dt):
+def _np(tr, dt):
+    """The NumPy dtype the core computes torch dtype dt in; a graph break where there is none
+    (bfloat16, complex, float8: the core route takes NumPy arrays)."""
     from .interp import TORCH_TO_NP
+    if dt not in TORCH_TO_NP:
+        tr.unsupported("tensor dtype %s has no NumPy dtype" % dt)
     return TORCH_TO_NP[dt]
 
 
@@ -74,10 +78,10 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     example = tr.eager(fn, args, kwargs)
     if core_op is None or not isinstance(example, torch.Tensor) or kwargs:
         return tr.extern(fn, args, kwargs, example, "torch")
-    want = _np(example.dtype)
+    want = _np(tr, example.dtype)
     if core_op in COMPARE:
         exs = [a.example if isinstance(a, ArrayVar) else tr.py(a) for a in args]
-        common = _np(torch.result_type(*exs))
+        common = _np(tr, torch.result_type(*exs))
         cargs = [cast(tr, a, common) for a in args]
     elif core_op in BOOL_RESULT:
         cargs = args
@@ -127,7 +131,7 @@ def reduction(tr, fn, op, args, kwargs):
     from .interp import _NoCore
     src = x
     if op in ("sum", "prod") and x.example.dtype in (torch.bool, torch.int8, torch.int16, torch.int32, torch.uint8):
-        src = cast(tr, x, _np(torch.int64))
+        src = cast(tr, x, _np(tr, torch.int64))
     try:
         return tr.core(op, [src], attrs, example, "torch")
     except _NoCore:
@@ -141,7 +145,7 @@ def softmax(tr, fn, op, x, dim, args, kwargs):
         return tr.extern(fn, args, kwargs, example, "torch")
     from .interp import _NoCore
     try:
-        return tr.core(op, [cast(tr, _u(x), _np(example.dtype))], {"axis": d}, example, "torch")
+        return tr.core(op, [cast(tr, _u(x), _np(tr, example.dtype))], {"axis": d}, example, "torch")
     except _NoCore:
         return tr.extern(fn, args, kwargs, example, "torch")
 
@@ -155,7 +159,7 @@ def layer_norm(tr, args, kwargs):
     k = len(shape) if isinstance(shape, (tuple, list)) else 1
     axes = tuple(range(-k, 0))
     g = tr.graph
-    xv = cast(tr, x, _np(example.dtype)).value
+    xv = cast(tr, x, _np(tr, example.dtype)).value
     mean = g.call("mean", xv, axis=axes, keepdim=True)
     d = g.call("sub", xv, mean)
     var = g.call("mean", g.call("mul", d, d), axis=axes, keepdim=True)
@@ -164,8 +168,8 @@ def layer_norm(tr, args, kwargs):
         y = g.call("mul", y, w.value)
     if isinstance(b, ArrayVar):
         y = g.call("add", y, b.value)
-    if y.dtype != _np(example.dtype).name:
-        y = g.call("cast", y, dtype=_np(example.dtype).name)
+    if y.dtype != _np(tr, example.dtype).name:
+        y = g.call("cast", y, dtype=_np(tr, example.dtype).name)
     tr.record_op()
     return ArrayVar(y, example, "torch", fresh=True)
 
@@ -264,11 +268,11 @@ def method(tr, arr, name, args, kwargs):
             tr.unsupported("Tensor has no attribute %r" % name)
         return tr.fx_call(lambda t, *a, **k: getattr(t, name)(*a, **k), [arr] + args, kwargs, method=name)
     if name in METHOD_CASTS and not args:
-        return cast(tr, arr, _np(METHOD_CASTS[name]))
+        return cast(tr, arr, _np(tr, METHOD_CASTS[name]))
     if name == "to" and len(args) == 1 and not kwargs and isinstance(tr.py(args[0]), torch.dtype):
-        return cast(tr, arr, _np(tr.py(args[0])))
+        return cast(tr, arr, _np(tr, tr.py(args[0])))
     if name == "type_as" and len(args) == 1:
-        return cast(tr, arr, _np(_u(args[0]).example.dtype))
+        return cast(tr, arr, _np(tr, _u(args[0]).example.dtype))
     fn = getattr(torch, name, None)
     if name in ("max", "min") and not args and not kwargs:
         return reduction(tr, torch.amax if name == "max" else torch.amin, "amax" if name == "max" else "amin", [arr], {})
