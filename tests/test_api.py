@@ -1355,6 +1355,37 @@ def test_tensor_dtypes_and_layouts_outside_the_core_run_as_torch_without_an_inte
             torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_in_place_operators_on_a_fresh_tensor_stay_in_the_graph():
+    """b = a * 2; b += 1 on torch tensors: one graph, no break. The in-place step ran the
+    operator on a copy made with ndarray's .copy(), which a tensor lacks: an AttributeError
+    while tracing and a graph break at every such statement. torch's own errors stay torch's
+    (an int tensor += 1.5 raises RuntimeError, compiled or not)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+
+    def f(a):
+        b = a * 2
+        b += 1
+        b *= a
+        b.__isub__(a)
+        return b
+
+    def g(a):
+        b = (a * 10).long()
+        b += 1.5
+        return b
+    x = torch.randn(5, 3)
+    out = fastcompile.explain(f)(x)
+    assert (out.graph_count, out.graph_break_count) == (1, 0), str(out)
+    compiled = fastcompile.compile(f)
+    for k in range(2):
+        torch.testing.assert_close(compiled(x + k), f(x + k), rtol=0, atol=0)
+    with pytest.raises(RuntimeError) as eager:
+        g(x)
+    with pytest.raises(RuntimeError) as ours:
+        fastcompile.compile(g)(x)
+    assert str(ours.value) == str(eager.value)
+
+
 def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
     """An inlined function's closure cells were read once, as constants of the trace: a
     rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and

@@ -953,7 +953,7 @@ class Tracer:
                 self.unsupported("in-place %s= on an array that may be shared (an input or a view) "
                                  "is not supported" % sym)
             ifn = getattr(operator, "i" + fn.__name__.strip("_"))
-            new = self.array_op(lambda x, y: ifn(x.copy(), y), core_op, [a, b], sym + "=")
+            new = self.array_op(lambda x, y: ifn(x.clone() if a.kind == "torch" else x.copy(), y), core_op, [a, b], sym + "=")
             a.value, a.example = new.value, new.example
             return a
         return self.array_op(fn, core_op, [a, b], sym)
