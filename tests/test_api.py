@@ -1386,6 +1386,102 @@ def test_in_place_operators_on_a_fresh_tensor_stay_in_the_graph():
     assert str(ours.value) == str(eager.value)
 
 
+def test_explain_turns_async_compile_off_for_its_own_thread_only():
+    """explain() compiles its one call synchronously (its report lists the kernels) by turning
+    async_compile off in its own thread; it used to set the global knob, so another thread's
+    compiles during an explain() ran synchronously too, and a knob set meanwhile was undone."""
+    seen = {}
+
+    def other():
+        seen["other"] = fastcompile.config.get("async_compile")
+
+    def f(a):
+        return a * 2 + 1
+
+    def probe(a):
+        seen["own"] = fastcompile.config.get("async_compile")
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        return f(a)
+
+    old = fastcompile.config.get("async_compile")
+    fastcompile.config.set(async_compile=True)
+    try:
+        out = fastcompile.explain(probe)(np.ones(4, np.float32))
+        assert seen == {"own": False, "other": True}
+        assert fastcompile.config.get("async_compile") is True
+        assert out.graph_count >= 1 and "Kernels:" in str(out)
+        with pytest.raises(AttributeError, match="no knob"):
+            with fastcompile.config.overriding(nope=1):
+                pass
+    finally:
+        fastcompile.config.set(async_compile=old)
+
+
+class _Cfg:
+    scale = 1.5                          # a class attribute: instances read it until they set their own
+    table = np.ones(3, np.float32)
+
+
+_CFG = _Cfg()
+_TLS = threading.local()
+
+
+def _reads_class_attrs(a):
+    return a * _CFG.scale + _Cfg.table
+
+
+def _reads_absent_attrs(a):
+    return a * getattr(_CFG, "extra", 2.0) + (1.0 if hasattr(_CFG, "extra") else 0.0)
+
+
+def _reads_thread_local(a):
+    return a * getattr(_TLS, "k", 1.0)
+
+
+def test_class_attributes_and_absent_attributes_are_guarded():
+    """obj.name found on the class, getattr(obj, name, default) and hasattr(obj, name) on an
+    absent name: a compiled call sees what Python sees after the class attribute changes, the
+    instance sets its own (shadowing it) or deletes it, and the name appears or goes. The class's
+    value was baked in with no guard, and an absent name's default likewise."""
+    x = np.arange(3, dtype=np.float32)
+    f, g = fastcompile.compile(_reads_class_attrs), fastcompile.compile(_reads_absent_attrs)
+    changes = [lambda: None, lambda: setattr(_CFG, "scale", 3.0), lambda: setattr(_Cfg, "scale", 5.0),
+               lambda: delattr(_CFG, "scale"), lambda: setattr(_Cfg, "table", np.zeros(3, np.float32)),
+               lambda: setattr(_CFG, "extra", 7.0), lambda: setattr(_Cfg, "extra", 9.0),
+               lambda: delattr(_CFG, "extra"), lambda: delattr(_Cfg, "extra")]
+    try:
+        for k, change in enumerate(changes):
+            change()
+            for _ in range(2):
+                np.testing.assert_array_equal(f(x), _reads_class_attrs(x), err_msg="change %d" % k)
+                np.testing.assert_array_equal(g(x), _reads_absent_attrs(x), err_msg="change %d" % k)
+    finally:
+        _Cfg.scale, _Cfg.table = 1.5, np.ones(3, np.float32)
+        _CFG.__dict__.clear()
+        if "extra" in _Cfg.__dict__:
+            del _Cfg.extra
+
+
+def test_thread_local_attributes_are_read_per_thread():
+    """A threading.local's attributes differ per thread: reading one is a graph break, and each
+    thread's compiled call sees its own value (a getattr default once stood in for it)."""
+    x = np.ones(2, np.float32)
+    f = fastcompile.compile(_reads_thread_local)
+    got = {}
+
+    def run(k):
+        if k is not None:
+            _TLS.k = k
+        got[k] = [f(x).tolist() for _ in range(2)]
+    for k in (None, 3.0, 5.0):
+        t = threading.Thread(target=run, args=(k,))
+        t.start()
+        t.join()
+    assert got == {None: [[1.0, 1.0]] * 2, 3.0: [[3.0, 3.0]] * 2, 5.0: [[5.0, 5.0]] * 2}
+
+
 def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
     """An inlined function's closure cells were read once, as constants of the trace: a
     rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and

@@ -642,6 +642,65 @@ def test_guard_item_dictattr_type_of():
     assert first_failure(f, prog, 1) == 2
 
 
+def test_guard_typeattr_noattr_notypeattr():
+    """typeattr loads a class attribute as stored in the MRO (no descriptor runs); noattr passes
+    while an instance dict lacks a name; notypeattr while a type's MRO lacks it. The C engine
+    and the Python evaluator (guards.check_program) agree on every case."""
+    from fastcompile.trace import guards as G
+
+    class Base:
+        inherited = 2.5
+
+    class Obj(Base):
+        scale = 1.5
+
+        @property
+        def prop(self):
+            raise AssertionError("a property must not run")
+
+        def __getattr__(self, name):
+            raise AssertionError("__getattr__ must not run")
+
+    class Slotted:
+        __slots__ = ("a",)
+
+    def f(a):
+        return a
+
+    def both(prog, value):
+        c = first_failure(f, prog, value)
+        assert G.check_program(prog, {0: value}, f.__globals__, __builtins__, None) == c, prog
+        return c
+
+    o = Obj()
+    cls_attr = [("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, "scale"), ("eq", 2, 1.5)]
+    assert both(cls_attr, o) == -1
+    assert both(cls_attr[:3] + [("typeattr", 3, 1, "inherited"), ("eq", 3, 2.5)], o) == -1
+    assert both([("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, "prop"), ("type", 2, property)], o) == -1
+    assert both([("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, "missing")], o) == 2
+    assert both([("local", 0, 0), ("typeattr", 1, 0, "scale")], o) == 1              # not a type
+    Obj.scale = 3.0
+    assert both(cls_attr, o) == 3
+    Obj.scale = 1.5
+    noattr = [("local", 0, 0), ("noattr", 0, "scale")]
+    assert both(noattr, o) == -1
+    o.scale = 9.0
+    assert both(noattr, o) == 1
+    assert both(noattr, Slotted()) == -1                                              # no instance dict
+    assert both(noattr, Obj) == 1                                                     # never on a type
+    notype = [("local", 0, 0), ("type_of", 1, 0), ("notypeattr", 1, "extra")]
+    assert both(notype, o) == -1
+    Base.extra = 1
+    assert both(notype, o) == 2
+    del Base.extra
+    assert both(notype, o) == -1
+    assert both([("local", 0, 0), ("notypeattr", 0, "x")], o) == 1                     # not a type
+    for bad in ([("local", 0, 0), ("noattr", 0, 3)], [("local", 0, 0), ("notypeattr", 0, None)],
+                [("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, 5)]):
+        with pytest.raises(TypeError, match="name must be a str"):
+            _C.Guards(bad)
+
+
 def test_guard_ndarray():
     def f(a):
         return a

@@ -171,8 +171,8 @@ def test_guard_python_args_and_closure():
 def test_guard_program_format():
     x = C.a2(4, 5)
     r = trace_function(C.np_global, x)
-    loads = {"local", "global", "closure", "item", "dictattr", "type_of"}
-    checks = {"type", "id", "eq", "len", "ndarray", "tensor", "dim"}
+    loads = {"local", "global", "closure", "item", "dictattr", "type_of", "typeattr", "call0", "const"}
+    checks = {"type", "id", "eq", "len", "ndarray", "tensor", "dim", "noattr", "notypeattr"}
     regs = set()
     for ins in r.program:
         assert ins[0] in loads | checks

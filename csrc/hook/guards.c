@@ -17,8 +17,8 @@
 #define FC_GUARD_MAX_REGS 256   /* one per guarded source; a model with many parameters needs many */
 
 typedef enum {
-    G_LOCAL, G_GLOBAL, G_CLOSURE, G_CONST, G_CALL0, G_ITEM, G_DICTATTR, G_TYPE_OF,
-    G_TYPE, G_ID, G_EQ, G_LEN, G_NDARRAY, G_TENSOR, G_DIM,
+    G_LOCAL, G_GLOBAL, G_CLOSURE, G_CONST, G_CALL0, G_ITEM, G_DICTATTR, G_TYPE_OF, G_TYPEATTR,
+    G_TYPE, G_ID, G_EQ, G_LEN, G_NDARRAY, G_TENSOR, G_DIM, G_NOATTR, G_NOTYPEATTR,
 } GuardOp;
 
 static const struct {
@@ -34,6 +34,7 @@ static const struct {
     [G_ITEM] = {"item", 4, 1},
     [G_DICTATTR] = {"dictattr", 4, 1},
     [G_TYPE_OF] = {"type_of", 3, 1},
+    [G_TYPEATTR] = {"typeattr", 4, 1},
     [G_TYPE] = {"type", 3, 0},
     [G_ID] = {"id", 3, 0},
     [G_EQ] = {"eq", 3, 0},
@@ -41,13 +42,15 @@ static const struct {
     [G_NDARRAY] = {"ndarray", 6, 0},
     [G_TENSOR] = {"tensor", 8, 0},
     [G_DIM] = {"dim", 4, 0},
+    [G_NOATTR] = {"noattr", 3, 0},
+    [G_NOTYPEATTR] = {"notypeattr", 3, 0},
 };
 #define G_NOPS ((int)(sizeof(guard_ops) / sizeof(guard_ops[0])))
 
 typedef struct {
     GuardOp op;
     int reg;            /* destination (loads) or checked register */
-    int src;            /* source register (item, dictattr, type_of) */
+    int src;            /* source register (item, dictattr, type_of, typeattr) */
     Py_ssize_t n;       /* slot, closure index, int key, length, ndim, dim axis */
     Py_ssize_t size;    /* dim: the size shape[n] must have */
     int has_n;          /* item: key is an int (tuple/list index) */
@@ -231,13 +234,14 @@ guard_parse(PyObject *t, Py_ssize_t idx, unsigned char *written, GuardInstr *in)
         PyUnicode_InternInPlace(&in->a);
         break;
     case G_ITEM:
-    case G_DICTATTR: {
+    case G_DICTATTR:
+    case G_TYPEATTR: {
         if (parse_reg(x1, idx, written, 1, &in->src) < 0) {
             return -1;
         }
         PyObject *key = PyTuple_GET_ITEM(t, 3);
-        if (in->op == G_DICTATTR && !PyUnicode_Check(key)) {
-            PyErr_Format(PyExc_TypeError, "guard #%zd: dictattr name must be a str", idx);
+        if (in->op != G_ITEM && !PyUnicode_Check(key)) {
+            PyErr_Format(PyExc_TypeError, "guard #%zd: %s name must be a str", idx, guard_ops[in->op].name);
             return -1;
         }
         if (PyObject_Hash(key) == -1) {
@@ -253,11 +257,20 @@ guard_parse(PyObject *t, Py_ssize_t idx, unsigned char *written, GuardInstr *in)
             }
         }
         in->a = Py_NewRef(key);
-        if (in->op == G_DICTATTR) {
+        if (in->op != G_ITEM) {
             PyUnicode_InternInPlace(&in->a);
         }
         break;
     }
+    case G_NOATTR:
+    case G_NOTYPEATTR:
+        if (!PyUnicode_Check(x1)) {
+            PyErr_Format(PyExc_TypeError, "guard #%zd: %s name must be a str", idx, guard_ops[in->op].name);
+            return -1;
+        }
+        in->a = Py_NewRef(x1);
+        PyUnicode_InternInPlace(&in->a);
+        break;
     case G_TYPE_OF:
         if (parse_reg(x1, idx, written, 1, &in->src) < 0) {
             return -1;
@@ -516,9 +529,37 @@ guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
     }
     case G_TYPE_OF:
         return src == NULL ? NULL : Py_NewRef((PyObject *)Py_TYPE(src));
+    case G_TYPEATTR:
+        /* the attribute as found in the type's MRO, unbound (no descriptor runs);
+         * _PyType_Lookup sets no exception */
+        if (src == NULL || !PyType_Check(src)) {
+            return NULL;
+        }
+        return Py_XNewRef(_PyType_Lookup((PyTypeObject *)src, in->a));
     default:
         return NULL;
     }
+}
+
+/* noattr: 1 when o's instance dict (if it has one) holds no entry named in->a,
+ * 0 when it does, -1 on error. */
+static int
+check_noattr(const GuardInstr *in, PyObject *o)
+{
+    if (PyType_Check(o)) {
+        return 0;                      /* never installed on a type (its dict is a mappingproxy) */
+    }
+    PyObject *dict = PyObject_GenericGetDict(o, NULL);
+    if (dict == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();             /* no instance dict: nothing in it */
+            return 1;
+        }
+        return -1;
+    }
+    int has = PyDict_Check(dict) ? PyDict_Contains(dict, in->a) : 0;
+    Py_DECREF(dict);
+    return has < 0 ? -1 : !has;
 }
 
 static int
@@ -696,6 +737,10 @@ guard_check(const GuardInstr *in, PyObject *o)
         return check_tensor(in, o);
     case G_DIM:
         return check_dim(in, o);
+    case G_NOATTR:
+        return check_noattr(in, o);
+    case G_NOTYPEATTR:          /* a type whose MRO has no such name (_PyType_Lookup sets no error) */
+        return PyType_Check(o) && _PyType_Lookup((PyTypeObject *)o, in->a) == NULL;
     default:
         return 0;
     }
@@ -787,8 +832,10 @@ PyTypeObject FcHookGuards_Type = {
     .tp_clear = (inquiry)Guards_clear,
     .tp_doc = "Guards(program): a flat guard program over a frame's fast locals.\n"
               "Loads: ('local', r, slot), ('global', r, name), ('closure', r, i), ('item', r, src, key),\n"
-              "('dictattr', r, src, name), ('type_of', r, src), ('const', r, obj), ('call0', r, fn).\n"
-              "Checks: ('type', r, T), ('id', r, obj), ('eq', r, value), ('len', r, n),\n"
+              "('dictattr', r, src, name), ('type_of', r, src), ('typeattr', r, src, name),\n"
+              "('const', r, obj), ('call0', r, fn).\n"
+              "Checks: ('type', r, T), ('id', r, obj), ('eq', r, value), ('len', r, n), ('noattr', r, name),\n"
+              "('notypeattr', r, name),\n"
               "('ndarray', r, dtype, ndim, size1_mask, contig), ('dim', r, axis, size),\n"
               "('tensor', r, dtype, ndim, size1_mask, contig, device, requires_grad).",
     .tp_methods = Guards_methods,

@@ -3,9 +3,11 @@
 Values are read from the environment at import. Change them at run time with
 ``fastcompile.config.set(name=value)``; the C core re-reads them then.
 """
+import contextlib
 import os
 import shutil
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -92,8 +94,30 @@ def _load():
 _load()
 
 
+_local = threading.local()      # .values: this thread's overrides (overriding())
+
+
 def get(name):
+    over = getattr(_local, "values", None)
+    if over and name in over:
+        return over[name]
     return _values[name]
+
+
+@contextlib.contextmanager
+def overriding(**kwargs):
+    """Knobs read from Python (get()) take these values in this thread only, inside the block;
+    knobs the C core reads cannot be overridden (set() changes them for every thread)."""
+    names = {k.name for k in KNOBS}
+    for key in kwargs:
+        if key not in names:
+            raise AttributeError("fastcompile.config has no knob %r" % key)
+    saved = getattr(_local, "values", None)
+    _local.values = dict(saved or {}, **kwargs)
+    try:
+        yield
+    finally:
+        _local.values = saved
 
 
 def resolved():

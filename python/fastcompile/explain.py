@@ -114,14 +114,10 @@ def explain(fn, *, fullgraph=False):
         code = api._forward_code(target) if api._is_module(target) else getattr(target, "__code__", None)
         force = [code] if code is not None else ()
         hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder, force=force))
-        asynchronous = config.get("async_compile")
-        if asynchronous:        # the report lists the kernels: the one call compiles them
-            config.set(async_compile=False)
         try:
-            hooked(*args, **kwargs)
+            with config.overriding(async_compile=False):    # the report lists the kernels: the
+                hooked(*args, **kwargs)                     # one call compiles them (this thread)
         finally:
-            if asynchronous:
-                config.set(async_compile=True)
             api.reset()
         return ExplainOutput(recorder)
 

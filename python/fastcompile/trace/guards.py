@@ -12,6 +12,7 @@ loads   ("local", reg, slot)            frame localsplus[slot] (cells unwrapped)
         ("item", reg, src, key)         src[key] for exact dict/tuple/list
         ("dictattr", reg, src, name)    src.__dict__[name] (instance dict only)
         ("type_of", reg, src)           type(src)
+        ("typeattr", reg, src, name)    name in the MRO of the type src, unbound (no descriptor runs)
 checks  ("type", reg, type_obj)         type(v) is type_obj
         ("id", reg, obj)                v is obj
         ("eq", reg, value)              type(v) is type(value) and v == value
@@ -19,6 +20,8 @@ checks  ("type", reg, type_obj)         type(v) is type_obj
         ("ndarray", reg, dtype, ndim, size1_mask, contig)
         ("tensor", reg, dtype, ndim, size1_mask, contig, device, requires_grad)
         ("dim", reg, axis, size)        v.shape[axis] == size (a size used as a Python value)
+        ("noattr", reg, name)           v's instance dict (if any) has no entry name
+        ("notypeattr", reg, name)       v is a type and no class in its MRO has name
 
 size1_mask bit i is set iff shape[i] == 1; contig 0 any, 1 C-contiguous, 2 not.
 A load that finds nothing fails at that load."""
@@ -52,6 +55,10 @@ class Guard:
             return "len(%s) == %d" % (src, self.args[0])
         if self.kind == "dim":
             return "%s.shape[%d] == %d" % (src, self.args[0], self.args[1])
+        if self.kind == "noattr":
+            return "%r not in vars(%s)" % (self.args[0], src)
+        if self.kind == "notypeattr":
+            return "%r not in the classes of %s" % (self.args[0], src)
         if self.kind in ("ndarray", "tensor"):
             dtype, ndim, mask, contig = self.args[:4]
             txt = "%s is %s %s ndim=%d size1_mask=0b%s contig=%s" % (
@@ -154,6 +161,8 @@ def compile_program(guards, owners=None):
             ins = ("dictattr", None, load(src.base), src.name)
         elif isinstance(src, S.TypeOfSource):
             ins = ("type_of", None, load(src.base))
+        elif isinstance(src, S.TypeAttrSource):
+            ins = ("typeattr", None, load(src.base), src.name)
         else:
             raise TypeError("no load for source %r" % (src,))
         reg = len(regs)
@@ -180,6 +189,8 @@ def describe_actual(guard, value):
         return describe_object(value)
     if kind == "eq":
         return repr(value)
+    if kind in ("noattr", "notypeattr"):
+        return "has %s" % guard.args[0]
     if kind == "len":
         try:
             return "len %d" % len(value)
@@ -215,6 +226,10 @@ def _check(ins, v):
     if kind == "dim":
         shape = getattr(v, "shape", None)
         return shape is not None and len(shape) > ins[2] and shape[ins[2]] == ins[3]
+    if kind == "noattr":
+        return not isinstance(v, type) and S._instance_dict_get(v, ins[2]) is S.MISSING
+    if kind == "notypeattr":
+        return isinstance(v, type) and S.type_lookup(v, ins[2]) is S.MISSING
     if kind == "ndarray":
         import numpy as np
         if type(v) is not np.ndarray:
@@ -264,6 +279,8 @@ def check_program(program, f_locals_by_slot, f_globals, f_builtins, closure):
             v = S._instance_dict_get(regs[ins[2]], ins[3])
         elif kind == "type_of":
             v = type(regs[ins[2]])
+        elif kind == "typeattr":
+            v = S.type_lookup(regs[ins[2]], ins[3])
         else:
             if not _check(ins, regs[ins[1]]):
                 return i

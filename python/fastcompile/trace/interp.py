@@ -9,6 +9,7 @@ import linecache
 import functools
 import operator
 import sys
+import threading
 import types
 
 import numpy as np
@@ -19,7 +20,7 @@ from . import guards as G
 from . import numpy_ops as NP
 from . import sources as S
 from .variables import (NULL, ArrayMethodVar, ArrayVar, CellVar, DictVar, FuncVar, IterVar,
-                        ListVar, MethodVar, PyVar, ShapeVar, TupleVar, Unsupported, Var)
+                        ListVar, MethodVar, PyVar, ShapeVar, TupleVar, Unsupported, Var, AbsentAttribute)
 
 # torch is bound by _sync_torch() once the process has imported it: importing fastcompile never
 # imports torch (over a second), and a frame can hold torch objects only after the user's code
@@ -1105,7 +1106,7 @@ class Tracer:
         if isinstance(obj, (ListVar, DictVar, TupleVar)):
             base = {ListVar: list, DictVar: dict, TupleVar: tuple}[type(obj)]
             if not hasattr(base, name):
-                self.unsupported("%s has no attribute %r" % (base.__name__, name))
+                raise AbsentAttribute("%s has no attribute %r" % (base.__name__, name), self.frame.user_stack())
             return MethodVar(PyVar(getattr(base, name)), obj)
         if isinstance(obj, FuncVar):
             self.unsupported("attribute of a function made in the trace")
@@ -1126,16 +1127,31 @@ class Tracer:
                         return PyVar(None)
                     return self.wrap(d[name], s)
         if isinstance(value, type):
-            attr = getattr(value, name)
-            return PyVar(attr)
+            raw = S.type_lookup(value, name)
+            if src is not None and _plain_class_attr(raw):      # C.eps: guarded as it is read
+                return self.wrap(raw, S.TypeAttrSource(src, name))
+            try:
+                return PyVar(getattr(value, name))
+            except AttributeError as e:
+                if raw is S.MISSING and not hasattr(type(value), name):
+                    self.guard(src, "notypeattr", name)
+                raise AbsentAttribute("AttributeError while tracing: %s" % e, self.frame.user_stack())
+        if isinstance(value, threading.local):
+            self.unsupported("attribute %r of a threading.local (state per thread)" % name)
         inst = getattr(value, "__dict__", None)
         if isinstance(inst, dict) and name in inst:
             return self.wrap(inst[name], S.DictAttrSource(src, name) if src else None)
-        cls_attr = None
-        for klass in type(value).__mro__:
-            if name in klass.__dict__:
-                cls_attr = klass.__dict__[name]
-                break
+        cls_attr = S.type_lookup(type(value), name)
+        if src is not None and isinstance(inst, dict) and (cls_attr is S.MISSING or _plain_class_attr(cls_attr)):
+            # an instance attribute set later would shadow the class's value (or the absence
+            # getattr(obj, name, default) and hasattr read): guarded, as Python looks it up
+            self.guard(src, "noattr", name)
+            if cls_attr is not S.MISSING:
+                return self.wrap(cls_attr, S.TypeAttrSource(S.TypeOfSource(src), name))
+        if cls_attr is S.MISSING:
+            if src is not None:
+                self.guard(S.TypeOfSource(src), "notypeattr", name)    # nor on the class
+            cls_attr = None
         if isinstance(cls_attr, types.FunctionType):
             return MethodVar(PyVar(cls_attr), obj)
         if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
@@ -1147,7 +1163,7 @@ class Tracer:
         try:
             attr = getattr(value, name)
         except AttributeError as e:
-            self.unsupported("AttributeError while tracing: %s" % e)
+            raise AbsentAttribute("AttributeError while tracing: %s" % e, self.frame.user_stack())
         if type(attr) in SCALARS or isinstance(attr, (types.BuiltinMethodType, types.MethodWrapperType)):
             return PyVar(attr)
         return self.wrap(attr, None)
@@ -1403,14 +1419,21 @@ class Tracer:
             name = self.py(args[1])
             try:
                 return self.getattr_var(args[0], name)
-            except Unsupported:
+            except AbsentAttribute:
                 if len(args) == 3:
-                    return args[2]
+                    return args[2]          # absent (guarded by getattr_var where it can be)
                 raise
         if fn is hasattr:
-            o = args[0]
+            o = _unlazy(args[0])
             if isinstance(o, ArrayVar):
                 return PyVar(hasattr(o.example, self.py(args[1])))
+            if isinstance(o, PyVar) and o.source is not None and len(args) == 2:
+                name = self.py(args[1])
+                try:
+                    self.getattr_var(o, name)      # guards what it finds, or the absence
+                    return PyVar(True)
+                except AbsentAttribute:
+                    return PyVar(False)
         if fn in (sum, max, min, abs) and _any_array(args, kwargs) or \
                 fn is sum and len(args) == 1 and any(isinstance(_unlazy(x), ArrayVar) for x in self.unpack(args[0])):
             return self.builtin_array(fn, args, kwargs)
@@ -1655,6 +1678,12 @@ def _kind_name(v):
     if isinstance(v, types.BuiltinFunctionType):
         return "builtin"
     return "C extension function" if not isinstance(v, types.FunctionType) else "function"
+
+
+def _plain_class_attr(v):
+    """A class attribute that reads back as it is stored: data, not a descriptor (a function,
+    property, staticmethod or classmethod is bound or called on the way)."""
+    return v is not S.MISSING and not hasattr(type(v), "__get__")
 
 
 def _describe(v):

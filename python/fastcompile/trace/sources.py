@@ -157,6 +157,21 @@ class TypeOfSource(Source):
         return "type(%r)" % (self.base,)
 
 
+class TypeAttrSource(Source):
+    """name as found in the MRO of the type base holds, unbound (a class attribute: the value a
+    read through an instance falls back to where the instance dict has no such entry)."""
+    __slots__ = ("base", "name")
+
+    def __init__(self, base, name):
+        self.base, self.name = base, name
+
+    def _key(self):
+        return (self.base, self.name)
+
+    def __repr__(self):
+        return "%r.%s" % (self.base, self.name)
+
+
 class _Missing:
     pass
 
@@ -170,6 +185,17 @@ def _instance_dict_get(obj, name):
     except AttributeError:
         return MISSING
     return d.get(name, MISSING)
+
+
+def type_lookup(t, name):
+    """t's attribute name from its MRO, unbound, or MISSING (t not a type, or no such name)."""
+    if not isinstance(t, type):
+        return MISSING
+    for klass in t.__mro__:
+        d = klass.__dict__
+        if name in d:
+            return d[name]
+    return MISSING
 
 
 def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
@@ -208,4 +234,6 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
         return _instance_dict_get(base, source.name)
     if isinstance(source, TypeOfSource):
         return type(base)
+    if isinstance(source, TypeAttrSource):
+        return type_lookup(base, source.name)
     raise TypeError("unknown source %r" % (source,))

@@ -19,6 +19,11 @@ class Unsupported(Exception):
         super().__init__(reason + where)
 
 
+class AbsentAttribute(Unsupported):
+    """obj.name where obj has no such attribute (a graph break, AttributeError in Python), with
+    the absence guarded where it can be: getattr(obj, name, default) and hasattr take it."""
+
+
 class Var:
     source = None
 
