@@ -1482,6 +1482,103 @@ def test_thread_local_attributes_are_read_per_thread():
     assert got == {None: [[1.0, 1.0]] * 2, 3.0: [[3.0, 3.0]] * 2, 5.0: [[5.0, 5.0]] * 2}
 
 
+_Pair = __import__("collections").namedtuple("_Pair", "a b")
+
+
+class _Color(__import__("enum").Enum):
+    RED = 1
+    BLUE = 2
+
+
+class _Slotted:
+    __slots__ = ("scale",)
+
+    def __init__(self, scale):
+        self.scale = scale
+
+
+@__import__("dataclasses").dataclass(slots=True)
+class _SlottedDC:
+    scale: float
+
+
+def _scaled_by(x, s):
+    return x * s
+
+
+def _max_then_branch(x):
+    m = x.max()
+    if m > 0:                   # a data-dependent branch: m reaches the resume function as a NumPy scalar
+        return x / m
+    return x
+
+
+@pytest.mark.parametrize("case", ["np_float32", "np_float64", "np_int64_shape", "np_bool", "py_minus_zero",
+                                  "complex", "slice", "range", "namedtuple", "enum", "fraction",
+                                  "slots", "slots_dataclass"])
+def test_values_of_arguments_are_guarded_by_value(case):
+    """Arguments whose value the trace uses are guarded by value, so a later call with another
+    value recompiles instead of reusing the first call's: NumPy scalars (they were guarded by type
+    only and their first value baked in), -0.0 against 0.0 (== made them one entry), complex
+    numbers, slices, ranges, namedtuples, enum members, fractions, and the members of __slots__
+    objects (read with no guard at all)."""
+    from fractions import Fraction
+    x = np.arange(6, dtype=np.float32)
+    cases = {
+        "np_float32": (_scaled_by, [np.float32(1.5), np.float32(2.5), np.float32(-0.0)]),
+        "np_float64": (_scaled_by, [np.float64(1.5), np.float64(7.0), np.float64("nan"), np.float64("nan")]),
+        "np_int64_shape": (lambda x, n: x.reshape(n, -1) * 2, [np.int64(1), np.int64(2), np.int64(3)]),
+        "np_bool": (lambda x, b: x * 2 if b else x, [np.bool_(True), np.bool_(False)]),
+        "py_minus_zero": (lambda x, s: (np.copysign(x, s), x / s), [0.0, -0.0, 0.0]),
+        "complex": (_scaled_by, [1 + 2j, 3 + 1j]),
+        "slice": (lambda x, s: x[s] * 2, [slice(0, 2), slice(1, 4), slice(None, None, 2)]),
+        "range": (lambda x, r: x * len(r), [range(2), range(5)]),
+        "namedtuple": (lambda x, p: x * p.a + p.b, [_Pair(1, 2), _Pair(3, 4)]),
+        "enum": (lambda x, c: x * c.value, [_Color.RED, _Color.BLUE]),
+        "fraction": (lambda x, q: x * float(q), [Fraction(1, 2), Fraction(3, 2)]),
+        "slots": (lambda x, c: x * c.scale, [_Slotted(2.0), _Slotted(5.0)]),
+        "slots_dataclass": (lambda x, c: x * c.scale, [_SlottedDC(2.0), _SlottedDC(7.0)]),
+    }
+    fn, values = cases[case]
+    compiled = fastcompile.compile(fn)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for v in values:
+            for _ in range(2):
+                got, want = compiled(x, v), fn(x, v)
+                for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                    assert g.dtype == w.dtype and g.shape == w.shape, (v, g, w)
+                    np.testing.assert_array_equal(g, w, err_msg=repr(v))
+                    if g.dtype.kind == "f":
+                        assert np.array_equal(np.signbit(g), np.signbit(w)), (v, g, w)
+    if case == "slots":
+        obj = _Slotted(2.0)
+        compiled(x, obj)
+        obj.scale = 3.0                      # the member changes in place
+        np.testing.assert_array_equal(compiled(x, obj), x * 3.0)
+
+
+def test_a_numpy_scalar_across_a_graph_break_is_read_at_each_call():
+    """m = x.max(); if m > 0: return x / m: the branch is a graph break and m reaches the resume
+    function as a NumPy scalar, guarded by value now: each call divides by its own maximum (it
+    divided by the first call's)."""
+    f = fastcompile.compile(_max_then_branch)
+    for x in (np.array([1.0, 2.0, 4.0]), np.array([1.0, 3.0, 6.0]), np.array([-1.0, -2.0, 0.0])):
+        np.testing.assert_array_equal(f(x), _max_then_branch(x))
+
+
+def test_a_bound_method_of_an_array_as_an_argument():
+    """op(x) with op = w1.dot, then w2.dot: results as Python's. Describing the identity guard
+    that failed compared the method's __self__ (an ndarray) with ==, and raised ValueError."""
+    def f(x, op):
+        return op(x) + 1
+    x = np.ones(3)
+    compiled = fastcompile.compile(f)
+    for k in (1.0, 2.0, 3.0):
+        w = np.eye(3) * k
+        np.testing.assert_array_equal(compiled(x, w.dot), f(x, w.dot))
+    assert "Guards" in str(fastcompile.explain(f)(x, np.eye(3).dot))
+
+
 def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
     """An inlined function's closure cells were read once, as constants of the trace: a
     rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and

@@ -701,6 +701,78 @@ def test_guard_typeattr_noattr_notypeattr():
             _C.Guards(bad)
 
 
+def test_guard_eq_values_bit_for_bit():
+    """eq holds NumPy numeric scalars, complex numbers, ranges, and slices, frozensets and
+    namedtuples of such values; floats and NumPy scalars compare bit for bit (-0.0 is not 0.0, a
+    NaN matches itself), always with the exact type. C engine and Python evaluator agree; a value
+    eq cannot hold is refused when the program is built."""
+    import collections
+    from fastcompile.trace import guards as G
+    P = collections.namedtuple("P", "a b")
+
+    def f(a):
+        return a
+
+    def both(want, value):
+        prog = [("local", 0, 0), ("eq", 0, want)]
+        c = first_failure(f, prog, value)
+        assert G.check_program(prog, {0: value}, f.__globals__, __builtins__, None) == c, (want, value)
+        assert G.eq_ok(want)
+        return c == -1
+
+    nan = float("nan")
+    assert both(0.0, 0.0) and not both(0.0, -0.0) and not both(-0.0, 0.0) and both(nan, nan)
+    assert not both(1.0, 1) and not both(True, 1)
+    assert both(np.float32(1.5), np.float32(1.5)) and not both(np.float32(1.5), np.float32(2.5))
+    assert not both(np.float32(1.5), np.float64(1.5)) and not both(np.float32(0.0), np.float32(-0.0))
+    assert both(np.float64(nan), np.float64(nan)) and both(np.int8(-3), np.int8(-3))
+    assert not both(np.int64(3), 3) and both(np.bool_(True), np.bool_(True)) and not both(np.bool_(True), np.bool_(False))
+    assert both(np.uint64(2 ** 64 - 1), np.uint64(2 ** 64 - 1)) and both(np.float16(0.1), np.float16(0.1))
+    assert both(1 + 2j, 1 + 2j) and not both(1 + 2j, 1 - 2j) and not both(complex(0.0, 0.0), complex(0.0, -0.0))
+    assert both(range(3), range(0, 3)) and not both(range(3), range(4))
+    assert both(slice(1, None, 2), slice(1, None, 2)) and not both(slice(1, 4), slice(1, 5))
+    assert not both(slice(0.0, 1), slice(-0.0, 1))
+    assert both(frozenset({1, "a"}), frozenset({"a", 1})) and not both(frozenset({1}), frozenset({2}))
+    assert both(P(1, 2.5), P(1, 2.5)) and not both(P(1, 2.5), (1, 2.5)) and not both(P(1, 2.5), P(1, 3.5))
+    assert both((np.float32(1), (2, -0.0)), (np.float32(1), (2, -0.0)))
+    for bad in ([1], (1, [2]), slice([1], 2), frozenset({1, object()}), np.longdouble(1),
+                np.complex64(1), object(), np.array(1.0)):
+        assert not G.eq_ok(bad)
+        with pytest.raises(TypeError, match="eq compares"):
+            _C.Guards([("local", 0, 0), ("eq", 0, bad)])
+
+
+def test_guard_slotattr():
+    """slotattr reads a __slots__ member through its member descriptor; an unset member, a name
+    that is no member, or an object of another layout fails the load."""
+    from fastcompile.trace import guards as G
+
+    class S:
+        __slots__ = ("a", "b")
+
+        @property
+        def p(self):
+            raise AssertionError("a property must not run")
+
+    def f(a):
+        return a
+
+    def both(prog, value):
+        c = first_failure(f, prog, value)
+        assert G.check_program(prog, {0: value}, f.__globals__, __builtins__, None) == c, prog
+        return c
+
+    o = S()
+    o.a = 2.5
+    prog = [("local", 0, 0), ("slotattr", 1, 0, "a"), ("eq", 1, 2.5)]
+    assert both(prog, o) == -1
+    o.a = 3.5
+    assert both(prog, o) == 2
+    assert both([("local", 0, 0), ("slotattr", 1, 0, "b")], o) == 1          # unset
+    assert both([("local", 0, 0), ("slotattr", 1, 0, "p")], o) == 1          # a property: not read
+    assert both([("local", 0, 0), ("slotattr", 1, 0, "a")], 5) == 1
+
+
 def test_guard_ndarray():
     def f(a):
         return a

@@ -17,7 +17,7 @@
 #define FC_GUARD_MAX_REGS 256   /* one per guarded source; a model with many parameters needs many */
 
 typedef enum {
-    G_LOCAL, G_GLOBAL, G_CLOSURE, G_CONST, G_CALL0, G_ITEM, G_DICTATTR, G_TYPE_OF, G_TYPEATTR,
+    G_LOCAL, G_GLOBAL, G_CLOSURE, G_CONST, G_CALL0, G_ITEM, G_DICTATTR, G_TYPE_OF, G_TYPEATTR, G_SLOTATTR,
     G_TYPE, G_ID, G_EQ, G_LEN, G_NDARRAY, G_TENSOR, G_DIM, G_NOATTR, G_NOTYPEATTR,
 } GuardOp;
 
@@ -35,6 +35,7 @@ static const struct {
     [G_DICTATTR] = {"dictattr", 4, 1},
     [G_TYPE_OF] = {"type_of", 3, 1},
     [G_TYPEATTR] = {"typeattr", 4, 1},
+    [G_SLOTATTR] = {"slotattr", 4, 1},
     [G_TYPE] = {"type", 3, 0},
     [G_ID] = {"id", 3, 0},
     [G_EQ] = {"eq", 3, 0},
@@ -50,7 +51,7 @@ static const struct {
 typedef struct {
     GuardOp op;
     int reg;            /* destination (loads) or checked register */
-    int src;            /* source register (item, dictattr, type_of, typeattr) */
+    int src;            /* source register (item, dictattr, type_of, typeattr, slotattr) */
     Py_ssize_t n;       /* slot, closure index, int key, length, ndim, dim axis */
     Py_ssize_t size;    /* dim: the size shape[n] must have */
     int has_n;          /* item: key is an int (tuple/list index) */
@@ -97,15 +98,54 @@ fc_hook_view_slot(const FcHookView *v, Py_ssize_t i)
  * construction
  * ====================================================================== */
 
-/* Values "eq" may compare: None/bool/int/float/str/bytes and tuples of those. */
+/* A NumPy scalar "eq" compares by its bytes: bool, integer or floating, at most 8 bytes
+ * (long double has padding bytes). */
+static int
+np_scalar_ok(PyObject *v)
+{
+    if (!(PyArray_IsScalar(v, Bool) || PyArray_IsScalar(v, Integer) || PyArray_IsScalar(v, Floating))) {
+        return 0;
+    }
+    PyArray_Descr *d = PyArray_DescrFromScalar(v);
+    if (d == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = PyDataType_ELSIZE(d) <= 8;
+    Py_DECREF(d);
+    return ok;
+}
+
+/* Values "eq" may compare: None/bool/int/float/complex/str/bytes, NumPy's numeric scalars,
+ * ranges, and tuples (namedtuples too), slices and frozensets of those. None of their
+ * comparisons runs Python code. */
 static int
 eq_value_ok(PyObject *v)
 {
     if (v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) ||
-            PyUnicode_CheckExact(v) || PyBytes_CheckExact(v)) {
+            PyComplex_CheckExact(v) || PyUnicode_CheckExact(v) || PyBytes_CheckExact(v) ||
+            PyRange_Check(v) || np_scalar_ok(v)) {
         return 1;
     }
-    if (PyTuple_CheckExact(v)) {
+    if (PySlice_Check(v)) {
+        PySliceObject *sl = (PySliceObject *)v;
+        return eq_value_ok(sl->start) && eq_value_ok(sl->stop) && eq_value_ok(sl->step);
+    }
+    if (PyFrozenSet_CheckExact(v)) {
+        PyObject *it = PyObject_GetIter(v), *key;    /* a set's iterator runs no Python code */
+        int ok = it != NULL;
+        while (ok && (key = PyIter_Next(it)) != NULL) {
+            ok = eq_value_ok(key);
+            Py_DECREF(key);
+        }
+        Py_XDECREF(it);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            ok = 0;
+        }
+        return ok;
+    }
+    if (PyTuple_Check(v) && (PyTuple_CheckExact(v) || Py_TYPE(v)->tp_richcompare == PyTuple_Type.tp_richcompare)) {
         for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
             if (!eq_value_ok(PyTuple_GET_ITEM(v, i))) {
                 return 0;
@@ -235,7 +275,8 @@ guard_parse(PyObject *t, Py_ssize_t idx, unsigned char *written, GuardInstr *in)
         break;
     case G_ITEM:
     case G_DICTATTR:
-    case G_TYPEATTR: {
+    case G_TYPEATTR:
+    case G_SLOTATTR: {
         if (parse_reg(x1, idx, written, 1, &in->src) < 0) {
             return -1;
         }
@@ -450,7 +491,34 @@ eq_exact(PyObject *a, PyObject *b)
     if (Py_TYPE(a) != Py_TYPE(b)) {
         return 0;
     }
-    if (PyTuple_CheckExact(a)) {
+    if (PyFloat_CheckExact(a)) {       /* bit for bit: -0.0 is not 0.0, a NaN is itself */
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return memcmp(&x, &y, sizeof(double)) == 0;
+    }
+    if (PyComplex_CheckExact(a)) {
+        Py_complex x = PyComplex_AsCComplex(a), y = PyComplex_AsCComplex(b);
+        return memcmp(&x, &y, sizeof(Py_complex)) == 0;
+    }
+    if (PyArray_IsScalar(a, Generic)) {   /* same type: same dtype; its bytes */
+        if (!np_scalar_ok(a)) {
+            return 0;
+        }
+        char x[16], y[16];
+        memset(x, 0, sizeof(x));
+        memset(y, 0, sizeof(y));
+        PyArray_ScalarAsCtype(a, x);
+        PyArray_ScalarAsCtype(b, y);
+        return memcmp(x, y, sizeof(x)) == 0;
+    }
+    if (PySlice_Check(a)) {
+        PySliceObject *p = (PySliceObject *)a, *q = (PySliceObject *)b;
+        int r = eq_exact(p->start, q->start);
+        if (r == 1) {
+            r = eq_exact(p->stop, q->stop);
+        }
+        return r == 1 ? eq_exact(p->step, q->step) : r;
+    }
+    if (PyTuple_Check(a)) {
         if (PyTuple_GET_SIZE(a) != PyTuple_GET_SIZE(b)) {
             return 0;
         }
@@ -536,6 +604,18 @@ guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
             return NULL;
         }
         return Py_XNewRef(_PyType_Lookup((PyTypeObject *)src, in->a));
+    case G_SLOTATTR: {
+        /* a __slots__ member, read through its member descriptor (C code; an unset
+         * slot raises AttributeError, cleared by the caller as a failed load) */
+        if (src == NULL) {
+            return NULL;
+        }
+        PyObject *descr = _PyType_Lookup(Py_TYPE(src), in->a);
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            return NULL;
+        }
+        return Py_TYPE(descr)->tp_descr_get(descr, src, (PyObject *)Py_TYPE(src));
+    }
     default:
         return NULL;
     }
@@ -833,6 +913,7 @@ PyTypeObject FcHookGuards_Type = {
     .tp_doc = "Guards(program): a flat guard program over a frame's fast locals.\n"
               "Loads: ('local', r, slot), ('global', r, name), ('closure', r, i), ('item', r, src, key),\n"
               "('dictattr', r, src, name), ('type_of', r, src), ('typeattr', r, src, name),\n"
+              "('slotattr', r, src, name),\n"
               "('const', r, obj), ('call0', r, fn).\n"
               "Checks: ('type', r, T), ('id', r, obj), ('eq', r, value), ('len', r, n), ('noattr', r, name),\n"
               "('notypeattr', r, name),\n"

@@ -13,9 +13,11 @@ loads   ("local", reg, slot)            frame localsplus[slot] (cells unwrapped)
         ("dictattr", reg, src, name)    src.__dict__[name] (instance dict only)
         ("type_of", reg, src)           type(src)
         ("typeattr", reg, src, name)    name in the MRO of the type src, unbound (no descriptor runs)
+        ("slotattr", reg, src, name)    src.name for a __slots__ member (its member descriptor)
 checks  ("type", reg, type_obj)         type(v) is type_obj
         ("id", reg, obj)                v is obj
-        ("eq", reg, value)              type(v) is type(value) and v == value
+        ("eq", reg, value)              type(v) is type(value) and v == value (eq_ok values; floats
+                                        and NumPy scalars bit for bit: -0.0 is not 0.0)
         ("len", reg, n)                 len(v) == n
         ("ndarray", reg, dtype, ndim, size1_mask, contig)
         ("tensor", reg, dtype, ndim, size1_mask, contig, device, requires_grad)
@@ -27,7 +29,10 @@ size1_mask bit i is set iff shape[i] == 1; contig 0 any, 1 C-contiguous, 2 not.
 A load that finds nothing fails at that load."""
 import builtins as _builtins_mod
 import os
+import struct
 import types
+
+import numpy as np
 
 from . import sources as S
 
@@ -71,6 +76,44 @@ class Guard:
     __repr__ = describe
 
 
+def eq_ok(v):
+    """Whether an "eq" guard may hold v (the C engine's eq_value_ok): None, bool, int, float,
+    complex, str, bytes, range, NumPy's bool/integer/floating scalars of at most 8 bytes, and
+    slices, frozensets and tuples (namedtuples too) of those."""
+    t = type(v)
+    if v is None or t in (bool, int, float, complex, str, bytes, range):
+        return True
+    if isinstance(v, np.generic):
+        return v.dtype.kind in "biuf" and v.dtype.itemsize <= 8
+    if t is slice:
+        return eq_ok(v.start) and eq_ok(v.stop) and eq_ok(v.step)
+    if t is frozenset:
+        return all(eq_ok(x) for x in v)
+    if isinstance(v, tuple) and (t is tuple or t.__eq__ is tuple.__eq__):
+        return all(eq_ok(x) for x in v)
+    return False
+
+
+def same_value(a, b):
+    """The "eq" comparison: same exact type and equal, floats and NumPy scalars bit for bit."""
+    if a is b:
+        return True
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t is float:
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    if t is complex:
+        return struct.pack("<dd", a.real, a.imag) == struct.pack("<dd", b.real, b.imag)
+    if isinstance(a, np.generic):
+        return eq_ok(a) and a.tobytes() == b.tobytes()
+    if t is slice:
+        return all(same_value(x, y) for x, y in ((a.start, b.start), (a.stop, b.stop), (a.step, b.step)))
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def _type_name(t):
     name = getattr(t, "__qualname__", None)
     if name is None:
@@ -91,7 +134,8 @@ def describe_object(obj):
     if isinstance(obj, types.FunctionType):
         code = obj.__code__
         return "function %s (%s:%d)" % (name, os.path.basename(code.co_filename), code.co_firstlineno)
-    if isinstance(obj, types.BuiltinFunctionType) and getattr(obj, "__self__", None) in (None, _builtins_mod) \
+    owner = getattr(obj, "__self__", None)      # identity only: an ndarray's == is elementwise
+    if isinstance(obj, types.BuiltinFunctionType) and (owner is None or owner is _builtins_mod) \
             or type(obj).__name__ == "ufunc":
         kind = "ufunc" if type(obj).__name__ == "ufunc" else "builtin"
         return "%s %s" % (kind, name if mod in (None, "builtins") else "%s.%s" % (mod, name))
@@ -163,6 +207,8 @@ def compile_program(guards, owners=None):
             ins = ("type_of", None, load(src.base))
         elif isinstance(src, S.TypeAttrSource):
             ins = ("typeattr", None, load(src.base), src.name)
+        elif isinstance(src, S.SlotAttrSource):
+            ins = ("slotattr", None, load(src.base), src.name)
         else:
             raise TypeError("no load for source %r" % (src,))
         reg = len(regs)
@@ -217,7 +263,7 @@ def _check(ins, v):
     if kind == "id":
         return v is ins[2]
     if kind == "eq":
-        return type(v) is type(ins[2]) and v == ins[2]
+        return same_value(v, ins[2])
     if kind == "len":
         try:
             return len(v) == ins[2]
@@ -281,6 +327,8 @@ def check_program(program, f_locals_by_slot, f_globals, f_builtins, closure):
             v = type(regs[ins[2]])
         elif kind == "typeattr":
             v = S.type_lookup(regs[ins[2]], ins[3])
+        elif kind == "slotattr":
+            v = S.slot_get(regs[ins[2]], ins[3])
         else:
             if not _check(ins, regs[ins[1]]):
                 return i

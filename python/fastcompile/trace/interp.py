@@ -5,7 +5,9 @@ state (return value or the stack and locals at the break)."""
 import builtins as _builtins
 import contextlib
 import dis
+import enum
 import linecache
+import numbers
 import functools
 import operator
 import sys
@@ -216,6 +218,13 @@ class Tracer:
         if torch is not None and isinstance(value, (torch.dtype, torch.device)):
             self.guard(source, "id", value)
             return PyVar(value, source)
+        if G.eq_ok(value):          # NumPy scalars, complex, slices, ranges, namedtuples: by value
+            self.guard(source, "eq", value)
+            return PyVar(value, source)
+        if isinstance(value, (enum.Enum, numbers.Number)):   # a member; Fraction, Decimal, long double
+            self.guard(source, "id", value)                  # (immutable, but no eq the C engine runs)
+            return PyVar(value, source)
+        # other objects: by type; what the trace reads of them (attributes) is guarded as read
         self.guard(source, "type", t)
         return PyVar(value, source)
 
@@ -1142,6 +1151,11 @@ class Tracer:
         if isinstance(inst, dict) and name in inst:
             return self.wrap(inst[name], S.DictAttrSource(src, name) if src else None)
         cls_attr = S.type_lookup(type(value), name)
+        if src is not None and type(cls_attr) is S._MemberDescriptor:     # a __slots__ member
+            v = S.slot_get(value, name)
+            if v is S.MISSING:
+                raise AbsentAttribute("%s.%s is unset" % (type(value).__name__, name), self.frame.user_stack())
+            return self.wrap(v, S.SlotAttrSource(src, name))
         if src is not None and isinstance(inst, dict) and (cls_attr is S.MISSING or _plain_class_attr(cls_attr)):
             # an instance attribute set later would shadow the class's value (or the absence
             # getattr(obj, name, default) and hasattr read): guarded, as Python looks it up

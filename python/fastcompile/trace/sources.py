@@ -172,6 +172,20 @@ class TypeAttrSource(Source):
         return "%r.%s" % (self.base, self.name)
 
 
+class SlotAttrSource(Source):
+    """base.name for a __slots__ member, read through its member descriptor."""
+    __slots__ = ("base", "name")
+
+    def __init__(self, base, name):
+        self.base, self.name = base, name
+
+    def _key(self):
+        return (self.base, self.name)
+
+    def __repr__(self):
+        return "%r.%s" % (self.base, self.name)
+
+
 class _Missing:
     pass
 
@@ -196,6 +210,20 @@ def type_lookup(t, name):
         if name in d:
             return d[name]
     return MISSING
+
+
+def slot_get(obj, name):
+    """obj's __slots__ member name, or MISSING (no such member, or unset)."""
+    d = type_lookup(type(obj), name)
+    if type(d) is not _MemberDescriptor:
+        return MISSING
+    try:
+        return d.__get__(obj, type(obj))
+    except AttributeError:
+        return MISSING
+
+
+_MemberDescriptor = type(type("_S", (), {"__slots__": ("x",)}).__dict__["x"])
 
 
 def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
@@ -236,4 +264,6 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
         return type(base)
     if isinstance(source, TypeAttrSource):
         return type_lookup(base, source.name)
+    if isinstance(source, SlotAttrSource):
+        return slot_get(base, source.name)
     raise TypeError("unknown source %r" % (source,))
