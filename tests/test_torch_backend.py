@@ -1559,6 +1559,23 @@ def test_explicit_casts_to_half_types_round_as_eager(case):
     assert r.fallback is None and r.extern_calls == 0 and len(r.kernels) == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sign_of_nan_is_zero_as_in_torch(dtype):
+    """torch.sign / torch.sgn of NaN is 0 (NumPy's, the core's, is NaN): both routes give eager's
+    values, signs of zeros included."""
+    x = torch.tensor([float("nan"), -0.0, 0.0, -1.5, 2.0, float("inf"), -float("inf")], dtype=dtype)
+
+    def f(x):
+        return torch.sign(x) * 2, torch.sgn(x + 1), x.sign()
+
+    want = f(x)
+    for compiled in (compile_fc(f), fastcompile.compile(f)):
+        torch._dynamo.reset()
+        for g, w in zip(compiled(x), want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+            assert torch.equal(torch.signbit(g), torch.signbit(w))
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

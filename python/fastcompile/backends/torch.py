@@ -896,7 +896,10 @@ def _sign(L, node):
     r = L.rec(x)
     if r.dtype == torch.bool:
         return _Rec(r.value, r.cshape, r.tshape, r.dtype)
-    return _pointwise("sign", nargs=1)(L, node)
+    if not r.dtype.is_floating_point:
+        return _pointwise("sign", nargs=1)(L, node)
+    v = L.operand(x, _meta(node).dtype)        # torch: sign(nan) is 0 (NumPy's, the core's, is nan)
+    return L.out(node, L.g.call("where", L.g.call("isnan", v), 0.0, L.g.call("sign", v)), L.cshape_of(x))
 
 
 @_register(aten.pow)

@@ -90,6 +90,12 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     else:
         cargs = [cast(tr, a, want) for a in args]
     try:
+        if core_op == "sign" and example.is_floating_point():
+            # torch: sign(nan) is 0 (NumPy's, the core's, is nan)
+            x = cargs[0]
+            nan = tr.core("isnan", [x], {}, torch.isnan(x.example), "torch")
+            sign = tr.core("sign", [x], {}, example, "torch")
+            return tr.core("where", [nan, PyVar(0.0), sign], {}, example, "torch")
         return tr.core(core_op, cargs, attrs or {}, example, "torch")
     except _NoCore:
         return tr.extern(fn, args, kwargs, example, "torch")
