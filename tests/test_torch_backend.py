@@ -1576,6 +1576,24 @@ def test_sign_of_nan_is_zero_as_in_torch(dtype):
             assert torch.equal(torch.signbit(g), torch.signbit(w))
 
 
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_bfloat16_parameters_updated_through_data_are_seen(mode):
+    """A bfloat16 parameter (or, reduce-overhead, input) updated through .data, as an EMA does
+    (p.data.mul_), moves no version the tensor shows: its float32 copy was cached on the version
+    and later calls kept the old values."""
+    torch.manual_seed(0)
+    m = nn.LayerNorm(8).to(torch.bfloat16)
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    c = torch.compile(m, backend=fbt.backend if mode == "default" else functools.partial(fbt.backend, mode=mode),
+                      dynamic=False)
+    with torch.no_grad():
+        for k in range(3):
+            torch.testing.assert_close(c(x), m(x), rtol=0, atol=0)
+            m.weight.data.mul_(1.5)
+            m.bias.data.add_(1.0)
+            x.data.add_(0.5)
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

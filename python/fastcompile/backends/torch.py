@@ -1735,10 +1735,12 @@ def _convert_input(cache, mode, device, i, t):
     runner's cache, mode and device, so the generated call (_make_fast) does not hold the runner).
     Parameters (any input, in reduce-overhead mode) are converted once per tensor, storage and
     version: the cache holds the tensor, so its id cannot be reused while the entry stands, and an
-    in-place update moves the version."""
+    in-place update moves the version. Not a bfloat16 one: its array is a float32 copy, and an
+    update through .data (an EMA's p.data.mul_) moves no version the tensor shows, so the copy is
+    made at every call (a float32 tensor's array is a view: it sees such updates)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError("fastcompile: input %d is a %s, the graph was compiled for a tensor" % (i, type(t)))
-    cached = type(t) is torch.nn.Parameter or mode == "reduce-overhead"
+    cached = (type(t) is torch.nn.Parameter or mode == "reduce-overhead") and t.dtype != torch.bfloat16
     if cached:
         key = (id(t), t.data_ptr(), t._version)
         hit = cache.get(i)
