@@ -1594,6 +1594,46 @@ def test_bfloat16_parameters_updated_through_data_are_seen(mode):
             x.data.add_(0.5)
 
 
+def test_fc_compile_first_call_updates_norm_statistics_once():
+    """fastcompile.compile on a training module whose BatchNorm/InstanceNorm runs before its first
+    parameter: the first call updates the running statistics once, as eager does. The tracer ran
+    the norm eagerly, met the parameter, and traced again for autograd: twice, for good."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.BatchNorm1d(4), nn.Tanh(), nn.InstanceNorm1d(4, track_running_stats=True),
+                         nn.Linear(6, 2))
+    eager, ours = copy.deepcopy(base).train(), copy.deepcopy(base).train()
+    compiled = fastcompile.compile(ours)
+    for k in range(3):
+        x = torch.randn(5, 4, 6) + k
+        torch.testing.assert_close(compiled(x), eager(x))
+        for (name, b1), (_, b2) in zip(eager.named_buffers(), ours.named_buffers()):
+            torch.testing.assert_close(b2, b1, msg=lambda m: "call %d, %s: %s" % (k, name, m))
+
+
+def test_fc_compile_first_call_draws_what_eager_draws():
+    """A module wrapping nn.MultiheadAttention(dropout=0.1) in training: with one seed, the first
+    compiled call draws the dropout masks eager draws, and leaves the generator where eager does
+    (the trace's example computation drew them before, and the call drew again)."""
+    class W(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = nn.MultiheadAttention(16, 4, dropout=0.1, batch_first=True)
+
+        def forward(self, x):
+            return self.m(x, x, x, need_weights=False)[0]
+    torch.manual_seed(0)
+    m = W()
+    mc = fastcompile.compile(copy.deepcopy(m))
+    x = torch.randn(2, 5, 16)
+    for k in range(2):
+        torch.manual_seed(1)
+        a, ra = m(x), torch.rand(3)
+        torch.manual_seed(1)
+        b, rb = mc(x), torch.rand(3)
+        torch.testing.assert_close(b, a, msg=lambda s: "call %d: %s" % (k, s))
+        torch.testing.assert_close(rb, ra, rtol=0, atol=0)
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

@@ -71,6 +71,23 @@ def _graph_info(tracer, run):
                       (fname, min(lines), max(lines)), getattr(run, "compiled", None))]
 
 
+def _rng_state():
+    """torch's CPU generator state (and each initialized CUDA device's), or None without torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _set_rng_state(state):
+    if state is not None:
+        import torch
+        torch.set_rng_state(state[0])
+        if state[1] is not None:
+            torch.cuda.set_rng_state_all(state[1])
+
+
 def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False):
     """Trace one frame. f_locals: name -> value of the bound fast locals (args
     included) and of the free variables; closure: the function's cells."""
@@ -86,14 +103,20 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
         return result
     tracer = Tracer(code, f_globals, f_builtins, closure, f_locals)
     try:
+        rng = _rng_state()
         try:
             ret = tracer.run()
         except NeedAutograd:
-            # a tensor that requires grad: trace again, recording torch ops for aot_autograd
+            # a tensor that requires grad: trace again, recording torch ops for aot_autograd. What
+            # the first attempt ran eagerly (a dropout inside an extern) drew random numbers: the
+            # generator goes back, so the call draws what eager would
+            _set_rng_state(rng)
             tracer = Tracer(code, f_globals, f_builtins, closure, f_locals, autograd=True)
             ret = tracer.run()
         run = runtime.build(tracer, [ret])
     except Unsupported as e:
+        if tracer.fx is not None:
+            _set_rng_state(rng)         # as below: the partial graph runs afresh
         if fullgraph:
             raise
         result.breaks.append(BreakReason(e.reason, e.user_stack))
@@ -105,6 +128,11 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
         else:
             codegen.resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer)
         return result
+    if tracer.fx is not None:
+        # an autograd trace runs nothing of its graph at the call (the backend compiles the FX
+        # graph and runs it): what its example computations drew (a dropout inside an extern
+        # module) is not the call's, so the generator goes back and the call draws as eager does
+        _set_rng_state(rng)
 
     def target(*values):
         return run(*values)[0]

@@ -211,6 +211,11 @@ class Tracer:
             self.guard(source, "id", value)
             return PyVar(value, source)
         if torch is not None and isinstance(value, torch.nn.Module):
+            if self.fx is None and torch.is_grad_enabled() and any(p.requires_grad for p in value.parameters()):
+                # it trains: traced for autograd from the start, before anything of it runs
+                # eagerly here (a BatchNorm ahead of the first parameter updated its running
+                # statistics once in this attempt and again in the autograd trace)
+                raise NeedAutograd()
             self.guard(source, "id", value)
             if source is not None:
                 self.guard(S.DictAttrSource(source, "training"), "eq", bool(value.training))
