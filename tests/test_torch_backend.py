@@ -1634,6 +1634,41 @@ def test_fc_compile_first_call_draws_what_eager_draws():
         torch.testing.assert_close(rb, ra, rtol=0, atol=0)
 
 
+def test_fc_compile_checkpoint_of_a_submodule_trains():
+    """torch.utils.checkpoint(block, x, use_reentrant=False) inside forward, block a custom module
+    with a LayerNorm: the block is traced in line and the gradients are eager's. aot_autograd
+    traced the checkpoint call itself, and backward raised CheckpointError (its recomputation
+    saved other tensors than the forward had)."""
+    import torch.utils.checkpoint as cp
+
+    class Blk(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.n, self.l2 = nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 8)
+
+        def forward(self, x):
+            return self.l2(torch.tanh(self.n(self.l1(x))))
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = Blk()
+
+        def forward(self, x):
+            return cp.checkpoint(self.a, x, use_reentrant=False) * 2
+
+    torch.manual_seed(0)
+    m = M()
+    mc = copy.deepcopy(m)
+    compiled = fastcompile.compile(mc)
+    for k in range(2):
+        x = torch.randn(6, 8) + k
+        m(x).square().sum().backward()
+        compiled(x).square().sum().backward()
+        for (name, p), q in zip(m.named_parameters(), mc.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=lambda s: "%s: %s" % (name, s))
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

@@ -2,6 +2,8 @@
 torch.nn.functional -> core ops (with casts so results keep torch's dtypes) or
 extern torch calls. In: a torch callable and traced arguments; out: a Var."""
 
+import sys
+
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +44,17 @@ FOLD = {torch.is_tensor, torch.is_floating_point, torch.result_type, torch.promo
 def _u(v):
     from .interp import _unlazy
     return _unlazy(v)
+
+
+_CHECKPOINT_KWARGS = frozenset(("use_reentrant", "context_fn", "determinism_check", "debug",
+                                "preserve_rng_state", "early_stop"))
+
+
+def _checkpoints():
+    """torch.utils.checkpoint's entry points: a graph break (aot_autograd cannot trace through
+    their saved-tensor hooks; the recomputation raised CheckpointError in backward)."""
+    cp = sys.modules.get("torch.utils.checkpoint")
+    return () if cp is None else (cp.checkpoint, cp.checkpoint_sequential)
 
 
 def _np(tr, dt):
@@ -182,6 +195,16 @@ def layer_norm(tr, args, kwargs):
 
 def call(tr, fn, args, kwargs):
     from .interp import _any_array
+    cps = _checkpoints()
+    if cps and fn is cps[0] and args:
+        # checkpoint(function, *args, use_reentrant=..., **kwargs): function is traced in line
+        # (aot_autograd cannot trace the saved-tensor hooks of a checkpoint; backward raised
+        # CheckpointError). Values and gradients are eager's; the activations are kept.
+        fkw = {k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KWARGS}
+        return tr.call_var(args[0], list(args[1:]), fkw)
+    if fn in cps:
+        tr.unsupported("%s runs as Python: its recomputation in backward is not traced"
+                       % getattr(fn, "__name__", fn))
     if "out" in kwargs:             # before any eager run: the trace must not write it either
         tr.unsupported("%s(out=...) writes into a tensor (side effect)" % getattr(fn, "__name__", fn))
     if fn in IMPURE or (getattr(fn, "__name__", "").endswith("_") and not getattr(fn, "__name__", "").endswith("__")):
