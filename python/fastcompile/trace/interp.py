@@ -1156,7 +1156,7 @@ class Tracer:
         if isinstance(inst, dict) and name in inst:
             return self.wrap(inst[name], S.DictAttrSource(src, name) if src else None)
         cls_attr = S.type_lookup(type(value), name)
-        if src is not None and type(cls_attr) is S._MemberDescriptor:     # a __slots__ member
+        if src is not None and type(cls_attr) is types.MemberDescriptorType:     # a __slots__ member
             v = S.slot_get(value, name)
             if v is S.MISSING:
                 raise AbsentAttribute("%s.%s is unset" % (type(value).__name__, name), self.frame.user_stack())

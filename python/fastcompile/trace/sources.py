@@ -2,6 +2,7 @@
 In: the frame's locals/globals/closure; out: small hashable records that guards
 load from and that generated code re-reads at run time."""
 import builtins as _builtins
+import types
 
 
 class Source:
@@ -215,15 +216,12 @@ def type_lookup(t, name):
 def slot_get(obj, name):
     """obj's __slots__ member name, or MISSING (no such member, or unset)."""
     d = type_lookup(type(obj), name)
-    if type(d) is not _MemberDescriptor:
+    if type(d) is not types.MemberDescriptorType:
         return MISSING
     try:
         return d.__get__(obj, type(obj))
     except AttributeError:
         return MISSING
-
-
-_MemberDescriptor = type(type("_S", (), {"__slots__": ("x",)}).__dict__["x"])
 
 
 def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
