@@ -1669,6 +1669,23 @@ def test_fc_compile_checkpoint_of_a_submodule_trains():
             torch.testing.assert_close(q.grad, p.grad, msg=lambda s: "%s: %s" % (name, s))
 
 
+def test_autocast_casts_of_matmul_operands_make_no_kernel():
+    """Under autocast, the bfloat16 casts of a Linear's input, weight and bias feed only the
+    matmul extern, which narrows its arguments itself: they make no rounding kernel (the explicit
+    cast's rounding did, one pass over each weight per call); the GELU between the Linears is the
+    one kernel."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64))
+    x = torch.randn(32, 64)
+    record = []
+    with torch.autocast("cpu", torch.bfloat16), torch.no_grad():
+        out = compile_fc(m, record=record)(x)
+        want = m(x)
+    torch.testing.assert_close(out, want, rtol=1.6e-2, atol=1e-2)
+    (r,) = record
+    assert r.fallback is None and len(r.kernels) == 1, [k.fused for k in r.kernels]
+
+
 def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.

@@ -380,13 +380,15 @@ class _Lowering:
                 self.g.shape[value.node] = shape
         return value
 
-    def convert(self, value, src, dtype):
-        """An explicit dtype conversion of ``value`` (torch dtype ``src``) to ``dtype``. A
+    def convert(self, node, value, src, dtype):
+        """``node``, an explicit dtype conversion of ``value`` (torch dtype ``src``) to ``dtype``. A
         conversion into a half type rounds, as eager's does: the core's cast to float16 does, and
         bfloat16, carried as float32 in the core, goes through a core bfloat16 value (a cast
-        between float32s would not round). An op's bfloat16 result is not rounded between ops
-        (the module doc)."""
-        if dtype == torch.bfloat16 and src != torch.bfloat16:
+        between float32s would not round) where a core op reads the result. Where only externs
+        do (autocast's casts of a matmul's operands) it does not: they narrow their bfloat16
+        arguments anyway, and a rounding kernel would be a pass over each weight per call. An
+        op's bfloat16 result is not rounded between ops (the module doc)."""
+        if dtype == torch.bfloat16 and src != torch.bfloat16 and not _externs_only(node):
             shape = self.g.shape.get(value.node)
             value = self.g.call("cast", value, dtype="bfloat16")
             if shape is not None:
@@ -1054,7 +1056,7 @@ def _identity_cast(L, node):
         # result until run time, and which would make a copy kernel of it (then a graph output
         # carries the extern's tensor with its own layout, not a C-ordered copy restrided)
         return _Rec(r.value, r.cshape, _static_shape(meta), meta.dtype)
-    return _Rec(L.convert(r.value, r.dtype, meta.dtype), r.cshape, _static_shape(meta), meta.dtype)
+    return _Rec(L.convert(node, r.value, r.dtype, meta.dtype), r.cshape, _static_shape(meta), meta.dtype)
 
 
 @_register(aten.copy)
@@ -1063,7 +1065,7 @@ def _copy(L, node):
         raise _NotLowered("copy non_blocking")
     src = L.rec(node.args[1])
     meta = _meta(node)
-    return _Rec(L.convert(src.value, src.dtype, meta.dtype), src.cshape, _static_shape(meta), meta.dtype)
+    return _Rec(L.convert(node, src.value, src.dtype, meta.dtype), src.cshape, _static_shape(meta), meta.dtype)
 
 
 def _constant(L, node, value):
