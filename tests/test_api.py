@@ -1464,6 +1464,66 @@ def test_class_attributes_and_absent_attributes_are_guarded():
             del _Cfg.extra
 
 
+class _Ops:
+    k = 2.0
+
+    def __init__(self, s):
+        self.s = s
+
+    def scale(self, a):
+        return a * self.s
+
+    @property
+    def prop(self):
+        return self.s + 1
+
+    @staticmethod
+    def twice(a):
+        return a * 2
+
+    @classmethod
+    def by_k(cls, a):
+        return a * cls.k
+
+
+_OPS = _Ops(2.0)
+_BOUND = _OPS.scale
+
+
+def _calls_methods(a):
+    return _OPS.scale(a) + _OPS.prop + _Ops.twice(a) + _Ops.by_k(a) + _OPS.by_k(a) + _BOUND(a)
+
+
+def test_methods_replaced_after_compile_are_seen():
+    """A method, property, staticmethod or classmethod replaced on the class, a method shadowed on
+    the instance, a class attribute a classmethod reads, and a bound method held in a global
+    (rebound, or its object changed): each is guarded where the trace found it, and a compiled
+    call sees the change (each kept running what it traced)."""
+    x = np.arange(3, dtype=np.float32)
+    f = fastcompile.compile(_calls_methods)
+    saved = dict(_Ops.__dict__)
+    other = _Ops(7.0)
+    changes = [lambda: None,
+               lambda: setattr(_Ops, "scale", lambda self, a: a * 3),
+               lambda: setattr(_OPS, "scale", lambda a: a * 50),
+               lambda: setattr(_Ops, "prop", property(lambda self: 42.0)),
+               lambda: setattr(_Ops, "twice", staticmethod(lambda a: a * 5)),
+               lambda: setattr(_Ops, "k", 9.0),
+               lambda: setattr(_Ops, "by_k", classmethod(lambda cls, a: a - cls.k)),
+               lambda: globals().__setitem__("_BOUND", other.scale),
+               lambda: setattr(other, "s", 11.0)]
+    try:
+        for k, change in enumerate(changes):
+            change()
+            for _ in range(2):
+                np.testing.assert_array_equal(f(x), _calls_methods(x), err_msg="change %d" % k)
+    finally:
+        for name in ("scale", "prop", "twice", "by_k", "k"):
+            setattr(_Ops, name, saved[name])
+        _OPS.__dict__.pop("scale", None)
+        globals()["_BOUND"] = _OPS.scale
+
+
 def test_thread_local_attributes_are_read_per_thread():
     """A threading.local's attributes differ per thread: reading one is a graph break, and each
     thread's compiled call sees its own value (a getattr default once stood in for it)."""

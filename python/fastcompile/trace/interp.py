@@ -1144,6 +1144,12 @@ class Tracer:
             raw = S.type_lookup(value, name)
             if src is not None and _plain_class_attr(raw):      # C.eps: guarded as it is read
                 return self.wrap(raw, S.TypeAttrSource(src, name))
+            if src is not None and raw is not S.MISSING:
+                self.guard(S.TypeAttrSource(src, name), "id", raw)     # a method replaced on the class
+                if isinstance(raw, classmethod) and isinstance(raw.__func__, types.FunctionType):
+                    return MethodVar(PyVar(raw.__func__), obj)       # cls: the class, with its source
+                if isinstance(raw, staticmethod):
+                    return PyVar(raw.__func__)
             try:
                 return PyVar(getattr(value, name))
             except AttributeError as e:
@@ -1161,16 +1167,23 @@ class Tracer:
             if v is S.MISSING:
                 raise AbsentAttribute("%s.%s is unset" % (type(value).__name__, name), self.frame.user_stack())
             return self.wrap(v, S.SlotAttrSource(src, name))
-        if src is not None and isinstance(inst, dict) and (cls_attr is S.MISSING or _plain_class_attr(cls_attr)):
-            # an instance attribute set later would shadow the class's value (or the absence
-            # getattr(obj, name, default) and hasattr read): guarded, as Python looks it up
+        # the class, as a constant: the object's type is guarded before any attribute is read,
+        # and one register serves every instance of it
+        csrc = S.ConstSource(type(value), G._type_name(type(value))) if src is not None else None
+        shadowable = cls_attr is S.MISSING or _plain_class_attr(cls_attr) or \
+            isinstance(cls_attr, (types.FunctionType, staticmethod, classmethod))
+        if src is not None and isinstance(inst, dict) and shadowable:
+            # an instance attribute set later would shadow the class's value or method (or the
+            # absence getattr(obj, name, default) and hasattr read): guarded, as Python looks
             self.guard(src, "noattr", name)
-            if cls_attr is not S.MISSING:
-                return self.wrap(cls_attr, S.TypeAttrSource(S.TypeOfSource(src), name))
         if cls_attr is S.MISSING:
             if src is not None:
-                self.guard(S.TypeOfSource(src), "notypeattr", name)    # nor on the class
+                self.guard(csrc, "notypeattr", name)                    # nor on the class
             cls_attr = None
+        elif src is not None and _plain_class_attr(cls_attr):
+            return self.wrap(cls_attr, S.TypeAttrSource(csrc, name))
+        elif src is not None and isinstance(cls_attr, (types.FunctionType, property, staticmethod, classmethod)):
+            self.guard(S.TypeAttrSource(csrc, name), "id", cls_attr)   # a method replaced on the class
         if isinstance(cls_attr, types.FunctionType):
             return MethodVar(PyVar(cls_attr), obj)
         if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
@@ -1178,7 +1191,7 @@ class Tracer:
         if isinstance(cls_attr, staticmethod):
             return PyVar(cls_attr.__func__)
         if isinstance(cls_attr, classmethod):
-            return MethodVar(PyVar(cls_attr.__func__), PyVar(type(value)))
+            return MethodVar(PyVar(cls_attr.__func__), PyVar(type(value), csrc))
         try:
             attr = getattr(value, name)
         except AttributeError as e:
@@ -1276,7 +1289,12 @@ class Tracer:
             kwd = {k: self.wrap(d, None) for k, d in (v.__kwdefaults__ or {}).items()}
             return self.inline(v.__code__, v.__globals__, cells, defaults, kwd, args, kwargs)
         if isinstance(v, types.MethodType) and isinstance(v.__func__, types.FunctionType):
-            return self.call_var(PyVar(v.__func__), [self.wrap(v.__self__, None)] + list(args), kwargs)
+            # a bound method held somewhere (scale = obj.scale): its function and its object are
+            # read through it, so rebinding it or changing the object is seen
+            src = fn.source
+            func = self.wrap(v.__func__, S.SlotAttrSource(src, "__func__") if src else None)
+            obj = self.wrap(v.__self__, S.SlotAttrSource(src, "__self__") if src else None)
+            return self.call_var(func, [obj] + list(args), kwargs)
         mod = (getattr(v, "__module__", None) or "").split(".")[0]
         if mod in FOLDABLE_MODULES and not _any_array(args, kwargs):
             return self.fold(v, args, kwargs)
