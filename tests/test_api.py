@@ -7,6 +7,7 @@ resume offsets and the 3.11/3.12 names of conditional jumps become stable
 tokens), one file per corpus entry, shared by Python 3.11 and 3.12.
 FASTCOMPILE_UPDATE_GOLDEN=1 rewrites them.
 """
+import contextlib
 import gc
 import io
 import os
@@ -1522,6 +1523,35 @@ def test_methods_replaced_after_compile_are_seen():
             setattr(_Ops, name, saved[name])
         _OPS.__dict__.pop("scale", None)
         globals()["_BOUND"] = _OPS.scale
+
+
+def test_torch_global_state_read_by_the_trace_is_guarded():
+    """torch.is_grad_enabled(), torch.is_inference_mode_enabled() and the default dtype (read
+    directly, or by torch.zeros without a dtype) as the trace read them: under torch.no_grad(),
+    inference_mode() or after torch.set_default_dtype, a compiled call recompiles instead of
+    keeping the traced branch or dtype."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+
+    def f(x):
+        y = x * 2 if torch.is_grad_enabled() else x * 3
+        if torch.is_inference_mode_enabled():
+            y = y + 100
+        return y, torch.get_default_dtype(), torch.zeros(2).dtype
+
+    x = torch.ones(3)
+    compiled = fastcompile.compile(f)
+    contexts = [contextlib.nullcontext, torch.no_grad, torch.inference_mode, contextlib.nullcontext]
+    try:
+        for k, ctx in enumerate(contexts):
+            if k == 3:
+                torch.set_default_dtype(torch.float64)
+            for _ in range(2):
+                with ctx():
+                    got, want = compiled(x), f(x)
+                torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+                assert got[1:] == want[1:], (k, got[1:], want[1:])
+    finally:
+        torch.set_default_dtype(torch.float32)
 
 
 def test_thread_local_attributes_are_read_per_thread():

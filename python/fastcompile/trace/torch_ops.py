@@ -7,6 +7,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from . import sources as S
 from .variables import ArrayVar, PyVar, ShapeVar
 
 UNARY = {
@@ -38,7 +39,10 @@ IMPURE = {torch.manual_seed, torch.rand, torch.randn, torch.randint, torch.berno
 FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.eye, torch.linspace,
              torch.tensor}         # autograd mode records them as graph nodes
 FOLD = {torch.is_tensor, torch.is_floating_point, torch.result_type, torch.promote_types,
-        torch.get_default_dtype, torch.is_grad_enabled, torch.finfo, torch.iinfo}
+        torch.get_default_dtype, torch.is_grad_enabled, torch.is_inference_mode_enabled,
+        torch.finfo, torch.iinfo}
+# zero-argument readers of torch's global state: a trace that reads one is guarded on its value
+STATE = (torch.get_default_dtype, torch.is_grad_enabled, torch.is_inference_mode_enabled)
 
 
 def _u(v):
@@ -48,6 +52,14 @@ def _u(v):
 
 _CHECKPOINT_KWARGS = frozenset(("use_reentrant", "context_fn", "determinism_check", "debug",
                                 "preserve_rng_state", "early_stop"))
+
+
+def _state(tr, fn):
+    """fn() (one of STATE) as a Python value, guarded: torch.set_default_dtype or a no_grad block
+    around a later call recompiles."""
+    value = fn()
+    tr.guard(S.CallSource(fn), "id" if isinstance(value, torch.dtype) else "eq", value)
+    return PyVar(value)
 
 
 def _checkpoints():
@@ -210,9 +222,13 @@ def call(tr, fn, args, kwargs):
     if fn in IMPURE or (getattr(fn, "__name__", "").endswith("_") and not getattr(fn, "__name__", "").endswith("__")):
         tr.unsupported("call to %s is not supported (random or in-place)" % getattr(fn, "__name__", fn))
     if not _any_array(args, kwargs):
+        if fn in STATE and not args and not kwargs:
+            return _state(tr, fn)
         if fn in FOLD or isinstance(fn, type):
             return tr.fold(fn, args, kwargs)
         if fn in FACTORIES:
+            if "dtype" not in kwargs:
+                _state(tr, torch.get_default_dtype)      # torch.zeros(3) is of the default dtype
             if tr.fx is None:             # the core graph has no tensor constants: trace as torch ops
                 from .interp import NeedAutograd
                 raise NeedAutograd()
