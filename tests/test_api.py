@@ -1554,6 +1554,43 @@ def test_torch_global_state_read_by_the_trace_is_guarded():
         torch.set_default_dtype(torch.float32)
 
 
+class _DictCfg:
+    """Attributes served by __getattr__ from a dict (as config libraries do)."""
+
+    def __init__(self):
+        self.__dict__["d"] = {"scale": 1.0}
+
+    def __getattr__(self, name):
+        try:
+            return self.d[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+_DCFG = _DictCfg()
+
+
+def _reads_dict_cfg(a):
+    return a * _DCFG.scale + getattr(_DCFG, "shift", 0.0)
+
+
+def test_attributes_served_by_getattr_are_read_by_python():
+    """cfg.scale served by __getattr__ is computed by Python on each read: no guard can tell when
+    it changes, so it is a graph break (it was read once, with no guard)."""
+    x = np.ones(3, np.float32)
+    f = fastcompile.compile(_reads_dict_cfg)
+    try:
+        for k, (scale, shift) in enumerate([(1.0, None), (4.0, None), (4.0, 2.5), (0.5, -1.0)]):
+            _DCFG.d["scale"] = scale
+            if shift is not None:
+                _DCFG.d["shift"] = shift
+            for _ in range(2):
+                np.testing.assert_array_equal(f(x), _reads_dict_cfg(x), err_msg="change %d" % k)
+    finally:
+        _DCFG.d.clear()
+        _DCFG.d["scale"] = 1.0
+
+
 def test_thread_local_attributes_are_read_per_thread():
     """A threading.local's attributes differ per thread: reading one is a graph break, and each
     thread's compiled call sees its own value (a getattr default once stood in for it)."""

@@ -1192,6 +1192,13 @@ class Tracer:
             return PyVar(cls_attr.__func__)
         if isinstance(cls_attr, classmethod):
             return MethodVar(PyVar(cls_attr.__func__), PyVar(type(value), csrc))
+        custom = getattr(type(value), "__getattr__", None)
+        if cls_attr is None and src is not None and custom is not None and \
+                not (torch is not None and isinstance(value, torch.nn.Module)):
+            # computed by Python code on each read (a config object over a dict): no guard can
+            # tell when it changes, so it is read by Python
+            self.unsupported("%s.%s is served by %s.__getattr__" % (type(value).__name__, name,
+                                                                   type(value).__name__))
         try:
             attr = getattr(value, name)
         except AttributeError as e:
