@@ -503,6 +503,26 @@ def test_cast_to_a_half_type_rounds_inside_a_kernel(src, half):
     np.testing.assert_array_equal(twice, want * 2)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_pow_half_is_sqrt_for_a_constant_exponent_only(dtype):
+    """x ** 0.5 with a constant exponent is sqrt(x), as NumPy's and torch's scalar-exponent path
+    gives (sqrt(-0) = -0, sqrt(-inf) = nan); with an array exponent it is C's pow (+0, +inf).
+    Every element gives the same, in the vector body and in the scalar tail: GCC turned the
+    constant-exponent pow into sqrt in vectorized loops only."""
+    for n in (18, 37, 100003):
+        x = np.resize(np.array([-np.inf, -0.0, 0.0, 4.0, -2.0, np.nan, np.inf, 0.25], dtype), n)
+        g = Graph()
+        xi = g.input(dtype, 1)
+        yi = g.input(dtype, 1)
+        g.output(g.call("pow", xi, 0.5), g.call("pow", xi, yi))
+        half, arr = g.compile()(x, np.full_like(x, 0.5))
+        with np.errstate(invalid="ignore"):
+            want_half, want_arr = np.power(x, 0.5), np.power(x, np.full_like(x, 0.5))
+        for got, want in ((half, want_half), (arr, want_arr)):
+            np.testing.assert_array_equal(got, want)
+            assert np.array_equal(np.signbit(got), np.signbit(want)), n
+
+
 def test_bfloat16_promotion_in_graph():
     assert fc_dtype("add", "bfloat16", "float16") == "float32"
     assert fc_dtype("add", "bfloat16", "int8") == "bfloat16"

@@ -441,7 +441,16 @@ fc_expr_emit_node(FcExprGen *E, int v)
             }
             fc_expr_convert(E, args[j], raw, dt[j], want);
         }
-        subst(raw, fc_ops[n->op].cexpr, args, fc_dtypes[opct].suffix);
+        {
+            /* x ** 0.5 with the exponent a constant is sqrt(x), as in NumPy and torch (their
+             * scalar-exponent fast path): sqrt(-0) = -0 and sqrt(-inf) = nan, where C's pow
+             * gives +0 and +inf. GCC made the same exchange in vectorized loops only, so the
+             * result depended on an element's position; an array exponent keeps pow */
+            const FcNode *e = n->op == FC_OP_POW ? &s->g->nodes[n->in[1]] : NULL;
+            int half = e != NULL && e->op == FC_OP_CONST && e->ckind == FC_CONST_FLOAT && e->fval == 0.5
+                       && fc_dtypes[opct].kind == 'f';
+            subst(raw, fc_ops[half ? FC_OP_SQRT : n->op].cexpr, args, fc_dtypes[opct].suffix);
+        }
         if (opct != ct && fc_ops[n->op].rule != FC_R_BOOL) {
             fc_expr_convert(E, expr, raw, opct, ct);
         }
