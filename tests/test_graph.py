@@ -523,6 +523,22 @@ def test_pow_half_is_sqrt_for_a_constant_exponent_only(dtype):
             assert np.array_equal(np.signbit(got), np.signbit(want)), n
 
 
+@pytest.mark.parametrize("op", ["logical_and", "logical_or", "logical_xor"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "float16"])
+def test_logical_ops_take_each_operands_own_truth(op, dtype):
+    """logical_and/or/xor test each operand's own truth, as NumPy's bool loops do: a constant the
+    array's type cannot hold (int8 and 256) was wrapped into it first (256 -> 0, false)."""
+    x = np.array([-128, 0, 1, 3, 127, 2], dtype) if dtype != "uint8" else np.array([0, 1, 5, 255, 128, 2], dtype)
+    for k in (256, 2 ** 31, 65536, 0.5, -1, 0):
+        g = Graph()
+        xi = g.input(dtype, 1)
+        g.output(g.call(op, xi, k), g.call(op, k, xi))
+        got, got_r = g.compile()(x)
+        want = getattr(np, op)(x, k)
+        np.testing.assert_array_equal(got, want, err_msg="%s(%s, %r)" % (op, dtype, k))
+        np.testing.assert_array_equal(got_r, want, err_msg="%s(%r, %s)" % (op, k, dtype))
+
+
 def test_bfloat16_promotion_in_graph():
     assert fc_dtype("add", "bfloat16", "float16") == "float32"
     assert fc_dtype("add", "bfloat16", "int8") == "bfloat16"

@@ -436,6 +436,12 @@ fc_expr_emit_node(FcExprGen *E, int v)
             if (n->op == FC_OP_WHERE) {
                 want = j == 0 ? FC_BOOL : ct;
             }
+            else if (n->op == FC_OP_LOGICAL_AND || n->op == FC_OP_LOGICAL_OR ||
+                     n->op == FC_OP_LOGICAL_XOR || n->op == FC_OP_LOGICAL_NOT) {
+                want = FC_BOOL;    /* each operand's own truth, as NumPy's ??->? loops: a constant
+                                    * the other operand's type cannot hold (int8 and 256) is not
+                                    * wrapped into it first */
+            }
             if (fc_expr_value(E, n->in[j], v, raw) < 0) {
                 return -1;
             }
