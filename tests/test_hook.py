@@ -642,11 +642,23 @@ def test_guard_item_dictattr_type_of():
     assert first_failure(f, prog, 1) == 2
 
 
+def _ident(a):
+    return a
+
+
+def both(prog, value):
+    """First failing guard of prog on _ident(value): the C engine's, checked against the Python
+    evaluator's (guards.check_program)."""
+    from fastcompile.trace import guards as G
+    c = first_failure(_ident, prog, value)
+    assert G.check_program(prog, {0: value}, _ident.__globals__, __builtins__, None) == c, prog
+    return c
+
+
 def test_guard_typeattr_noattr_notypeattr():
     """typeattr loads a class attribute as stored in the MRO (no descriptor runs); noattr passes
     while an instance dict lacks a name; notypeattr while a type's MRO lacks it. The C engine
     and the Python evaluator (guards.check_program) agree on every case."""
-    from fastcompile.trace import guards as G
 
     class Base:
         inherited = 2.5
@@ -664,13 +676,6 @@ def test_guard_typeattr_noattr_notypeattr():
     class Slotted:
         __slots__ = ("a",)
 
-    def f(a):
-        return a
-
-    def both(prog, value):
-        c = first_failure(f, prog, value)
-        assert G.check_program(prog, {0: value}, f.__globals__, __builtins__, None) == c, prog
-        return c
 
     o = Obj()
     cls_attr = [("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, "scale"), ("eq", 2, 1.5)]
@@ -710,31 +715,25 @@ def test_guard_eq_values_bit_for_bit():
     from fastcompile.trace import guards as G
     P = collections.namedtuple("P", "a b")
 
-    def f(a):
-        return a
-
-    def both(want, value):
-        prog = [("local", 0, 0), ("eq", 0, want)]
-        c = first_failure(f, prog, value)
-        assert G.check_program(prog, {0: value}, f.__globals__, __builtins__, None) == c, (want, value)
+    def eq(want, value):
         assert G.eq_ok(want)
-        return c == -1
+        return both([("local", 0, 0), ("eq", 0, want)], value) == -1
 
     nan = float("nan")
-    assert both(0.0, 0.0) and not both(0.0, -0.0) and not both(-0.0, 0.0) and both(nan, nan)
-    assert not both(1.0, 1) and not both(True, 1)
-    assert both(np.float32(1.5), np.float32(1.5)) and not both(np.float32(1.5), np.float32(2.5))
-    assert not both(np.float32(1.5), np.float64(1.5)) and not both(np.float32(0.0), np.float32(-0.0))
-    assert both(np.float64(nan), np.float64(nan)) and both(np.int8(-3), np.int8(-3))
-    assert not both(np.int64(3), 3) and both(np.bool_(True), np.bool_(True)) and not both(np.bool_(True), np.bool_(False))
-    assert both(np.uint64(2 ** 64 - 1), np.uint64(2 ** 64 - 1)) and both(np.float16(0.1), np.float16(0.1))
-    assert both(1 + 2j, 1 + 2j) and not both(1 + 2j, 1 - 2j) and not both(complex(0.0, 0.0), complex(0.0, -0.0))
-    assert both(range(3), range(0, 3)) and not both(range(3), range(4))
-    assert both(slice(1, None, 2), slice(1, None, 2)) and not both(slice(1, 4), slice(1, 5))
-    assert not both(slice(0.0, 1), slice(-0.0, 1))
-    assert both(frozenset({1, "a"}), frozenset({"a", 1})) and not both(frozenset({1}), frozenset({2}))
-    assert both(P(1, 2.5), P(1, 2.5)) and not both(P(1, 2.5), (1, 2.5)) and not both(P(1, 2.5), P(1, 3.5))
-    assert both((np.float32(1), (2, -0.0)), (np.float32(1), (2, -0.0)))
+    assert eq(0.0, 0.0) and not eq(0.0, -0.0) and not eq(-0.0, 0.0) and eq(nan, nan)
+    assert not eq(1.0, 1) and not eq(True, 1)
+    assert eq(np.float32(1.5), np.float32(1.5)) and not eq(np.float32(1.5), np.float32(2.5))
+    assert not eq(np.float32(1.5), np.float64(1.5)) and not eq(np.float32(0.0), np.float32(-0.0))
+    assert eq(np.float64(nan), np.float64(nan)) and eq(np.int8(-3), np.int8(-3))
+    assert not eq(np.int64(3), 3) and eq(np.bool_(True), np.bool_(True)) and not eq(np.bool_(True), np.bool_(False))
+    assert eq(np.uint64(2 ** 64 - 1), np.uint64(2 ** 64 - 1)) and eq(np.float16(0.1), np.float16(0.1))
+    assert eq(1 + 2j, 1 + 2j) and not eq(1 + 2j, 1 - 2j) and not eq(complex(0.0, 0.0), complex(0.0, -0.0))
+    assert eq(range(3), range(0, 3)) and not eq(range(3), range(4))
+    assert eq(slice(1, None, 2), slice(1, None, 2)) and not eq(slice(1, 4), slice(1, 5))
+    assert not eq(slice(0.0, 1), slice(-0.0, 1))
+    assert eq(frozenset({1, "a"}), frozenset({"a", 1})) and not eq(frozenset({1}), frozenset({2}))
+    assert eq(P(1, 2.5), P(1, 2.5)) and not eq(P(1, 2.5), (1, 2.5)) and not eq(P(1, 2.5), P(1, 3.5))
+    assert eq((np.float32(1), (2, -0.0)), (np.float32(1), (2, -0.0)))
     for bad in ([1], (1, [2]), slice([1], 2), frozenset({1, object()}), np.longdouble(1),
                 np.complex64(1), object(), np.array(1.0)):
         assert not G.eq_ok(bad)
@@ -745,7 +744,6 @@ def test_guard_eq_values_bit_for_bit():
 def test_guard_slotattr():
     """slotattr reads a __slots__ member through its member descriptor; an unset member, a name
     that is no member, or an object of another layout fails the load."""
-    from fastcompile.trace import guards as G
 
     class S:
         __slots__ = ("a", "b")
@@ -754,13 +752,6 @@ def test_guard_slotattr():
         def p(self):
             raise AssertionError("a property must not run")
 
-    def f(a):
-        return a
-
-    def both(prog, value):
-        c = first_failure(f, prog, value)
-        assert G.check_program(prog, {0: value}, f.__globals__, __builtins__, None) == c, prog
-        return c
 
     o = S()
     o.a = 2.5

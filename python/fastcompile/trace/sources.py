@@ -131,8 +131,8 @@ class ItemSource(Source):
         return "%r[%r]" % (self.base, self.key)
 
 
-class DictAttrSource(Source):
-    """obj.__dict__[name] (instance dict only; modules included)."""
+class _NamedSource(Source):
+    """Base of the sources that read a name of what base holds (the subclass says how)."""
     __slots__ = ("base", "name")
 
     def __init__(self, base, name):
@@ -143,6 +143,11 @@ class DictAttrSource(Source):
 
     def __repr__(self):
         return "%r.%s" % (self.base, self.name)
+
+
+class DictAttrSource(_NamedSource):
+    """obj.__dict__[name] (instance dict only; modules included)."""
+    __slots__ = ()
 
 
 class TypeOfSource(Source):
@@ -158,33 +163,15 @@ class TypeOfSource(Source):
         return "type(%r)" % (self.base,)
 
 
-class TypeAttrSource(Source):
+class TypeAttrSource(_NamedSource):
     """name as found in the MRO of the type base holds, unbound (a class attribute: the value a
     read through an instance falls back to where the instance dict has no such entry)."""
-    __slots__ = ("base", "name")
-
-    def __init__(self, base, name):
-        self.base, self.name = base, name
-
-    def _key(self):
-        return (self.base, self.name)
-
-    def __repr__(self):
-        return "%r.%s" % (self.base, self.name)
+    __slots__ = ()
 
 
-class SlotAttrSource(Source):
+class SlotAttrSource(_NamedSource):
     """base.name for a __slots__ member, read through its member descriptor."""
-    __slots__ = ("base", "name")
-
-    def __init__(self, base, name):
-        self.base, self.name = base, name
-
-    def _key(self):
-        return (self.base, self.name)
-
-    def __repr__(self):
-        return "%r.%s" % (self.base, self.name)
+    __slots__ = ()
 
 
 class _Missing:
