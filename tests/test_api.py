@@ -1706,6 +1706,30 @@ def test_a_bound_method_of_an_array_as_an_argument():
     assert "Guards" in str(fastcompile.explain(f)(x, np.eye(3).dot))
 
 
+@pytest.mark.parametrize("case", ["mul_int", "mul_float", "div", "rfloordiv", "rmod", "where", "fraction"])
+def test_python_scalars_with_float16_arrays_are_float16(case):
+    """A Python scalar that meets float16 arrays is a float16 first, as NumPy makes it (NEP 50):
+    x * 100000 is x * inf (NaN at 0), x * 0.1 multiplies by float16's 0.1. The core kept the
+    constant in float32 (torch's rule, which the torch route keeps)."""
+    fns = {
+        "mul_int": lambda a: a * 100000,
+        "mul_float": lambda a: a * 100000.0,
+        "div": lambda a: a / 2 ** 31,
+        "rfloordiv": lambda a: 2 ** 31 // a,
+        "rmod": lambda a: 2 ** 31 % a,
+        "where": lambda a: np.where(a > 0, a, 1e5),
+        "fraction": lambda a: a * 0.1 + 3,
+    }
+    fn = fns[case]
+    x = np.array([0.0, -1.5, 3.0, 100.0, -0.0, 0.333], np.float16)
+    compiled = fastcompile.compile(fn)
+    with np.errstate(all="ignore"):
+        for _ in range(2):
+            got, want = compiled(x), fn(x)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+
+
 def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_side_effect():
     """An inlined function's closure cells were read once, as constants of the trace: a
     rebound cell (nonlocal) kept its old value, a list in one was read without a guard, and

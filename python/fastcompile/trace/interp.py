@@ -514,6 +514,11 @@ class Tracer:
         """A core op; dtype checked against the eager example (cast when it differs)."""
         vals = [self.graph_arg(a) for a in args]
         want = _np_dtype(example)
+        if kind == "numpy" and want == np.float16:
+            # NumPy makes a Python scalar that meets float16 arrays a float16 first (NEP 50):
+            # 100000 is inf there. The core keeps weak constants in float32, as torch does
+            with np.errstate(over="ignore"):
+                vals = [np.float16(v) if type(v) in (int, float) else v for v in vals]
         try:
             v = self.graph.call(op, *vals, **attrs)
             if v.dtype != want.name:        # None after an extern call: known at compile time
