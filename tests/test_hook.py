@@ -764,6 +764,35 @@ def test_guard_slotattr():
     assert both([("local", 0, 0), ("slotattr", 1, 0, "a")], 5) == 1
 
 
+def test_guard_new_kinds_hold_no_extra_references():
+    """typeattr, slotattr, noattr, notypeattr and the new eq values, passing and failing, leave
+    every object's reference count as it was (the loads return new references the engine drops)."""
+    class Obj:
+        scale = 1.5
+
+    class S:
+        __slots__ = ("a",)
+
+    o, sl, name = Obj(), S(), "scale"
+    sl.a = np.float32(2.5)
+    progs = [
+        ([("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, name), ("eq", 2, 1.5), ("noattr", 0, name)], o),
+        ([("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, name), ("eq", 2, 2.5)], o),
+        ([("local", 0, 0), ("type_of", 1, 0), ("notypeattr", 1, "nope"), ("noattr", 0, "nope")], o),
+        ([("local", 0, 0), ("slotattr", 1, 0, "a"), ("eq", 1, np.float32(2.5))], sl),
+        ([("local", 0, 0), ("slotattr", 1, 0, "a"), ("eq", 1, np.float32(3.5))], sl),
+        ([("local", 0, 0), ("eq", 0, (slice(1, None), 2 + 1j, range(3), frozenset({1})))],
+         (slice(1, None), 2 + 1j, range(3), frozenset({1}))),
+    ]
+    watched = [o, sl, Obj, S, Obj.scale, sl.a, name]
+    for prog, value in progs:
+        both(prog, value)                      # warm up (interning, caches)
+        before = [sys.getrefcount(w) for w in watched + [value]]
+        for _ in range(200):
+            both(prog, value)
+        assert [sys.getrefcount(w) for w in watched + [value]] == before, prog
+
+
 def test_guard_ndarray():
     def f(a):
         return a

@@ -536,6 +536,32 @@ eq_exact(PyObject *a, PyObject *b)
     return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
+/* o.__dict__[name] for an instance dict (dictattr loads it, noattr wants it absent): 1 with
+ * *out a new reference, 0 when absent (o has no instance dict, or no such entry), -1 with an
+ * exception. A type is refused (-1, no exception set): its dict is a mappingproxy (3.12+: NULL
+ * tp_dict on static builtin types, which GenericGetDict would fill in), never an instance dict. */
+static int
+instance_dict_get(PyObject *o, PyObject *name, PyObject **out)
+{
+    *out = NULL;
+    if (PyType_Check(o)) {
+        return -1;
+    }
+    PyObject *dict = PyObject_GenericGetDict(o, NULL);
+    if (dict == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    if (PyDict_Check(dict)) {
+        *out = Py_XNewRef(PyDict_GetItemWithError(dict, name));
+    }
+    Py_DECREF(dict);
+    return *out != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
 /* New reference to the load's value, or NULL (failure; maybe an exception). */
 static PyObject *
 guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
@@ -579,21 +605,8 @@ guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
         return Py_NewRef(PyTuple_CheckExact(src) ? PyTuple_GET_ITEM(src, i) : PyList_GET_ITEM(src, i));
     }
     case G_DICTATTR: {
-        if (src == NULL) {
-            return NULL;
-        }
-        if (PyType_Check(src)) {
-            /* a type's dict is a mappingproxy (3.12+: NULL tp_dict on static builtin
-             * types, which GenericGetDict would fill in): never an instance dict */
-            return NULL;
-        }
-        PyObject *dict = PyObject_GenericGetDict(src, NULL);
-        if (dict == NULL) {
-            return NULL;
-        }
-        PyObject *r = PyDict_Check(dict) ? Py_XNewRef(PyDict_GetItemWithError(dict, in->a)) : NULL;
-        Py_DECREF(dict);
-        return r;
+        PyObject *r = NULL;
+        return src != NULL && instance_dict_get(src, in->a, &r) == 1 ? r : NULL;
     }
     case G_TYPE_OF:
         return src == NULL ? NULL : Py_NewRef((PyObject *)Py_TYPE(src));
@@ -621,25 +634,15 @@ guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
     }
 }
 
-/* noattr: 1 when o's instance dict (if it has one) holds no entry named in->a,
- * 0 when it does, -1 on error. */
+/* noattr: 1 when o's instance dict (if it has one) holds no entry named in->a, 0 when it
+ * does or o is a type (never installed on one), -1 on error. */
 static int
 check_noattr(const GuardInstr *in, PyObject *o)
 {
-    if (PyType_Check(o)) {
-        return 0;                      /* never installed on a type (its dict is a mappingproxy) */
-    }
-    PyObject *dict = PyObject_GenericGetDict(o, NULL);
-    if (dict == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();             /* no instance dict: nothing in it */
-            return 1;
-        }
-        return -1;
-    }
-    int has = PyDict_Check(dict) ? PyDict_Contains(dict, in->a) : 0;
-    Py_DECREF(dict);
-    return has < 0 ? -1 : !has;
+    PyObject *found;
+    int rc = instance_dict_get(o, in->a, &found);
+    Py_XDECREF(found);
+    return rc == 0 ? 1 : rc == 1 || !PyErr_Occurred() ? 0 : -1;
 }
 
 static int

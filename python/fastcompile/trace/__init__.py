@@ -102,21 +102,16 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
         result.breaks.append(BreakReason(why, stack))
         return result
     tracer = Tracer(code, f_globals, f_builtins, closure, f_locals)
+    rng = _rng_state()
     try:
-        rng = _rng_state()
         try:
             ret = tracer.run()
         except NeedAutograd:
-            # a tensor that requires grad: trace again, recording torch ops for aot_autograd. What
-            # the first attempt ran eagerly (a dropout inside an extern) drew random numbers: the
-            # generator goes back, so the call draws what eager would
-            _set_rng_state(rng)
+            # a tensor that requires grad: trace again, recording torch ops for aot_autograd
             tracer = Tracer(code, f_globals, f_builtins, closure, f_locals, autograd=True)
             ret = tracer.run()
         run = runtime.build(tracer, [ret])
     except Unsupported as e:
-        if tracer.fx is not None:
-            _set_rng_state(rng)         # as below: the partial graph runs afresh
         if fullgraph:
             raise
         result.breaks.append(BreakReason(e.reason, e.user_stack))
@@ -128,11 +123,13 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
         else:
             codegen.resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer)
         return result
-    if tracer.fx is not None:
-        # an autograd trace runs nothing of its graph at the call (the backend compiles the FX
-        # graph and runs it): what its example computations drew (a dropout inside an extern
-        # module) is not the call's, so the generator goes back and the call draws as eager does
-        _set_rng_state(rng)
+    finally:
+        if tracer.fx is not None:
+            # an autograd trace runs nothing of its graph at the call (the backend compiles the
+            # FX graph, or the graph up to a break, and runs it): what its example computations
+            # and a first, non-autograd attempt drew (a dropout inside an extern module) is not
+            # the call's, so the generator goes back and the call draws as eager does
+            _set_rng_state(rng)
 
     def target(*values):
         return run(*values)[0]

@@ -563,11 +563,12 @@ class Tracer:
             self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
                              % (_name(fn), type(example).__name__))
         to_torch = kind == "torch"
-        for e in (example if nout else [example]):
+        examples = example if nout else [example]
+        for e in examples:
             if torch is not None and isinstance(e, torch.Tensor) and (e.dtype not in TORCH_TO_NP or e.layout != torch.strided):
                 self.unsupported("%s returns a tensor of dtype %s, layout %s: the core takes NumPy's "
                                  "dtypes, strided" % (_name(fn), e.dtype, e.layout))
-        if to_torch and any(getattr(e, "requires_grad", False) for e in (example if nout else [example])):
+        if to_torch and any(getattr(e, "requires_grad", False) for e in examples):
             if torch.is_grad_enabled() and self.fx is None:
                 raise NeedAutograd()            # parameters inside a torch module: trace for autograd
             self.unsupported("%s returns a tensor that requires grad (a parameter or input requires grad): "
