@@ -13,7 +13,7 @@ from .variables import ArrayMethodVar, ArrayVar, DictVar, ListVar, PyVar, ShapeV
 
 
 def _roots(src, out):
-    while isinstance(src, (S.ItemSource, S.DictAttrSource, S.TypeOfSource, S.TypeAttrSource, S.SlotAttrSource)):
+    while isinstance(src, S.DERIVED):
         src = src.base
     out.add(src)
 

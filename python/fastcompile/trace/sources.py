@@ -174,6 +174,10 @@ class SlotAttrSource(_NamedSource):
     __slots__ = ()
 
 
+# sources read from another source (their .base): a value's root is found through them
+DERIVED = (ItemSource, _NamedSource, TypeOfSource)
+
+
 class _Missing:
     pass
 
