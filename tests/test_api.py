@@ -10,6 +10,7 @@ FASTCOMPILE_UPDATE_GOLDEN=1 rewrites them.
 import contextlib
 import gc
 import io
+import math
 import os
 import re
 import sys
@@ -223,10 +224,10 @@ def test_outside_dict_insert_does_not_recompile():
 
 
 def _read_outside_dict(x):
-    return x * _SCALES["a"] + len(_SCALES)
+    return x * _SCALES["a"] + len(_SCALES) + _SCALES["k"]
 
 
-_SCALES = {"a": 2.0}
+_SCALES = {"a": 2.0, "k": 3}
 
 
 def test_an_outside_dict_whose_items_are_read_is_still_guarded():
@@ -234,14 +235,17 @@ def test_an_outside_dict_whose_items_are_read_is_still_guarded():
     x = C.a2(5, 6)
     try:
         same(f(x), _read_outside_dict(x))
-        _SCALES["a"] = 5.0                          # an item changed: traced again
+        _SCALES["a"] = 5.0                          # a float item changed: read at each call
+        same(f(x), _read_outside_dict(x))
+        assert len(entries(_read_outside_dict)) == 1
+        _SCALES["k"] = 4                            # an int item changed: traced again
         same(f(x), _read_outside_dict(x))
         _SCALES["b"] = 1.0                          # the length changed: traced again
         same(f(x), _read_outside_dict(x))
         assert len(entries(_read_outside_dict)) == 3
     finally:
         _SCALES.clear()
-        _SCALES["a"] = 2.0
+        _SCALES.update(a=2.0, k=3)
 
 
 def _sum_outside(x):
@@ -258,7 +262,10 @@ def test_an_outside_list_whose_items_are_read_is_still_guarded():
         same(f(x), _sum_outside(x))
         _OUTSIDE.append(3.0)                        # the length changed: traced again
         same(f(x), _sum_outside(x))
-        _OUTSIDE[0] = 5.0                           # an item changed: traced again
+        _OUTSIDE[0] = 5.0                           # a float item changed: read at each call
+        same(f(x), _sum_outside(x))
+        assert len(entries(_sum_outside)) == 2
+        _OUTSIDE[0] = 5                             # its type changed: traced again
         same(f(x), _sum_outside(x))
         assert len(entries(_sum_outside)) == 3
     finally:
@@ -575,22 +582,30 @@ def _glob(x):
     return x * C.SCALE
 
 
-def test_global_change_recompiles():
+@pytest.mark.parametrize("specialize", [False, True])
+def test_global_change_recompiles(specialize):
+    """C.np_global reads SCALE (a float) and OFFSET (a NumPy float32): both are read at each call
+    (no recompile), or baked in and guarded by value under specialize_float."""
     f = fastcompile.compile(C.np_global)
     rec = _record(f)
     x = C.a2(4, 5)
-    old = C.SCALE
+    old, old_off = C.SCALE, C.OFFSET
+    where = "np_global (%s:%d): guard failed: " % (C.__file__, C.np_global.__code__.co_firstlineno)
     try:
-        np.testing.assert_allclose(f(x), C.np_global(x))
-        C.SCALE = 3.0
-        np.testing.assert_allclose(f(x), C.np_global(x))
-        assert len(entries(C.np_global)) == 2
-        assert rec.recompiles == ["np_global (%s:%d): guard failed: G['SCALE'] == 2.0; now 3.0"
-                                  % (C.__file__, C.np_global.__code__.co_firstlineno)]
+        with fastcompile.config.overriding(specialize_float=specialize):
+            np.testing.assert_array_equal(f(x), C.np_global(x))
+            C.SCALE = 3.0
+            np.testing.assert_array_equal(f(x), C.np_global(x))
+            C.OFFSET = np.float32(0.25)
+            np.testing.assert_array_equal(f(x), C.np_global(x))
+            assert len(entries(C.np_global)) == 1 + 2 * specialize
+            assert rec.recompiles == ([where + "G['SCALE'] == 2.0; now 3.0",
+                                       where + "G['OFFSET'] == np.float32(0.5); now np.float32(0.25)"]
+                                      if specialize else [])
     finally:
-        C.SCALE = old
-    np.testing.assert_allclose(f(x), C.np_global(x))
-    assert len(entries(C.np_global)) == 2
+        C.SCALE, C.OFFSET = old, old_off
+    np.testing.assert_array_equal(f(x), C.np_global(x))
+    assert len(entries(C.np_global)) == 1 + 2 * specialize
 
 
 def _outer_two_dtypes(a, b):
@@ -1189,8 +1204,11 @@ def test_async_compile_first_calls_of_many_graphs_build_in_one_batch(async_on, h
         fns.append((f, fastcompile.compile(f)))
     x = np.random.rand(1000)
     before = fastcompile.stats()["compiler_runs"]
-    for f, cf in fns:
-        np.testing.assert_array_equal(cf(x), f(x))
+    # five graphs: c baked into each (the five f share one code object, and a float the graph
+    # reads at each call would make the first graph serve them all)
+    with fastcompile.config.overriding(specialize_float=True):
+        for f, cf in fns:
+            np.testing.assert_array_equal(cf(x), f(x))
     assert len(builds) == 5
     assert len([t for t in threading.enumerate() if t.name == "fastcompile-build"]) == 1
     gate.set()
@@ -1795,3 +1813,164 @@ def test_async_compile_general_path_next_call_waits_for_the_build(async_on, held
     t.join()
     assert opened and done >= opened[0], "the second call ran before the build was let go"
     assert compiled.nplans > 0
+
+
+# ---------------------------------------------------------------------------- floats read at each call
+
+def _lr_step(x, lr):
+    return x - lr * x * 2
+
+
+_FLOAT_VALUES = [0.1, 0.2, 1e-3, -0.0, 0.0, float("inf"), float("-inf"), float("nan"), 1e300, 3.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "uint8"])
+def test_a_changing_float_is_read_at_each_call(dtype):
+    """A Python float argument is a weak graph input (NEP 50: float32 stays float32, an integer
+    array gives float64): ten values, one trace, NumPy's results bit for bit (NaN positions and
+    signed zeros included)."""
+    f = fastcompile.compile(_lr_step)
+    x = (np.arange(-6, 6) if dtype != "uint8" else np.arange(12)).astype(dtype)
+    with np.errstate(all="ignore"):
+        for lr in _FLOAT_VALUES:
+            got, want = f(x, lr), _lr_step(x, lr)
+            assert got.dtype == want.dtype, (lr, got.dtype, want.dtype)
+            np.testing.assert_array_equal(got, want)
+            assert np.array_equal(np.signbit(got), np.signbit(want)), lr
+    assert len(entries(_lr_step)) == 1
+
+
+def test_a_float_with_float16_arrays_is_baked_in():
+    """NumPy rounds a Python float to float16 before multiplying a float16 array (x * 1e5 is
+    x * inf): the trace bakes such a float in (one trace per value), as before, and stays right."""
+    def h(x, s):
+        return x * s
+    f = fastcompile.compile(h)
+    x = np.linspace(-2, 2, 9).astype(np.float16)
+    with np.errstate(all="ignore"):
+        for s in (0.1, 1e5, 0.1, 3.0):
+            got, want = f(x, s), h(x, s)
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got, want)
+    assert len(entries(h)) == 3
+
+
+class _Opt:
+    def __init__(self):
+        self.lr = 0.5
+
+
+_OPT = _Opt()
+_G_LR = 0.25
+_G_TABLE = {"mom": 0.9}
+_G_LIST = [1.5]
+
+
+def _many_float_sources(x, d=0.5, **kw):
+    def inner(y):
+        return y * d
+    return inner(x) * _OPT.lr + _G_LR * x + _G_TABLE["mom"] + _G_LIST[0] + kw["k"]
+
+
+def test_floats_from_every_source_are_read_at_each_call():
+    """A float default, closure cell, attribute, global, dict item, list item and keyword
+    argument: changing each one is seen with no new trace."""
+    global _G_LR
+    f = fastcompile.compile(_many_float_sources)
+    x = C.a2(3, 4)
+    old = _G_LR
+    try:
+        for step in range(4):
+            _OPT.lr, _G_LR = 0.5 + step, 0.25 * step
+            _G_TABLE["mom"], _G_LIST[0] = 0.9 - step, 1.5 * step
+            np.testing.assert_array_equal(f(x, 0.1 * step, k=2.0 ** step),
+                                          _many_float_sources(x, 0.1 * step, k=2.0 ** step))
+        assert len(entries(_many_float_sources)) == 1
+    finally:
+        _OPT.lr, _G_LR, _G_TABLE["mom"], _G_LIST[0] = 0.5, old, 0.9, 1.5
+
+
+def _float_arith(x, lr, t):
+    a = lr * 0.5 - 0.01
+    b = math.sqrt(t) / lr
+    c = -lr + abs(t - 3.0) + t // 2.0 + t % 0.7
+    return x * a + b * c, a, b, c
+
+
+def test_float_arithmetic_is_computed_by_python_at_each_call():
+    """Float arithmetic on floats read at each call is Python's own, again at each call: the
+    floats it returns are Python floats equal to the plain function's, and what Python raises
+    (ZeroDivisionError, a math domain error) is raised at that call."""
+    f = fastcompile.compile(_float_arith)
+    x = C.a2(3, 4)
+    for lr, t in [(0.1, 2.0), (0.3, 5.5), (1e-3, 9.0), (-2.0, 0.25)]:
+        got, want = f(x, lr, t), _float_arith(x, lr, t)
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[1:] == want[1:] and all(type(v) is float for v in got[1:])
+    assert len(entries(_float_arith)) == 1
+    with pytest.raises(ZeroDivisionError):
+        f(x, 0.0, 1.0)
+    with pytest.raises(ValueError, match="math domain error"):
+        f(x, 0.1, -1.0)
+    np.testing.assert_array_equal(f(x, 0.7, 4.0)[0], _float_arith(x, 0.7, 4.0)[0])
+    assert len(entries(_float_arith)) == 1
+    out = fastcompile.explain(_float_arith)(x, 0.2, 3.0)
+    assert "Floats read at each call: ((L['lr'] * 0.5) - 0.01), ((math.sqrt(L['t']) / L['lr']) * " in str(out), str(out)
+
+
+def _float_branch(x, lr):
+    if lr > 0.15:
+        return x * lr
+    return x - lr
+
+
+def _float_as_python_value(x, lr):
+    return x[: int(lr * 10)] + np.full_like(x[: int(lr * 10)], lr)
+
+
+@pytest.mark.parametrize("fn, values", [(_float_branch, [0.1, 0.2, 0.1, 0.3, 0.3]),
+                                        (_float_as_python_value, [0.2, 0.3, 0.2, 0.5])])
+def test_a_float_whose_value_the_trace_uses_is_guarded_by_value(fn, values):
+    """A float the trace uses as a Python value (a branch, a slice bound, a NumPy call it does not
+    compile) is baked in and guarded by value: one trace per value, each right."""
+    f = fastcompile.compile(fn)
+    x = C.a2(6)
+    for v in values:
+        np.testing.assert_array_equal(f(x, v), fn(x, v))
+    assert len(entries(fn)) == len(set(values))
+
+
+def _scalar_across_break(x):
+    m = x.max()
+    s = float(x.sum())
+    print("", end="", file=_SINK)
+    return x / m + s
+
+
+def test_scalars_crossing_a_graph_break_are_read_at_each_call():
+    """x.max() (a NumPy float32) and float(x.sum()) carried across a graph break: the resumed
+    graph reads them at each call, with NumPy's types (the float32 scalar stays strongly typed)."""
+    f = fastcompile.compile(_scalar_across_break)
+    for k in range(5):
+        x = C.a2(7) * (k + 1)
+        got, want = f(x), _scalar_across_break(x)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    assert len(entries(_scalar_across_break)) == 1
+    out = fastcompile.explain(_scalar_across_break)(C.a2(7))
+    assert "Floats read at each call: L['m'], L['s']" in str(out), str(out)
+
+
+@pytest.mark.parametrize("scalar, dtype", [(np.float64(0.1), "float32"), (np.float32(0.1), "float16"),
+                                           (np.float16(0.1), "float32"), (np.float32(3.5), "int64")])
+def test_numpy_float_scalars_are_read_at_each_call_strongly_typed(scalar, dtype):
+    f = fastcompile.compile(_lr_step)
+    x = np.arange(-4, 4).astype(dtype)
+    for k in range(4):
+        s = type(scalar)(scalar * (k + 1))
+        got, want = f(x, s), _lr_step(x, s)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    assert len(entries(_lr_step)) == 1
+    np.testing.assert_array_equal(f(x, 0.5), _lr_step(x, 0.5))   # a Python float: another trace
+    assert len(entries(_lr_step)) == 2

@@ -1945,3 +1945,48 @@ def test_fastcompile_compile_first_call_keeps_views_of_kernel_outputs_and_refuse
             torch.testing.assert_close(cf(*args), fn(*want_args))
             for a, b in zip(args, want_args):
                 torch.testing.assert_close(a, b)
+
+
+def _tstep(x, lr, mom):
+    return x * lr + (x * mom).relu() - lr * 0.5
+
+
+def test_fc_compile_floats_are_read_at_each_call_with_torch_dtypes():
+    """fastcompile.compile on torch code: a Python float is read at each call (no new trace per
+    value), with torch's result dtypes (float32 and float16 stay, an int64 tensor gives float32);
+    a NumPy float scalar is baked in (torch takes it as a Python scalar, NumPy strongly typed)."""
+    from fastcompile import _C
+    f = fastcompile.compile(_tstep)
+    for dtype in (torch.float32, torch.float16, torch.int64):
+        fastcompile.reset()
+        x = (torch.arange(-6, 6)).to(dtype)
+        for lr, mom in [(0.1, 0.9), (0.01, 0.5), (3.5, -1.0), (1e-4, 0.0)]:
+            got, want = f(x, lr, mom), _tstep(x, lr, mom)
+            assert got.dtype == want.dtype
+            # float16: eager rounds between ops, a kernel keeps float32 (README): torch's tolerances
+            exact = {} if dtype == torch.float16 else {"rtol": 0, "atol": 0}
+            torch.testing.assert_close(got, want, **exact)
+        assert len(_C.code_entries(_tstep.__code__)) == 1, dtype
+    x = torch.linspace(-1, 1, 7)
+    for s in (np.float64(0.1), np.float64(0.2)):
+        got, want = f(x, s, 0.5), _tstep(x, s, 0.5)
+        assert got.dtype == want.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(_C.code_entries(_tstep.__code__)) == 3
+
+
+def test_fc_compile_first_call_with_a_computed_float_runs_each_extern_once():
+    """The first call reuses the trace's extern results (a BatchNorm in training mode under
+    no_grad updates its statistics once) when a graph input is a float Python computes at the
+    call (lr * 2.0): a new object, matched by value."""
+    bn = nn.BatchNorm1d(4).train().requires_grad_(False)
+    eager, ours = copy.deepcopy(bn), copy.deepcopy(bn)
+
+    def f(m, x, lr):
+        return m(x) * (lr * 2.0)
+    cf = fastcompile.compile(f)
+    for k in range(3):
+        x = torch.randn(5, 4) + k
+        torch.testing.assert_close(cf(ours, x, 0.1 * (k + 1)), f(eager, x, 0.1 * (k + 1)))
+        torch.testing.assert_close(ours.running_mean, eager.running_mean, msg="call %d" % k)
+        torch.testing.assert_close(ours.running_var, eager.running_var)

@@ -7,6 +7,8 @@ import types
 import numpy as np
 import pytest
 
+import fastcompile
+
 from conftest import assert_close_np
 from fastcompile import trace
 from fastcompile.trace import guards as G
@@ -138,7 +140,8 @@ def test_guard_size_used_as_value():
 
 def test_guard_global_change():
     x = C.a2(4, 5)
-    r = trace_function(C.np_global, x)
+    with fastcompile.config.overriding(specialize_float=True):     # C.SCALE is a float
+        r = trace_function(C.np_global, x)
     old = C.SCALE
     try:
         C.SCALE = 3.0
@@ -161,11 +164,16 @@ def test_guard_python_args_and_closure():
         def f(x):
             return x + c
         return f
-    f1, f2 = outer(1.0), outer(2.0)
+    f1, f2 = outer(1), outer(2)
     r = trace_function(f1, x)
     assert any(ins[0] == "closure" for ins in r.program)
     assert G.check_program(r.program, {0: x}, f1.__globals__, __builtins__, f1.__closure__) == -1
     assert G.check_program(r.program, {0: x}, f2.__globals__, __builtins__, f2.__closure__) >= 0
+    f1, f2, f3 = outer(1.0), outer(2.0), outer(2)   # a float closure is read at each call
+    r = trace_function(f1, x)
+    assert G.check_program(r.program, {0: x}, f1.__globals__, __builtins__, f1.__closure__) == -1
+    assert G.check_program(r.program, {0: x}, f2.__globals__, __builtins__, f2.__closure__) == -1
+    assert G.check_program(r.program, {0: x}, f3.__globals__, __builtins__, f3.__closure__) >= 0
 
 
 def test_guard_program_format():
@@ -233,7 +241,7 @@ def test_global_of_a_function_from_another_module_is_guarded(tmp_path, monkeypat
     """A global read by a function inlined from another module is guarded through that
     module's globals dict: changing it makes the guard program fail."""
     (tmp_path / "fc_helpermod.py").write_text(
-        "import numpy as np\nSCALE = 2.0\ndef helper(x):\n    return x * SCALE + np.sin(x)\n")
+        "import numpy as np\nSCALE = 2\ndef helper(x):\n    return x * SCALE + np.sin(x)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
     mod = importlib.import_module("fc_helpermod")
@@ -247,9 +255,9 @@ def test_global_of_a_function_from_another_module_is_guarded(tmp_path, monkeypat
     assert_close_np(r.target(*values), f(x), np.float32, "transcendental")
     by_slot = dict(zip(r.slots, values))
     assert G.check_program(r.program, by_slot, f.__globals__, __builtins__, f.__closure__) == -1
-    mod.SCALE = 3.0
+    mod.SCALE = 3
     failed = G.check_program(r.program, by_slot, f.__globals__, __builtins__, f.__closure__)
-    assert failed >= 0 and r.program[failed][0] == "eq" and r.program[failed][2] == 2.0
+    assert failed >= 0 and r.program[failed][0] == "eq" and r.program[failed][2] == 2
 
 
 def test_grad_mode_is_guarded_for_tensors_that_require_grad():

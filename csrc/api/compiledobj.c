@@ -744,13 +744,34 @@ call_device(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, int *dev
     return PyErr_Occurred() ? -1 : 0;
 }
 
+/* A scalar for a 0-d input: a NumPy scalar, or a Python bool, int or float (NumPy's dtype
+ * for it: float64 for a float); its dtype is checked as an array's */
+static int
+is_scalar_arg(PyObject *arg)
+{
+    return PyArray_IsScalar(arg, Generic) || PyFloat_Check(arg) || PyLong_Check(arg);
+}
+
 static int
 check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, FcDevMemo *memo)
 {
     const FcNode *n = &c->g.nodes[c->g.inputs[k]];
     FcMeta m;
     PyObject *a;
-    if (dev > 0) {
+    if (dev == 0 && n->ndim == 0 && !PyArray_Check(arg) && is_scalar_arg(arg)) {
+        if ((a = PyArray_FROM_O(arg)) == NULL) {     /* new: a 0-d array */
+            return -1;
+        }
+        if (!PyArray_Check(a) || PyArray_NDIM((PyArrayObject *)a) != 0 || fc_plan_meta(a, &m) < 0) {
+            if (!PyErr_Occurred()) {
+                PyErr_Format(PyExc_TypeError, "fastcompile: argument %d (%.100s) has no 0-d array form", k,
+                             Py_TYPE(arg)->tp_name);
+            }
+            Py_DECREF(a);
+            return -1;
+        }
+    }
+    else if (dev > 0) {
         if (!memo->have[c->g.inputs[k]]) {    /* no CUDA tensor: for externs only (call_device) */
             *slot = Py_NewRef(arg);
             return 0;
@@ -784,8 +805,9 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
         }
     }
     if (m.dtype != n->dtype) {
-        PyErr_Format(PyExc_TypeError, "fastcompile: argument %d was declared %s but is an array of %s",
-                     k, fc_dtypes[n->dtype].name, fc_dtypes[m.dtype].name);
+        PyErr_Format(PyExc_TypeError, "fastcompile: argument %d was declared %s but is %s of %s",
+                     k, fc_dtypes[n->dtype].name, PyArray_Check(arg) ? "an array" : "a scalar",
+                     fc_dtypes[m.dtype].name);
         Py_DECREF(a);
         return -1;
     }

@@ -229,13 +229,13 @@ fc_api_parse_dtype(PyObject *obj)
 static PyObject *
 Graph_input(GraphObject *self, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"dtype", "ndim", "device", NULL};
+    static char *kwlist[] = {"dtype", "ndim", "device", "weak", NULL};
     PyObject *dtype;
-    int ndim, *p;
+    int ndim, weak = 0, *p;
     const char *device = "cpu";
     FcNode n;
     int idx;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|s:input", kwlist, &dtype, &ndim, &device)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "Oi|sp:input", kwlist, &dtype, &ndim, &device, &weak)) {
         return NULL;
     }
     if (strcmp(device, "cpu") != 0) {
@@ -252,6 +252,15 @@ Graph_input(GraphObject *self, PyObject *args, PyObject *kwargs)
     if ((n.dtype = fc_api_parse_dtype(dtype)) < 0) {
         return NULL;
     }
+    if (weak && (ndim != 0 || n.dtype != FC_F64)) {
+        /* a Python float's value passed at each call (NEP 50: it takes the other side's dtype);
+         * a weak int would have to raise where NumPy does (int8 and 1000), a value known only
+         * at run time */
+        PyErr_Format(PyExc_ValueError, "fastcompile: a weak input is a Python float: dtype float64 "
+                     "and ndim 0, got %s and ndim %d", fc_dtypes[n.dtype].name, ndim);
+        return NULL;
+    }
+    n.weak = weak;
     n.ndim = ndim;
     n.input_index = self->g.ninputs;
     if ((idx = fc_graph_add_node(&self->g, &n, NULL, 0)) < 0) {
@@ -902,7 +911,9 @@ Graph_compile(GraphObject *self, PyObject *unused)
 
 static PyMethodDef Graph_methods[] = {
     {"input", (PyCFunction)(void (*)(void))Graph_input, METH_VARARGS | METH_KEYWORDS,
-     "input(dtype, ndim, device='cpu') -> Value: an array argument of the compiled graph"},
+     "input(dtype, ndim, device='cpu', weak=False) -> Value: an array argument of the compiled graph; "
+     "a 0-d input also takes a scalar of its dtype (a Python float for float64); weak=True (float64, "
+     "ndim 0): typed as a Python float (NEP 50: float32 array * it is float32)"},
     {"constant", (PyCFunction)Graph_constant, METH_O,
      "constant(value) -> Value: a scalar (Python scalars are weakly typed, as NumPy's NEP 50)"},
     {"call", (PyCFunction)(void (*)(void))Graph_call, METH_VARARGS | METH_KEYWORDS,

@@ -78,6 +78,11 @@ KNOBS = [
          "keep the fastest (torch.compile mode='max-autotune' turns it on for its graphs)"),
     Knob("cache_size_limit", "FASTCOMPILE_CACHE_SIZE_LIMIT", int, 8,
          "compiled variants kept per function (code object); past it the function runs uncompiled, with a warning"),
+    Knob("specialize_float", "FASTCOMPILE_SPECIALIZE_FLOAT", _bool, False,
+         "fastcompile.compile: a Python float the frame reads (an argument, global or attribute) is "
+         "baked into the graph and guarded by value, so a new value recompiles; 0 (the default, as "
+         "Dynamo's): the graph reads it at each call, and only a use of its value in Python (a "
+         "branch, a shape) bakes it in"),
     Knob("suppress_errors", "FASTCOMPILE_SUPPRESS_ERRORS", _bool, True,
          "an internal tracer/compiler error runs the frame as plain Python with a warning (0: raise it)"),
 ]

@@ -82,6 +82,8 @@ class ExplainOutput:
                 out.append("  Graph %d (%s:%d-%d): %d ops: %s" % (
                     gi, _short(info.span[0]), info.span[1], info.span[2], len(self.ops_per_graph[gi]),
                     " ".join(self.ops_per_graph[gi])))
+                if info.float_sources:
+                    out.append("    Floats read at each call: %s" % ", ".join(repr(s) for s in info.float_sources))
             for b in result.breaks:
                 out.append("  Break: %s" % b.reason)
                 for fname, lineno, func, line in b.user_stack:

@@ -27,6 +27,7 @@ class GraphInfo:
     def __init__(self, graph, input_sources, op_count, span, compiled=None):
         self.graph, self.input_sources, self.op_count, self.span = graph, input_sources, op_count, span
         self._compiled = compiled
+        self.float_sources = []     # the floats it reads at each call (not baked in: no recompile)
 
     @property
     def compiled(self):
@@ -67,8 +68,10 @@ def _graph_info(tracer, run):
     lines = [ln for f, ln in tracer.lines if f == fname] or [ln for _, ln in tracer.lines]
     if not any(f == fname for f, _ in tracer.lines) and tracer.lines:
         fname = tracer.lines[0][0]
-    return [GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
-                      (fname, min(lines), max(lines)), getattr(run, "compiled", None))]
+    info = GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
+                     (fname, min(lines), max(lines)), getattr(run, "compiled", None))
+    info.float_sources = [src for src, kind, _ in tracer.inputs if kind == "scalar"]
+    return [info]
 
 
 def _rng_state():

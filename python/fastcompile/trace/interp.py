@@ -7,6 +7,7 @@ import contextlib
 import dis
 import enum
 import linecache
+import math
 import numbers
 import functools
 import operator
@@ -16,13 +17,15 @@ import types
 
 import numpy as np
 
+from fastcompile import config as _config
 from fastcompile.graph import Graph
 
 from . import guards as G
 from . import numpy_ops as NP
 from . import sources as S
 from .variables import (NULL, ArrayMethodVar, ArrayVar, CellVar, DictVar, FuncVar, IterVar,
-                        ListVar, MethodVar, PyVar, ShapeVar, TupleVar, Unsupported, Var, AbsentAttribute)
+                        ListVar, MethodVar, PyVar, ScalarVar, ShapeVar, TupleVar, Unsupported, Var,
+                        AbsentAttribute)
 
 # torch is bound by _sync_torch() once the process has imported it: importing fastcompile never
 # imports torch (over a second), and a frame can hold torch objects only after the user's code
@@ -159,21 +162,31 @@ class Tracer:
         if source is not None:
             self.guards.append(G.Guard(source, kind, *args))
 
-    def wrap(self, value, source):
-        """A Var for a value read from the frame, with the guards it needs."""
+    def wrap(self, value, source, constant=False):
+        """A Var for a value read from the frame, with the guards it needs. constant: a float
+        is baked in (a module's attribute: math.pi), not read at each call."""
         if source is not None and source in self.wrapped:
             return self.wrapped[source]
-        var = self._wrap(value, source)
+        var = self._wrap(value, source, constant)
         if source is not None:
             self.wrapped[source] = var
         return var
 
-    def _wrap(self, value, source):
+    def _wrap(self, value, source, constant=False):
         t = type(value)
         if t is np.ndarray:
             return self.array_input(value, source, "numpy")
         if torch is not None and isinstance(value, torch.Tensor):
             return self.array_input(value, source, "torch")
+        if (t is float or t in _NP_FLOATS) and source is not None and not constant and self.fx is None \
+                and not _config.get("specialize_float"):
+            # read at each call (a learning rate, a time step, x.max() across a graph break): a
+            # new value is no recompile. Where the trace needs its value (a branch, a shape, a
+            # call into Python) py() specializes it
+            var = ScalarVar(value, source)
+            self.guard(source, "type", t)
+            var.type_guard = self.guards[-1]
+            return var
         if t in SCALARS:
             self.guard(source, "eq", value)
             return PyVar(value, source)
@@ -363,6 +376,13 @@ class Tracer:
             var = var.get()
         if isinstance(var, PyVar):
             return var.value
+        if isinstance(var, ScalarVar):
+            for r in var.roots:             # its value is the trace's from now on: guard it
+                if not r.specialized:
+                    r.specialized = True
+                    self.guards = [g for g in self.guards if g is not r.type_guard]   # eq checks the type
+                    self.guard(r.source, "eq", r.value)
+            return var.value
         if isinstance(var, TupleVar):
             return tuple(self.py(v, what) for v in var.items)
         if isinstance(var, ListVar):
@@ -385,6 +405,8 @@ class Tracer:
         else:
             # the size of an intermediate: guard every size of every input
             for src, kind, ex in self.inputs:
+                if kind == "scalar":
+                    continue
                 for a, n in enumerate(ex.shape):
                     self.guard(src, "dim", a, int(n))
         return size
@@ -410,14 +432,47 @@ class Tracer:
 
     def example_of(self, var):
         var = _unlazy(var)
-        if isinstance(var, ArrayVar):
-            return var.example
+        if isinstance(var, (ArrayVar, ScalarVar)):
+            return var.example if isinstance(var, ArrayVar) else var.value
         return self.py(var)
+
+    def scalar_value(self, var):
+        """A ScalarVar's graph value: a weak 0-d input, made at its first use."""
+        if var.gv is None:
+            weak = type(var.value) is float       # a NumPy scalar is strongly typed (NEP 50)
+            var.gv = self.graph.input("float64" if weak else var.value.dtype.name, 0, weak=weak)
+            self.inputs.append((var.source, "scalar", var.value))
+        return var.gv
+
+    def scalar_op(self, fn, label, args):
+        """fn(*args) on ScalarVars and Python numbers, with a float result: a ScalarVar that
+        Python computes again at each call (a ScalarExprSource), or None when the trace cannot
+        tell its result is always a float (a power may be complex) or it raises now: Python
+        folds it then, specializing the ScalarVars."""
+        if fn not in _FLOAT_RESULT:
+            return None
+        for a in args:
+            if not isinstance(a, ScalarVar) and not (isinstance(a, PyVar) and type(a.value) in (int, float, bool)):
+                return None
+        try:
+            value = fn(*[a.value for a in args])
+        except Exception:
+            return None
+        if type(value) is not float:
+            return None
+        roots = []
+        for a in args:
+            if isinstance(a, ScalarVar):
+                roots.extend(r for r in a.roots if all(r is not q for q in roots))
+        src = S.ScalarExprSource(fn, label, [a.source if isinstance(a, ScalarVar) else a.value for a in args])
+        return ScalarVar(value, src, roots)
 
     def graph_arg(self, var):
         var = _unlazy(var)
         if isinstance(var, ArrayVar):
             return var.value
+        if isinstance(var, ScalarVar):
+            return self.scalar_value(var)
         v = self.py(var)
         if isinstance(v, (bool, int, float, np.generic)):
             return v
@@ -512,8 +567,13 @@ class Tracer:
 
     def core(self, op, args, attrs, example, kind):
         """A core op; dtype checked against the eager example (cast when it differs)."""
-        vals = [self.graph_arg(a) for a in args]
         want = _np_dtype(example)
+        # NumPy rounds a Python float to float16 first; torch takes a NumPy scalar as a Python
+        # one (weak), which the core would promote: both baked in, as constants are
+        args = [PyVar(self.py(a)) if isinstance(_unlazy(a), ScalarVar) and (
+                kind == "numpy" and want == np.float16 and type(_unlazy(a).value) is float
+                or kind == "torch" and type(_unlazy(a).value) is not float) else a for a in args]
+        vals = [self.graph_arg(a) for a in args]
         if kind == "numpy" and want == np.float16:
             # NumPy makes a Python scalar that meets float16 arrays a float16 first (NEP 50):
             # 100000 is inf there. The core keeps weak constants in float32, as torch does
@@ -951,6 +1011,10 @@ class Tracer:
         a, b = _unlazy(a), _unlazy(b)
         core_op, fn = NP.OPERATORS[sym]
         if not isinstance(a, ArrayVar) and not isinstance(b, ArrayVar):
+            if isinstance(a, ScalarVar) or isinstance(b, ScalarVar):
+                r = self.scalar_op(fn, sym, [a, b])
+                if r is not None:
+                    return r
             if sym == "+" and type(a) is type(b) and isinstance(a, (TupleVar, ListVar)):
                 if inplace and isinstance(a, ListVar):
                     self.local_list(a).items.extend(b.items)
@@ -1013,6 +1077,10 @@ class Tracer:
         v = _unlazy(v)
         if isinstance(v, ArrayVar):
             return self.array_op(fn, core_op, [v], what)
+        if isinstance(v, ScalarVar):
+            r = self.scalar_op(fn, what, [v])
+            if r is not None:
+                return r
         return self.fold(fn, [v], {})
 
     def op_UNARY_NEGATIVE(self, f, ins):
@@ -1130,13 +1198,15 @@ class Tracer:
             return MethodVar(PyVar(getattr(base, name)), obj)
         if isinstance(obj, FuncVar):
             self.unsupported("attribute of a function made in the trace")
+        if isinstance(obj, ScalarVar):
+            obj = PyVar(self.py(obj))       # lr.real, lr.is_integer(): of this value
         if not isinstance(obj, PyVar):
             self.unsupported("attribute %r of %s" % (name, _describe(obj)))
         value, src = obj.value, obj.source
         if isinstance(value, types.ModuleType):
             d = value.__dict__
             if name in d:
-                return self.wrap(d[name], S.DictAttrSource(src, name) if src else None)
+                return self.wrap(d[name], S.DictAttrSource(src, name) if src else None, constant=True)
             return self.wrap(getattr(value, name), None)
         if torch is not None and isinstance(value, torch.nn.Module):
             for dname in ("_parameters", "_buffers", "_modules"):
@@ -1308,6 +1378,10 @@ class Tracer:
             func = self.wrap(v.__func__, S.SlotAttrSource(src, "__func__") if src else None)
             obj = self.wrap(v.__self__, S.SlotAttrSource(src, "__self__") if src else None)
             return self.call_var(func, [obj] + list(args), kwargs)
+        if _hashable(v) and v in _FLOAT_RESULT and not kwargs and any(isinstance(_unlazy(a), ScalarVar) for a in args):
+            r = self.scalar_op(v, _name(v), [_unlazy(a) for a in args])      # math.sqrt(lr)
+            if r is not None:
+                return r
         mod = (getattr(v, "__module__", None) or "").split(".")[0]
         if mod in FOLDABLE_MODULES and not _any_array(args, kwargs):
             return self.fold(v, args, kwargs)
@@ -1430,6 +1504,16 @@ class Tracer:
             if isinstance(a, DictVar):
                 return PyVar(len(a.items))
             return PyVar(len(self.unpack(a)))
+        if isinstance(args[0] if args else None, ScalarVar) and len(args) <= 2:
+            a = args[0]                         # a float, by its guard; its value unread
+            if fn is float and len(args) == 1:
+                return a
+            if fn is abs and len(args) == 1:
+                return self.scalar_op(abs, "abs", args)
+            if fn is type and len(args) == 1:
+                return PyVar(float)
+            if fn is isinstance:
+                return PyVar(isinstance(a.value, self.py(args[1])))
         if fn is isinstance:
             a = args[0]
             ex = a.example if isinstance(a, ArrayVar) else None
@@ -1667,6 +1751,8 @@ def _map_examples(tracer, v):
     v = _unlazy(v)
     if isinstance(v, ArrayVar):
         return v.example
+    if isinstance(v, ScalarVar):        # metadata only: an example's value is never read later
+        return v.value
     if isinstance(v, TupleVar):
         return tuple(_map_examples(tracer, x) for x in v.items)
     if isinstance(v, ListVar):
@@ -1749,6 +1835,16 @@ def _is_torch_callable(v):
         or type(v).__name__ == "builtin_function_or_method" and getattr(v, "__self__", None).__class__.__name__ == "module" \
         and getattr(getattr(v, "__self__", None), "__name__", "").startswith("torch")
 
+
+_NP_FLOATS = (np.float16, np.float32, np.float64)
+
+# functions of floats and ints whose result is a float (or an exception): float arithmetic on
+# ScalarVars that Python computes again at each call (Tracer.scalar_op); ** is not here (a
+# negative base gives a complex)
+_FLOAT_RESULT = frozenset((operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+                           operator.mod, operator.neg, operator.pos, abs, math.sqrt, math.exp, math.log,
+                           math.log2, math.log10, math.log1p, math.expm1, math.sin, math.cos, math.tan,
+                           math.tanh, math.atan, math.fabs, math.hypot, math.atan2, math.copysign))
 
 _CONTAINER_METHODS = {list.append, list.extend, list.insert, list.pop, list.clear, list.reverse,
                       list.index, list.count, tuple.index, tuple.count, dict.items, dict.keys,

@@ -9,10 +9,15 @@ import threading
 import numpy as np
 
 from . import sources as S
-from .variables import ArrayMethodVar, ArrayVar, DictVar, ListVar, PyVar, ShapeVar, TupleVar, Unsupported
+from .guards import same_value
+from .variables import ArrayMethodVar, ArrayVar, DictVar, ListVar, PyVar, ScalarVar, ShapeVar, TupleVar, Unsupported
 
 
 def _roots(src, out):
+    if isinstance(src, S.ScalarExprSource):
+        for r in src.roots():
+            _roots(r, out)
+        return
     while isinstance(src, S.DERIVED):
         src = src.base
     out.add(src)
@@ -30,6 +35,10 @@ def build(tracer, vars_, user_stack=()):
 
     def plan(v):
         v = _unlazy(v)
+        if isinstance(v, ScalarVar):            # read again from the frame, or computed again
+            _roots(v.source, roots)
+            src = v.source
+            return lambda env, outs: env.get(src)
         if isinstance(v, ArrayVar):
             if v.source is not None:
                 _roots(v.source, roots)
@@ -174,6 +183,7 @@ class _FirstCall:
 
     def __init__(self, tracer, outputs, compiled, background):
         ins = [ex for _, _, ex in tracer.inputs]
+        self.scalars = [kind == "scalar" for _, kind, _ in tracer.inputs]
         stand_ins = [_stand_in(r) for r in tracer.extern_results]
         self.inputs, self.stand_ins = ins, stand_ins
         self.outs = tuple(_host(v.example) for v in outputs) if background else None
@@ -196,7 +206,11 @@ class _FirstCall:
         input objects, in trace order), or None: taken already, or other inputs."""
         outs, stand_ins, ins = self.outs, self.stand_ins, self.inputs
         self.outs = self.stand_ins = self.inputs = None
-        if ins is None or len(values) != len(ins) or any(a is not b for a, b in zip(values, ins)):
+        # the traced objects themselves; a float read at each call (a ScalarVar's input) by its
+        # value, bit for bit: computed again at this call (lr * 0.5), it is a new object
+        if ins is None or len(values) != len(ins) or any(
+                a is not b and not (s and same_value(a, b))
+                for a, b, s in zip(values, ins, self.scalars)):
             return None
         return outs, stand_ins
 
@@ -366,7 +380,8 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     tuple of arrays straight out of the graph), a target with no per-call
     bookkeeping: pick the arguments, call the Compiled, pick the outputs. None otherwise."""
     from .interp import _unlazy
-    if len(vars_) != 1 or any(kind != "numpy" or not isinstance(src, S.LocalSource) for src, kind in inputs):
+    if len(vars_) != 1 or any(kind not in ("numpy", "scalar") or not isinstance(src, S.LocalSource)
+                              for src, kind in inputs):
         return None
     ret = _unlazy(vars_[0])
     items = ret.items if isinstance(ret, TupleVar) else [ret]

@@ -178,6 +178,33 @@ class SlotAttrSource(_NamedSource):
 DERIVED = (ItemSource, _NamedSource, TypeOfSource)
 
 
+class ScalarExprSource(Source):
+    """fn(*args) computed at call time by Python itself: a float the graph reads as an input,
+    computed from floats read at each call (lr * 0.5 - 0.01), so its value is Python's bit for
+    bit, and what Python raises (a division by zero) is raised at the call. args: sources, or
+    constants. Guards never load it (its root sources are guarded); one per trace use."""
+    __slots__ = ("fn", "label", "args")
+
+    def __init__(self, fn, label, args):
+        self.fn, self.label, self.args = fn, label, tuple(args)
+
+    def _key(self):
+        return (id(self),)
+
+    def roots(self):
+        for a in self.args:
+            if isinstance(a, ScalarExprSource):
+                yield from a.roots()
+            elif isinstance(a, Source):
+                yield a
+
+    def __repr__(self):
+        parts = [repr(a) for a in self.args]
+        if self.label in ("+", "-", "*", "/", "//", "%") and len(parts) == 2:
+            return "(%s %s %s)" % (parts[0], self.label, parts[1])
+        return "%s(%s)" % (self.label, ", ".join(parts))
+
+
 class _Missing:
     pass
 
@@ -239,6 +266,12 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
             return source.fn()
         except Exception:
             return MISSING
+    if isinstance(source, ScalarExprSource):       # raises what Python raises (ZeroDivisionError)
+        args = [evaluate(a, f_locals_by_slot, f_globals, f_builtins, closure) if isinstance(a, Source) else a
+                for a in source.args]
+        if any(a is MISSING for a in args):
+            return MISSING
+        return source.fn(*args)
     base = evaluate(source.base, f_locals_by_slot, f_globals, f_builtins, closure)
     if base is MISSING:
         return MISSING

@@ -105,7 +105,7 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
         return tr.extern(fn, args, kwargs, example, "torch")
     want = _np(tr, example.dtype)
     if core_op in COMPARE:
-        exs = [a.example if isinstance(a, ArrayVar) else tr.py(a) for a in args]
+        exs = [tr.example_of(a) for a in args]      # a ScalarVar's type only: not specialized
         common = _np(tr, torch.result_type(*exs))
         cargs = [cast(tr, a, common) for a in args]
     elif core_op in BOOL_RESULT:

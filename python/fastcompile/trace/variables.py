@@ -58,6 +58,26 @@ class PyVar(Var):
         return "PyVar(%r)" % (self.value,)
 
 
+class ScalarVar(Var):
+    """A float the graph reads at each call instead of baking it in (a learning rate, a time
+    step): a Python float is a weak 0-d float64 graph input (NEP 50: float32 array * it stays
+    float32), a NumPy float scalar a 0-d input of its dtype (strongly typed). Not a
+    PyVar, so no code reads its value by accident: Tracer.py(var) specializes it (its roots
+    guarded by value, as a constant float is), Tracer.graph_arg(var) gives its graph input.
+    value: this trace's value; source: where it is read at each call, a frame source (a root), or
+    a ScalarExprSource for float arithmetic on ScalarVars, which Python computes again at each
+    call; roots: the roots it comes from; gv: its graph input, made at its first array use."""
+
+    def __init__(self, value, source, roots=None):
+        self.value, self.source, self.gv = value, source, None
+        self.roots = [self] if roots is None else roots
+        self.specialized = False
+        self.type_guard = None          # a root's type guard, dropped when an eq guard replaces it
+
+    def __repr__(self):
+        return "ScalarVar(%r)" % (self.value,)
+
+
 class TupleVar(Var):
     def __init__(self, items, source=None):
         self.items, self.source = list(items), source
