@@ -1974,3 +1974,22 @@ def test_numpy_float_scalars_are_read_at_each_call_strongly_typed(scalar, dtype)
     assert len(entries(_lr_step)) == 1
     np.testing.assert_array_equal(f(x, 0.5), _lr_step(x, 0.5))   # a Python float: another trace
     assert len(entries(_lr_step)) == 2
+
+
+def _pow_op(x, e):
+    return x ** e + np.power(x, e)
+
+
+def test_a_float_exponent_is_baked_in():
+    """NumPy takes x ** 0.5 as sqrt(x) (sqrt(-0.0) is -0.0, sqrt(-inf) is nan, where pow gives
+    +0.0 and +inf); the core does so for a constant exponent only, so a float exponent is baked
+    in: one trace per value, each NumPy's."""
+    f = fastcompile.compile(_pow_op)
+    x = np.array([-0.0, -np.inf, np.inf, 4.0, 2.5], np.float32)
+    with np.errstate(invalid="ignore"):
+        for e in (0.5, 2.0, 0.5, 1.5):
+            got, want = f(x, e), _pow_op(x, e)
+            np.testing.assert_array_equal(got, want)
+            keep = ~np.isnan(want)
+            assert np.array_equal(np.signbit(got[keep]), np.signbit(want[keep])), e
+    assert len(entries(_pow_op)) == 3

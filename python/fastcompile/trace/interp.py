@@ -570,9 +570,12 @@ class Tracer:
         want = _np_dtype(example)
         # NumPy rounds a Python float to float16 first; torch takes a NumPy scalar as a Python
         # one (weak), which the core would promote: both baked in, as constants are
+        # An exponent too: NumPy and torch take x ** 0.5 as sqrt (-0.0 and -inf differ from
+        # pow), which the core does for a constant exponent only
         args = [PyVar(self.py(a)) if isinstance(_unlazy(a), ScalarVar) and (
                 kind == "numpy" and want == np.float16 and type(_unlazy(a).value) is float
-                or kind == "torch" and type(_unlazy(a).value) is not float) else a for a in args]
+                or kind == "torch" and type(_unlazy(a).value) is not float
+                or op == "pow" and i == 1) else a for i, a in enumerate(args)]
         vals = [self.graph_arg(a) for a in args]
         if kind == "numpy" and want == np.float16:
             # NumPy makes a Python scalar that meets float16 arrays a float16 first (NEP 50):
