@@ -1993,3 +1993,38 @@ def test_a_float_exponent_is_baked_in():
             keep = ~np.isnan(want)
             assert np.array_equal(np.signbit(got[keep]), np.signbit(want[keep])), e
     assert len(entries(_pow_op)) == 3
+
+
+def _helper_with_defaults(x, k=2.0, n=3, w=np.arange(4.0), *, bias=1):
+    return x * k + n + bias + w
+
+
+def _calls_helper_with_defaults(x):
+    return _helper_with_defaults(x) + _helper_with_defaults(x, 1.0, 2)
+
+
+def test_defaults_of_an_inlined_function_are_read_through_it():
+    """An inlined function's defaults are read through the function at each call: assigning its
+    __defaults__ or __kwdefaults__ later is seen (an int default by a new trace, a float or array
+    default as a graph input), and an array default is an input, not a graph break."""
+    f = fastcompile.compile(_calls_helper_with_defaults)
+    x = np.arange(4.0)
+    saved = _helper_with_defaults.__defaults__, _helper_with_defaults.__kwdefaults__
+    try:
+        same(f(x), _calls_helper_with_defaults(x))
+        _helper_with_defaults.__defaults__ = (5.0, 3, np.ones(4))     # a float and an array: read
+        same(f(x), _calls_helper_with_defaults(x))
+        assert len(entries(_calls_helper_with_defaults)) == 1
+        _helper_with_defaults.__defaults__ = (5.0, 7, np.ones(4))     # an int: traced again
+        same(f(x), _calls_helper_with_defaults(x))
+        _helper_with_defaults.__kwdefaults__ = {"bias": 10}
+        same(f(x), _calls_helper_with_defaults(x))
+        assert len(entries(_calls_helper_with_defaults)) == 3
+        _helper_with_defaults.__defaults__ = (5.0,)                   # too few: Python's TypeError
+        with pytest.raises(TypeError, match="missing 2 required positional arguments"):
+            f(x)
+    finally:
+        _helper_with_defaults.__defaults__, _helper_with_defaults.__kwdefaults__ = saved
+    same(f(x), _calls_helper_with_defaults(x))
+    out = str(fastcompile.explain(_calls_helper_with_defaults)(x))
+    assert "Graph break count: 0" in out and "__defaults__[2] is ndarray float64" in out, out

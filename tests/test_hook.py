@@ -5,6 +5,7 @@ Targets here are plain Python callables and code objects; no tracer is
 involved. Every test leaves the hook state clean (see the autouse fixture).
 """
 import asyncio
+import functools
 import gc
 import operator
 import sys
@@ -762,6 +763,34 @@ def test_guard_slotattr():
     assert both([("local", 0, 0), ("slotattr", 1, 0, "b")], o) == 1          # unset
     assert both([("local", 0, 0), ("slotattr", 1, 0, "p")], o) == 1          # a property: not read
     assert both([("local", 0, 0), ("slotattr", 1, 0, "a")], 5) == 1
+
+
+def test_guard_funcattr():
+    """funcattr reads a Python function's __defaults__ or __kwdefaults__ (None where unset); on
+    anything else (a builtin, a lambda's wrapper object) the load fails; any other name is
+    refused when the program is built."""
+    def g(a, b=2.5, *, c=3):
+        return a
+
+    def h(a):
+        return a
+    prog = [("local", 0, 0), ("funcattr", 1, 0, "__defaults__"), ("len", 1, 1), ("item", 2, 1, 0),
+            ("eq", 2, 2.5), ("funcattr", 3, 0, "__kwdefaults__"), ("item", 4, 3, "c"), ("eq", 4, 3)]
+    assert both(prog, g) == -1
+    g.__defaults__ = (3.5,)
+    assert both(prog, g) == 4
+    g.__defaults__, g.__kwdefaults__ = (2.5,), {"c": 4}
+    assert both(prog, g) == 7
+    assert both([("local", 0, 0), ("funcattr", 1, 0, "__defaults__"), ("eq", 1, None)], h) == -1
+    assert both([("local", 0, 0), ("funcattr", 1, 0, "__kwdefaults__"), ("eq", 1, None)], h) == -1
+    assert both([("local", 0, 0), ("funcattr", 1, 0, "__defaults__")], len) == 1
+    assert both([("local", 0, 0), ("funcattr", 1, 0, "__defaults__")], functools.partial(h)) == 1
+    with pytest.raises(ValueError, match="funcattr reads __defaults__ or __kwdefaults__"):
+        _C.Guards([("local", 0, 0), ("funcattr", 1, 0, "__code__")])
+    before = [sys.getrefcount(x) for x in (g, g.__defaults__, g.__kwdefaults__)]
+    for _ in range(200):
+        both(prog, g)
+    assert [sys.getrefcount(x) for x in (g, g.__defaults__, g.__kwdefaults__)] == before
 
 
 def test_guard_new_kinds_hold_no_extra_references():

@@ -18,6 +18,7 @@
 
 typedef enum {
     G_LOCAL, G_GLOBAL, G_CLOSURE, G_CONST, G_CALL0, G_ITEM, G_DICTATTR, G_TYPE_OF, G_TYPEATTR, G_SLOTATTR,
+    G_FUNCATTR,
     G_TYPE, G_ID, G_EQ, G_LEN, G_NDARRAY, G_TENSOR, G_DIM, G_NOATTR, G_NOTYPEATTR,
 } GuardOp;
 
@@ -36,6 +37,7 @@ static const struct {
     [G_TYPE_OF] = {"type_of", 3, 1},
     [G_TYPEATTR] = {"typeattr", 4, 1},
     [G_SLOTATTR] = {"slotattr", 4, 1},
+    [G_FUNCATTR] = {"funcattr", 4, 1},
     [G_TYPE] = {"type", 3, 0},
     [G_ID] = {"id", 3, 0},
     [G_EQ] = {"eq", 3, 0},
@@ -276,7 +278,8 @@ guard_parse(PyObject *t, Py_ssize_t idx, unsigned char *written, GuardInstr *in)
     case G_ITEM:
     case G_DICTATTR:
     case G_TYPEATTR:
-    case G_SLOTATTR: {
+    case G_SLOTATTR:
+    case G_FUNCATTR: {
         if (parse_reg(x1, idx, written, 1, &in->src) < 0) {
             return -1;
         }
@@ -284,6 +287,14 @@ guard_parse(PyObject *t, Py_ssize_t idx, unsigned char *written, GuardInstr *in)
         if (in->op != G_ITEM && !PyUnicode_Check(key)) {
             PyErr_Format(PyExc_TypeError, "guard #%zd: %s name must be a str", idx, guard_ops[in->op].name);
             return -1;
+        }
+        if (in->op == G_FUNCATTR) {     /* n: 1 __defaults__, 2 __kwdefaults__ */
+            in->n = PyUnicode_CompareWithASCIIString(key, "__defaults__") == 0 ? 1
+                    : PyUnicode_CompareWithASCIIString(key, "__kwdefaults__") == 0 ? 2 : 0;
+            if (in->n == 0) {
+                PyErr_Format(PyExc_ValueError, "guard #%zd: funcattr reads __defaults__ or __kwdefaults__", idx);
+                return -1;
+            }
         }
         if (PyObject_Hash(key) == -1) {
             return -1;
@@ -629,6 +640,16 @@ guard_load(const GuardInstr *in, PyObject **regs, const FcHookView *v)
         }
         return Py_TYPE(descr)->tp_descr_get(descr, src, (PyObject *)Py_TYPE(src));
     }
+    case G_FUNCATTR: {
+        /* a Python function's defaults (a tuple or None) or keyword defaults (a dict or None),
+         * read from the function object itself (no descriptor runs) */
+        PyObject *d;
+        if (src == NULL || !PyFunction_Check(src)) {
+            return NULL;
+        }
+        d = in->n == 1 ? PyFunction_GetDefaults(src) : PyFunction_GetKwDefaults(src);
+        return Py_NewRef(d != NULL ? d : Py_None);
+    }
     default:
         return NULL;
     }
@@ -916,7 +937,7 @@ PyTypeObject FcHookGuards_Type = {
     .tp_doc = "Guards(program): a flat guard program over a frame's fast locals.\n"
               "Loads: ('local', r, slot), ('global', r, name), ('closure', r, i), ('item', r, src, key),\n"
               "('dictattr', r, src, name), ('type_of', r, src), ('typeattr', r, src, name),\n"
-              "('slotattr', r, src, name),\n"
+              "('slotattr', r, src, name), ('funcattr', r, src, '__defaults__' or '__kwdefaults__'),\n"
               "('const', r, obj), ('call0', r, fn).\n"
               "Checks: ('type', r, T), ('id', r, obj), ('eq', r, value), ('len', r, n), ('noattr', r, name),\n"
               "('notypeattr', r, name),\n"

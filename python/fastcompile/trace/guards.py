@@ -14,6 +14,7 @@ loads   ("local", reg, slot)            frame localsplus[slot] (cells unwrapped)
         ("type_of", reg, src)           type(src)
         ("typeattr", reg, src, name)    name in the MRO of the type src, unbound (no descriptor runs)
         ("slotattr", reg, src, name)    src.name for a __slots__ member (its member descriptor)
+        ("funcattr", reg, src, name)    a Python function's __defaults__ or __kwdefaults__ (None if unset)
 checks  ("type", reg, type_obj)         type(v) is type_obj
         ("id", reg, obj)                v is obj
         ("eq", reg, value)              type(v) is type(value) and v == value (eq_ok values; floats
@@ -209,6 +210,8 @@ def compile_program(guards, owners=None):
             ins = ("typeattr", None, load(src.base), src.name)
         elif isinstance(src, S.SlotAttrSource):
             ins = ("slotattr", None, load(src.base), src.name)
+        elif isinstance(src, S.FuncAttrSource):
+            ins = ("funcattr", None, load(src.base), src.name)
         else:
             raise TypeError("no load for source %r" % (src,))
         reg = len(regs)
@@ -329,6 +332,8 @@ def check_program(program, f_locals_by_slot, f_globals, f_builtins, closure):
             v = S.type_lookup(regs[ins[2]], ins[3])
         elif kind == "slotattr":
             v = S.slot_get(regs[ins[2]], ins[3])
+        elif kind == "funcattr":
+            v = S.func_attr(regs[ins[2]], ins[3])
         else:
             if not _check(ins, regs[ins[1]]):
                 return i

@@ -1371,8 +1371,8 @@ class Tracer:
         if isinstance(v, types.FunctionType):
             cells = tuple(CellVar(loader=_cell_loader(self, c, S.CellSource(c, "%s.<cell %s>" % (v.__qualname__, n))))
                           for n, c in zip(v.__code__.co_freevars, v.__closure__ or ()))
-            defaults = tuple(self.wrap(d, None) for d in (v.__defaults__ or ()))
-            kwd = {k: self.wrap(d, None) for k, d in (v.__kwdefaults__ or {}).items()}
+            defaults = self.function_defaults(v, fn.source, "__defaults__")
+            kwd = self.function_defaults(v, fn.source, "__kwdefaults__")
             return self.inline(v.__code__, v.__globals__, cells, defaults, kwd, args, kwargs)
         if isinstance(v, types.MethodType) and isinstance(v.__func__, types.FunctionType):
             # a bound method held somewhere (scale = obj.scale): its function and its object are
@@ -1395,6 +1395,31 @@ class Tracer:
             if type(owner) in SCALARS or type(owner) is tuple:
                 return self.fold(v, args, kwargs)
         self.unsupported("call to %s %s is not supported" % (_kind_name(v), _name(v)))
+
+    def function_defaults(self, fn, src, name):
+        """fn.__defaults__ (a tuple) or fn.__kwdefaults__ (a dict) as lazy Vars: a default the
+        call uses is read through fn (src) and guarded then, so assigning fn.__defaults__ later
+        is seen; the defaults a call never uses are not guarded."""
+        values = getattr(fn, name)
+        empty = () if name == "__defaults__" else {}
+        if not values:
+            return empty
+        if src is None:
+            return type(empty)((k, self.wrap(d, None)) for k, d in values.items()) if isinstance(values, dict) \
+                else tuple(self.wrap(d, None) for d in values)
+        fsrc, shape = S.FuncAttrSource(src, name), []
+
+        def loader(key):
+            def load():
+                if not shape:       # the first default used: the tuple or dict itself
+                    shape.append(True)
+                    self.guard(fsrc, "type", type(values))
+                    self.guard(fsrc, "len", len(values))
+                return self.wrap(values[key], S.ItemSource(fsrc, key))
+            return load
+        if isinstance(values, dict):
+            return {k: _Lazy(loader(k)) for k in values}
+        return tuple(_Lazy(loader(i)) for i in range(len(values)))
 
     def inline(self, code, f_globals, closure, defaults, kwdefaults, args, kwargs):
         if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):

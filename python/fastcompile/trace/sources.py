@@ -174,6 +174,11 @@ class SlotAttrSource(_NamedSource):
     __slots__ = ()
 
 
+class FuncAttrSource(_NamedSource):
+    """base.__defaults__ or base.__kwdefaults__ of a Python function (None where unset)."""
+    __slots__ = ()
+
+
 # sources read from another source (their .base): a value's root is found through them
 DERIVED = (ItemSource, _NamedSource, TypeOfSource)
 
@@ -229,6 +234,13 @@ def type_lookup(t, name):
         if name in d:
             return d[name]
     return MISSING
+
+
+def func_attr(obj, name):
+    """A Python function's __defaults__ or __kwdefaults__ (None where unset), or MISSING."""
+    if not isinstance(obj, types.FunctionType):
+        return MISSING
+    return obj.__defaults__ if name == "__defaults__" else obj.__kwdefaults__
 
 
 def slot_get(obj, name):
@@ -288,4 +300,6 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
         return type_lookup(base, source.name)
     if isinstance(source, SlotAttrSource):
         return slot_get(base, source.name)
+    if isinstance(source, FuncAttrSource):
+        return func_attr(base, source.name)
     raise TypeError("unknown source %r" % (source,))
