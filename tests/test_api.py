@@ -1840,9 +1840,10 @@ def test_a_changing_float_is_read_at_each_call(dtype):
     assert len(entries(_lr_step)) == 1
 
 
-def test_a_float_with_float16_arrays_is_baked_in():
+def test_a_float_with_float16_arrays_is_a_float16_at_each_call():
     """NumPy rounds a Python float to float16 before multiplying a float16 array (x * 1e5 is
-    x * inf): the trace bakes such a float in (one trace per value), as before, and stays right."""
+    x * inf): the graph reads float16(s), computed by Python at each call: one trace, right
+    for every value."""
     def h(x, s):
         return x * s
     f = fastcompile.compile(h)
@@ -1852,7 +1853,24 @@ def test_a_float_with_float16_arrays_is_baked_in():
             got, want = f(x, s), h(x, s)
             assert got.dtype == want.dtype
             np.testing.assert_array_equal(got, want)
-    assert len(entries(h)) == 3
+    assert len(entries(h)) == 1
+
+
+def _f16_compares(x, t):
+    return x < 0.1, x == t, x >= 100000, np.where(x > t, x, 0.1), x < np.float32(0.1)
+
+
+def test_a_float_compared_with_float16_arrays_is_a_float16_first():
+    """NumPy makes a Python float that meets float16 arrays a float16 before comparing
+    (float16(0.1) < 0.1 is False there; 100000 is inf): a comparison's bool result does not
+    hide that. A NumPy float32 scalar is strongly typed: compared in float32."""
+    f = fastcompile.compile(_f16_compares)
+    x = np.array([0.1, 0.2, 0.05, -0.0, 65504, np.inf, np.nan], np.float16)
+    with np.errstate(all="ignore"):
+        for t in (0.1, 0.2):
+            for got, want in zip(f(x, t), _f16_compares(x, t)):
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got, want)
 
 
 class _Opt:
@@ -2028,3 +2046,137 @@ def test_defaults_of_an_inlined_function_are_read_through_it():
     same(f(x), _calls_helper_with_defaults(x))
     out = str(fastcompile.explain(_calls_helper_with_defaults)(x))
     assert "Graph break count: 0" in out and "__defaults__[2] is ndarray float64" in out, out
+
+
+def _np_scalar_builtins(x, lr):
+    return x * float(lr), float(lr), type(lr), x * abs(lr)
+
+
+@pytest.mark.parametrize("scalar", [np.float32(-0.1), np.float16(0.3), np.float64(-2.5), -0.7])
+def test_builtins_on_a_float_read_at_each_call_are_pythons(scalar):
+    """float(s) of a NumPy scalar is a Python float (weak: a float32 array stays float32),
+    type(s) is its own type, abs(s) keeps its type: as plain Python, with no graph break, one
+    trace for every value of a type."""
+    f = fastcompile.compile(_np_scalar_builtins)
+    x = np.linspace(-1, 1, 7).astype(np.float32)
+    with np.errstate(all="ignore"):
+        for k in (1, 2, 3):
+            s = type(scalar)(scalar * k)
+            got, want = f(x, s), _np_scalar_builtins(x, s)
+            for g, w in zip(got, want):
+                assert type(g) is type(w), (g, w)
+                if isinstance(w, np.ndarray):
+                    assert g.dtype == w.dtype
+                    np.testing.assert_array_equal(g, w)
+                else:
+                    assert g == w
+    assert len(entries(_np_scalar_builtins)) == 1
+    out = str(fastcompile.explain(_np_scalar_builtins)(x, type(scalar)(scalar * 5)))
+    assert "Graph break count: 0" in out, out
+
+
+def _unused_float_arith(x, lr, t):
+    inv = 1.0 / t                   # never used afterwards
+    r = math.sqrt(lr)               # nor this
+    return x * lr
+
+
+def test_unused_float_arithmetic_still_raises_at_each_call():
+    """Float arithmetic whose result the graph never reads is still Python's at each call, so
+    what Python raises there is raised (a ZeroDivisionError, a math domain error)."""
+    f = fastcompile.compile(_unused_float_arith)
+    x = np.ones(3)
+    same(f(x, 0.5, 2.0), _unused_float_arith(x, 0.5, 2.0))
+    with pytest.raises(ZeroDivisionError):
+        f(x, 0.5, 0.0)
+    with pytest.raises(ValueError, match="math domain error"):
+        f(x, -1.0, 1.0)
+    same(f(x, 0.25, 4.0), _unused_float_arith(x, 0.25, 4.0))
+    assert len(entries(_unused_float_arith)) == 1
+
+
+def _float_identity(x, a, b):
+    r = x * a if a is b else x
+    return r * 2 if a is not None else r
+
+
+def test_identity_of_floats_read_at_each_call_is_pythons():
+    """a is b between two floats read at each call: whether they are one object is Python's
+    answer at each call (a graph break), not the trace's; a is None stays compiled."""
+    f = fastcompile.compile(_float_identity)
+    x = np.ones(3)
+    v = 0.5
+    for a, b in [(v, v), (v, 0.25), (v, float("0.5")), (0.75, 0.75)]:
+        same(f(x, a, b), _float_identity(x, a, b))
+
+
+def _torch_scalar_checks(x, lo, v):
+    import torch
+    return torch.clamp(x, -lo, lo), torch.where(x > 0, x, v)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_torch_scalars_that_overflow_raise_as_eager(dtype):
+    """torch.clamp and torch.where check a Python scalar fits the tensor's dtype (1e308 for
+    float32 raises RuntimeError): a float read at each call is baked in there, so the compiled
+    call raises as eager does."""
+    torch = pytest.importorskip("torch")
+    f = fastcompile.compile(_torch_scalar_checks)
+    x = torch.arange(-3, 4).to(getattr(torch, dtype))
+    with torch.no_grad():
+        for lo in (2.0, 1.5):
+            for g, w in zip(f(x, lo, 0.5), _torch_scalar_checks(x, lo, 0.5)):
+                assert g.dtype == w.dtype and torch.equal(g, w)
+        with pytest.raises(RuntimeError, match="overflow"):
+            _torch_scalar_checks(x, 1e308, 0.5)
+        with pytest.raises(RuntimeError, match="overflow"):
+            f(x, 1e308, 0.5)
+        with pytest.raises(RuntimeError, match="overflow"):
+            f(x, 2.0, 1e308)
+
+
+class _Plain:
+    pass
+
+
+def _reads_instance_dict(x, o):
+    return x * o.lr + o.__dict__["lr"]
+
+
+def test_an_instance_dict_read_is_seen_when_it_changes():
+    """o.__dict__["lr"]: no guard reads the items of an instance dict the trace was handed, so
+    it is read by Python (a graph break), and a new value is seen."""
+    f = fastcompile.compile(_reads_instance_dict)
+    o, x = _Plain(), np.ones(2)
+    for v in (0.1, 0.25, 4.0):
+        o.lr = v
+        same(f(x, o), _reads_instance_dict(x, o))
+    out = str(fastcompile.explain(_reads_instance_dict)(x, o))
+    assert "_Plain.__dict__ is read by Python" in out, out
+
+
+def _nested_constant_defaults(x, lr):
+    cfg = {"lr": lr}
+
+    def inner(y, lr=0, *, k=2):
+        return y * lr * k
+    total = x
+    for s in (1.0, 2.0, 3.0):
+        total = total + inner(x, **cfg) * s
+    a, b = (3, 4)
+    return total + inner(x) + np.float32(0.5) * a + np.float64(2.0) * b
+
+
+def test_constant_defaults_tuples_and_numpy_scalar_constants_trace():
+    """A function made in the frame with constant defaults (called with **kwargs), a loop over
+    a tuple constant, unpacking one, and NumPy scalar constants (np.float32(0.5), strongly
+    typed): one graph, no break, NumPy's dtypes (float16 results stay float32 inside a graph,
+    as the README says; NumPy rounds each: float16's tolerance)."""
+    f = fastcompile.compile(_nested_constant_defaults)
+    for dt, rtol in ((np.float32, 1e-6), (np.float16, 1e-3)):
+        x = np.linspace(-1, 1, 6).astype(dt)
+        got, want = f(x, 0.3), _nested_constant_defaults(x, 0.3)
+        assert got.dtype == want.dtype
+        np.testing.assert_allclose(got, want, rtol=rtol)
+    out = str(fastcompile.explain(_nested_constant_defaults)(x, 0.3))
+    assert "Graph break count: 0" in out, out

@@ -1975,6 +1975,68 @@ def test_fc_compile_floats_are_read_at_each_call_with_torch_dtypes():
     assert len(_C.code_entries(_tstep.__code__)) == 3
 
 
+def _half_scalars(x, t):
+    return x < 0.1, x == t, x >= 100000, torch.where(x > t, x, 0.1), x + 0.1, x ** 0.1
+
+
+@pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
+def test_python_scalars_meeting_float16_are_float16_first(how):
+    """torch makes a Python scalar that meets a float16 op a float16 first: x < 0.1 compares
+    with float16(0.1) (False at x = float16(0.1)), 100000 is inf, x ** 0.1 is x ** float16(0.1).
+    The core computes float16 in float32: it rounds such scalars too, so comparisons match
+    eager exactly, and arithmetic does here."""
+    f = fastcompile.compile(_half_scalars) if how == "fastcompile.compile" else compile_fc(_half_scalars)
+    x = torch.tensor([0.1, 0.2, 0.05, -0.0, 3.0, 65504, float("inf"), float("nan")], dtype=torch.half)
+    with torch.no_grad():
+        for t in (0.1, 0.2):
+            for got, want in zip(f(x, t), _half_scalars(x, t)):
+                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+def _alpha_step(p, g, lr):
+    return p.add(g, alpha=-lr), torch.sub(p, g, alpha=lr * 2), torch.add(p, g, alpha=3)
+
+
+def test_fc_compile_add_with_alpha_reads_the_float_at_each_call():
+    """p.add(g, alpha=-lr) (torch.optim's SGD form) is a + b * alpha in the graph, so a decaying
+    learning rate is one trace, not one per value; float32/float64 within one rounding of
+    torch's fused a + alpha * b, integers exact; a float alpha with integer tensors raises as
+    in eager."""
+    from fastcompile import _C
+    f = fastcompile.compile(_alpha_step)
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.float64):
+            fastcompile.reset()
+            p, g = torch.randn(257, dtype=dtype), torch.randn(257, dtype=dtype)
+            for k in range(6):
+                lr = 0.1 * 0.9 ** k
+                for got, want in zip(f(p, g, lr), _alpha_step(p, g, lr)):
+                    assert got.dtype == want.dtype
+                    torch.testing.assert_close(got, want)
+            assert len(_C.code_entries(_alpha_step.__code__)) == 1, dtype
+        p, g = torch.arange(-4, 4), torch.arange(8)
+        for got, want in zip(f(p, g, 3), _alpha_step(p, g, 3)):
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        with pytest.raises(RuntimeError, match="alpha must not be a floating point"):
+            f(p, g, 0.5)
+    out = str(fastcompile.explain(_alpha_step)(torch.ones(3), torch.ones(3), 0.1))
+    assert "Graph break count: 0" in out and "Floats read at each call: -(L['lr']), (L['lr'] * 2)" in out, out
+
+
+def test_fc_compile_dropout_checks_p_outside_training():
+    """F.dropout(x, p=1.7, training=False) raises as eager does, compiled or not."""
+    def f(x, p):
+        return F.dropout(x, p=p, training=False) * 2
+    cf = fastcompile.compile(f)
+    x = torch.ones(3)
+    torch.testing.assert_close(cf(x, 0.5), f(x, 0.5))
+    for p in (1.7, -0.1):
+        with pytest.raises(ValueError, match="dropout probability"):
+            f(x, p)
+        with pytest.raises(ValueError, match="dropout probability"):
+            cf(x, p)
+
+
 def test_fc_compile_first_call_with_a_computed_float_runs_each_extern_once():
     """The first call reuses the trace's extern results (a BatchNorm in training mode under
     no_grad updates its statistics once) when a graph input is a float Python computes at the

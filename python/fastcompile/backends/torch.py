@@ -361,11 +361,15 @@ class _Lowering:
         return v
 
     def operand(self, arg, dtype=None):
-        """A core value (cast to ``dtype``, a torch dtype) or a Python scalar."""
+        """A core value (cast to ``dtype``, a torch dtype) or a Python scalar. torch makes a
+        scalar that meets a float16/bfloat16 op that dtype first (x < 0.1 compares with
+        float16(0.1); 1e5 is inf): so does this, the core computing such ops in float32."""
         if isinstance(arg, torch.fx.Node):
             r = self.rec(arg)
             return self.cast(r.value, dtype) if dtype is not None else r.value
         if isinstance(arg, (bool, int, float)):
+            if dtype in (torch.float16, torch.bfloat16) and type(arg) is not bool:
+                return torch.tensor(arg, dtype=dtype).item()
             return arg
         raise _NotLowered("operand %r" % (arg,))
 

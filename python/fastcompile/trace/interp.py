@@ -14,6 +14,7 @@ import operator
 import sys
 import threading
 import types
+import warnings
 
 import numpy as np
 
@@ -131,6 +132,7 @@ class Tracer:
         self.f_locals, self.stop_at = f_locals, stop_at
         self.graph = Graph()
         self.inputs = []            # (source, kind, example) per graph input
+        self.scalar_exprs = []      # the ScalarVars of float arithmetic (scalar_op), in trace order
         self.extern_results = []    # per extern of the graph, in order: (eager result, run function,
         #                             its array arguments' examples), from tracing
         self.arrays = {}            # (id(array), source), autograd mode id(array) -> ArrayVar of inputs
@@ -444,6 +446,14 @@ class Tracer:
             self.inputs.append((var.source, "scalar", var.value))
         return var.gv
 
+    def half_scalar(self, var):
+        """float16(var) of a Python float read at each call, computed by Python at each call
+        (a strongly typed float16 input): what NumPy and torch make of it next to float16."""
+        if getattr(var, "half", None) is None:
+            var.half = ScalarVar(_to_float16(var.value), S.ScalarExprSource(_to_float16, "float16", [var.source]),
+                                 var.roots)
+        return var.half
+
     def scalar_op(self, fn, label, args):
         """fn(*args) on ScalarVars and Python numbers, with a float result: a ScalarVar that
         Python computes again at each call (a ScalarExprSource), or None when the trace cannot
@@ -455,17 +465,22 @@ class Tracer:
             if not isinstance(a, ScalarVar) and not (isinstance(a, PyVar) and type(a.value) in (int, float, bool)):
                 return None
         try:
-            value = fn(*[a.value for a in args])
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")     # NumPy's overflow warning: Python's at each call
+                value = fn(*[a.value for a in args])
         except Exception:
             return None
-        if type(value) is not float:
+        # a NumPy scalar's result type follows from the types alone (NEP 50), which are guarded
+        if type(value) is not float and type(value) not in _NP_FLOATS:
             return None
         roots = []
         for a in args:
             if isinstance(a, ScalarVar):
                 roots.extend(r for r in a.roots if all(r is not q for q in roots))
         src = S.ScalarExprSource(fn, label, [a.source if isinstance(a, ScalarVar) else a.value for a in args])
-        return ScalarVar(value, src, roots)
+        var = ScalarVar(value, src, roots)
+        self.scalar_exprs.append(var)       # computed at each call even if unused: what it raises is raised
+        return var
 
     def graph_arg(self, var):
         var = _unlazy(var)
@@ -568,18 +583,27 @@ class Tracer:
     def core(self, op, args, attrs, example, kind):
         """A core op; dtype checked against the eager example (cast when it differs)."""
         want = _np_dtype(example)
-        # NumPy rounds a Python float to float16 first; torch takes a NumPy scalar as a Python
-        # one (weak), which the core would promote: both baked in, as constants are
-        # An exponent too: NumPy and torch take x ** 0.5 as sqrt (-0.0 and -inf differ from
-        # pow), which the core does for a constant exponent only
+        # NumPy (NEP 50) and torch make a Python scalar that meets float16 operands a float16
+        # first: x < 0.1 compares with float16(0.1), x * 100000 is x * inf, x ** 0.1 is
+        # x ** float16(0.1). The strongly typed operands (arrays, tensors cast to the op's
+        # dtype, NumPy scalars) decide it, not the result (a comparison's is bool)
+        half = _strong_dtype(args, kind) == np.float16
+        # A float read at each call is then float16(lr), computed by Python at each call (a
+        # float16 input). torch takes a NumPy scalar as a Python one (weak), which the core
+        # would promote: baked in, as constants are. An exponent too: NumPy and torch take
+        # x ** 0.5 as sqrt (-0.0 and -inf differ from pow), which the core does for a
+        # constant exponent only
         args = [PyVar(self.py(a)) if isinstance(_unlazy(a), ScalarVar) and (
-                kind == "numpy" and want == np.float16 and type(_unlazy(a).value) is float
-                or kind == "torch" and type(_unlazy(a).value) is not float
-                or op == "pow" and i == 1) else a for i, a in enumerate(args)]
+                op == "pow" and i == 1
+                or kind == "torch" and type(_unlazy(a).value) is not float)
+                else self.half_scalar(_unlazy(a)) if half and isinstance(_unlazy(a), ScalarVar)
+                and type(_unlazy(a).value) is float
+                else a for i, a in enumerate(args)]
         vals = [self.graph_arg(a) for a in args]
-        if kind == "numpy" and want == np.float16:
-            # NumPy makes a Python scalar that meets float16 arrays a float16 first (NEP 50):
-            # 100000 is inf there. The core keeps weak constants in float32, as torch does
+        if kind == "torch":             # torch takes a NumPy scalar constant as a Python one (weak)
+            vals = [v.item() if isinstance(v, np.generic) else v for v in vals]
+        if half:
+            # The core keeps weak constants in float32, as torch does
             with np.errstate(over="ignore"):
                 vals = [np.float16(v) if type(v) in (int, float) else v for v in vals]
         try:
@@ -894,8 +918,8 @@ class Tracer:
                 if isinstance(val, torch.nn.ModuleDict):
                     return [PyVar(k) for k in val._modules]
                 return [self.module_child(v, k) for k in val._modules]
-            if isinstance(val, (range, str, bytes)):
-                return [PyVar(x) for x in val]
+            if isinstance(val, (range, str, bytes)) or type(val) is tuple:
+                return [PyVar(x) for x in val]      # a tuple constant: for k in (1.0, 2.0)
         if isinstance(v, ArrayVar):
             self.unsupported("iteration over an array (data-dependent length)")
         self.unsupported("iteration over %s is not supported" % _describe(v))
@@ -1067,6 +1091,8 @@ class Tracer:
         return var
 
     def wrap_result(self, v):
+        if isinstance(v, np.generic) and v.dtype.kind in "biuf":
+            return PyVar(v)         # np.float32(0.5): a strongly typed constant, as core ops take it
         if _is_array(v):
             self.unsupported("an array computed from Python values only (constant arrays are "
                              "not supported)")
@@ -1097,7 +1123,18 @@ class Tracer:
 
     def op_IS_OP(self, f, ins):
         b, a = _unlazy(self.pop()), _unlazy(self.pop())
-        if isinstance(a, PyVar) and isinstance(b, PyVar):
+        if isinstance(a, ScalarVar) or isinstance(b, ScalarVar):
+            # a float read at each call is a new object at each call (or not): only itself, or a
+            # value of another type (its type is guarded), gives the same answer each time
+            s, o = (a, b) if isinstance(a, ScalarVar) else (b, a)
+            if s is o:
+                r = True
+            elif isinstance(o, PyVar) and type(o.value) is not type(s.value) or isinstance(
+                    o, (ArrayVar, TupleVar, ListVar, DictVar, FuncVar, MethodVar, ArrayMethodVar)):
+                r = False
+            else:
+                self.unsupported("identity (is) of floats read at each call")
+        elif isinstance(a, PyVar) and isinstance(b, PyVar):
             r = a.value is b.value
         else:
             r = a is b
@@ -1206,6 +1243,10 @@ class Tracer:
         if not isinstance(obj, PyVar):
             self.unsupported("attribute %r of %s" % (name, _describe(obj)))
         value, src = obj.value, obj.source
+        if name == "__dict__" and src is not None:
+            # a mapping whose items no guard reads (o.__dict__["lr"] = 0.25 later went unseen)
+            self.unsupported("%s.__dict__ is read by Python (hint: read the attribute itself)"
+                             % type(value).__name__)
         if isinstance(value, types.ModuleType):
             d = value.__dict__
             if name in d:
@@ -1340,8 +1381,11 @@ class Tracer:
         closure = tuple(self.pop().items) if ins.arg & 0x08 else ()
         if ins.arg & 0x04:
             self.pop()
-        kwdefaults = dict(_unlazy(self.pop()).items) if ins.arg & 0x02 else {}
-        defaults = tuple(_unlazy(self.pop()).items) if ins.arg & 0x01 else ()
+        kwdefaults = {}
+        if ins.arg & 0x02:
+            kwd = _unlazy(self.pop())
+            kwdefaults = dict(kwd.items) if isinstance(kwd, DictVar) else {k: PyVar(v) for k, v in self.py(kwd).items()}
+        defaults = tuple(self.unpack(self.pop())) if ins.arg & 0x01 else ()    # (0,): a constant tuple
         self.push(FuncVar(code, f.f_globals, defaults, kwdefaults, closure, code.co_name))
 
     def call_var(self, fn, args, kwargs):
@@ -1533,13 +1577,15 @@ class Tracer:
                 return PyVar(len(a.items))
             return PyVar(len(self.unpack(a)))
         if isinstance(args[0] if args else None, ScalarVar) and len(args) <= 2:
-            a = args[0]                         # a float, by its guard; its value unread
-            if fn is float and len(args) == 1:
+            a = args[0]                         # a float or NumPy float, by its type guard; its value unread
+            if fn is float and len(args) == 1 and type(a.value) is float:
                 return a
-            if fn is abs and len(args) == 1:
-                return self.scalar_op(abs, "abs", args)
+            if fn in (float, abs) and len(args) == 1:
+                r = self.scalar_op(fn, fn.__name__, args)      # float(np.float32(x)): a Python float
+                if r is not None:
+                    return r
             if fn is type and len(args) == 1:
-                return PyVar(float)
+                return PyVar(type(a.value))
             if fn is isinstance:
                 return PyVar(isinstance(a.value, self.py(args[1])))
         if fn is isinstance:
@@ -1794,6 +1840,28 @@ def _is_array(x):
     return isinstance(x, (np.ndarray, np.generic)) or (torch is not None and isinstance(x, torch.Tensor))
 
 
+def _strong_dtype(args, kind):
+    """The result type of an op's strongly typed operands: arrays, and in NumPy code NumPy
+    scalars (torch takes them as Python scalars); None where there are none."""
+    dts = []
+    for a in args:
+        a = _unlazy(a)
+        if isinstance(a, ArrayVar):
+            dts.append(_np_dtype(a.example))
+        elif kind == "numpy" and isinstance(a, (PyVar, ScalarVar)) and isinstance(a.value, np.generic):
+            dts.append(a.value.dtype)
+    return np.result_type(*dts) if dts else None
+
+
+def _to_float16(v):
+    """np.float16(v) of a Python float, inf past float16's range with no warning (torch
+    gives none; NumPy's cast warning is not one the compiled call repeats)."""
+    if -65520.0 < v < 65520.0:
+        return np.float16(v)
+    with np.errstate(over="ignore"):
+        return np.float16(v)
+
+
 def _np_dtype(example):
     if torch is not None and isinstance(example, torch.Tensor):
         return TORCH_TO_NP[example.dtype]
@@ -1872,7 +1940,7 @@ _NP_FLOATS = (np.float16, np.float32, np.float64)
 _FLOAT_RESULT = frozenset((operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
                            operator.mod, operator.neg, operator.pos, abs, math.sqrt, math.exp, math.log,
                            math.log2, math.log10, math.log1p, math.expm1, math.sin, math.cos, math.tan,
-                           math.tanh, math.atan, math.fabs, math.hypot, math.atan2, math.copysign))
+                           math.tanh, math.atan, math.fabs, math.hypot, math.atan2, math.copysign, float))
 
 _CONTAINER_METHODS = {list.append, list.extend, list.insert, list.pop, list.clear, list.reverse,
                       list.index, list.count, tuple.index, tuple.count, dict.items, dict.keys,

@@ -96,6 +96,12 @@ def build(tracer, vars_, user_stack=()):
     inputs = [(src, kind) for src, kind, _ in tracer.inputs]
     for src, _ in inputs:
         _roots(src, roots)
+    # float arithmetic the trace did on floats read at each call: Python computes each again at
+    # each call, used or not, so what it raises there (1.0 / t at t == 0) is raised. One whose
+    # roots are all specialized is fixed by their guards
+    checks = [v.source for v in tracer.scalar_exprs if not all(r.specialized for r in v.roots)]
+    for src in checks:
+        _roots(src, roots)
     slots = []
     for r in roots:
         if isinstance(r, S.LocalSource):
@@ -122,6 +128,8 @@ def build(tracer, vars_, user_stack=()):
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
+        for src in checks:
+            env.get(src)
         outs = ()
         if has_outputs:
             first = state["first"]
@@ -151,7 +159,8 @@ def build(tracer, vars_, user_stack=()):
     run.graph = graph if outputs else None
     run.op_count = op_count
     run.lines = list(tracer.lines)       # (filename, lineno) of each op of the graph
-    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph, state["first"]) if outputs else None
+    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph, state["first"]) \
+        if outputs and not checks else None
     if run.fast_target is not None and state["first"] is not None and not state["first"].background:
         state["first"] = None           # sync: the fast target runs the graph, run() never will
     return run

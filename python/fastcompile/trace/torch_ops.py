@@ -97,7 +97,12 @@ def _torch_dtype(np_dtype):
 def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     """A pointwise op with torch's result dtype: operands cast first."""
     from .interp import _NoCore
+    from .variables import ScalarVar
     args = [_u(a) for a in args]
+    if core_op in ("clamp", "where"):
+        # torch checks these scalars fit the tensor's dtype (1e308 for float32 raises): a float
+        # read at each call is baked in here, its value guarded
+        args = [PyVar(tr.py(a)) if isinstance(a, ScalarVar) else a for a in args]
     if tr.fx is not None:
         return tr.fx_call(fn, args, kwargs)
     example = tr.eager(fn, args, kwargs)
@@ -244,6 +249,8 @@ def call(tr, fn, args, kwargs):
     if fn is F.dropout:
         training = tr.py(_arg(args, kwargs, 2, "training", True))
         p = tr.py(_arg(args, kwargs, 1, "p", 0.5))
+        if not 0 <= p <= 1:
+            tr.eager(fn, args, kwargs)          # torch raises whatever training is: so does the call
         if not training or p == 0:
             return _u(args[0])
         if tr.py(_arg(args, kwargs, 3, "inplace", False)):
@@ -269,6 +276,10 @@ def call(tr, fn, args, kwargs):
                          "gelu" if approx == "none" else "gelu_tanh", args, {})
     if fn in BINARY and n == 2 and not kwargs:
         return pointwise(tr, fn, BINARY[fn], args, {})
+    if fn in (torch.add, torch.sub) and n == 2 and set(kwargs) == {"alpha"} and tr.fx is None:
+        r = _add_alpha(tr, fn, args, kwargs["alpha"])
+        if r is not None:
+            return r
     if fn is torch.where and n == 3 and not kwargs:
         return pointwise(tr, fn, "where", args, {})
     if fn is torch.clamp and n == 3 and not kwargs and all(
@@ -283,6 +294,26 @@ def call(tr, fn, args, kwargs):
     if fn is F.layer_norm:
         return layer_norm(tr, args, kwargs)
     return tr.array_call(fn, args, kwargs, kind="torch")
+
+
+def _add_alpha(tr, fn, args, alpha):
+    """torch.add(a, b, alpha=s) (torch.optim's p.add(g, alpha=-lr)) as a + b * s, so a float
+    alpha read at each call (a decaying learning rate) is no recompile; None (an extern call)
+    but for two tensors of one float32/float64 dtype (torch rounds b * s once more than its
+    fused a + s * b: a last-bit difference, the tolerance the core's float ops have anyway)
+    or of one integer dtype with an int alpha (exact)."""
+    a, b, s = _u(args[0]), _u(args[1]), _u(alpha)
+    example = tr.eager(fn, [a, b], {"alpha": s})        # raises as torch does (a float alpha, int tensors)
+    if not (isinstance(a, ArrayVar) and isinstance(b, ArrayVar) and isinstance(example, torch.Tensor)):
+        return None
+    dt = example.dtype
+    if a.example.dtype != dt or b.example.dtype != dt:
+        return None
+    if dt not in (torch.float32, torch.float64) and not (
+            dt in (torch.int32, torch.int64) and isinstance(s, PyVar) and type(s.value) is int):
+        return None
+    scaled = pointwise(tr, torch.mul, "mul", [b, s], {})
+    return pointwise(tr, fn, BINARY[fn], [a, scaled], {})
 
 
 def _kind_any(args, kwargs):
