@@ -2110,6 +2110,22 @@ def test_identity_of_floats_read_at_each_call_is_pythons():
         same(f(x, a, b), _float_identity(x, a, b))
 
 
+def _identity(x, a, b):
+    return x * 2 if a is b else x
+
+
+def test_identity_of_equal_ints_and_strings_is_pythons():
+    """a is b between equal ints or strings the trace guards by value: one object at one call,
+    two at another (10 ** 6 and int("1000000")): Python answers it (a graph break); small
+    ints, None and unequal values stay compiled."""
+    f = fastcompile.compile(_identity)
+    x = np.ones(3)
+    n = 10 ** 6
+    for a, b in [(n, n), (n, int(str(n))), (5, 5), ("ab", "ab"), ("ab", "".join(["a", "b"])),
+                 (None, None), (1, None), (n, n + 1)]:
+        same(f(x, a, b), _identity(x, a, b))
+
+
 def _torch_scalar_checks(x, lo, v):
     import torch
     return torch.clamp(x, -lo, lo), torch.where(x > 0, x, v)
@@ -2180,3 +2196,39 @@ def test_constant_defaults_tuples_and_numpy_scalar_constants_trace():
         np.testing.assert_allclose(got, want, rtol=rtol)
     out = str(fastcompile.explain(_nested_constant_defaults)(x, 0.3))
     assert "Graph break count: 0" in out, out
+
+
+_BASE = np.arange(10.0)
+
+
+def _base_is_none(x):
+    return x + (x.base is None)
+
+
+def _base_is_global(x):
+    return x * (x.base is _BASE)
+
+
+def _copy_on_view(x):
+    if x.base is not None:
+        return x.copy() * 2
+    return x * 3
+
+
+def _base_or_self(x):
+    b = x.base if x.base is not None else x
+    return b * 2
+
+
+def _attr_truth(x):
+    return x.sum() + (1.0 if x.nbytes else 2.0) + (1 if x.strides else 2) + x.itemsize
+
+
+@pytest.mark.parametrize("fn", [_base_is_none, _base_is_global, _copy_on_view, _base_or_self, _attr_truth])
+def test_array_data_attributes_are_not_methods(fn):
+    """x.base, x.strides (data attributes, not methods): `is` and truth tests on them are
+    Python's (x.base is None was always False, a truth test always True); nbytes and itemsize
+    are numbers of the guarded dtype and sizes."""
+    f = fastcompile.compile(fn)
+    for x in (np.arange(4.0), _BASE[:4], np.zeros(0), np.array(5.0), np.arange(6.0).reshape(2, 3)[:, 1]):
+        same(f(x), fn(x))

@@ -10,6 +10,7 @@ import linecache
 import math
 import numbers
 import functools
+import inspect
 import operator
 import sys
 import threading
@@ -1135,7 +1136,14 @@ class Tracer:
             else:
                 self.unsupported("identity (is) of floats read at each call")
         elif isinstance(a, PyVar) and isinstance(b, PyVar):
-            r = a.value is b.value
+            va, vb = a.value, b.value
+            if a is not b and (a.source is not None or b.source is not None) and type(va) is type(vb) \
+                    and type(va) in (int, float, complex, str, bytes) and va == vb \
+                    and not (type(va) is int and -5 <= va <= 256):
+                # equal numbers or strings, guarded by value: one object at this call, maybe
+                # two at the next (only CPython's small ints are always one)
+                self.unsupported("identity (is) of equal %s values read from the frame" % type(va).__name__)
+            r = va is vb
         else:
             r = a is b
         self.push(PyVar(r != bool(ins.arg)))
@@ -1343,6 +1351,19 @@ class Tracer:
             return self.array_call(lambda x: getattr(x, name), [arr], {})
         if arr.kind == "torch" and name in ("device", "requires_grad", "is_cuda", "layout"):
             return PyVar(getattr(arr.example, name))
+        if name == "itemsize":
+            return PyVar(int(arr.example.itemsize))         # of the dtype, which is guarded
+        if name == "nbytes":
+            n = int(arr.example.itemsize)
+            for a in range(arr.ndim):
+                n *= self.dim(arr, a)
+            return PyVar(n)
+        raw = inspect.getattr_static(arr.example, name, None)
+        if isinstance(raw, (property, types.GetSetDescriptorType, types.MemberDescriptorType)) or \
+                raw is not None and not callable(raw):
+            # a data attribute (x.base, x.strides, x.flags, t.grad): its value, or whether it is
+            # None, is not a method to call later: Python reads it
+            self.unsupported("array attribute %r is read by Python" % name)
         return ArrayMethodVar(arr, name)
 
     def module_child(self, mod_var, name):
