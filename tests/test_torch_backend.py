@@ -1976,21 +1976,24 @@ def test_fc_compile_floats_are_read_at_each_call_with_torch_dtypes():
 
 
 def _half_scalars(x, t):
-    return x < 0.1, x == t, x >= 100000, torch.where(x > t, x, 0.1), x + 0.1, x ** 0.1
+    return (x < 0.1, x == t, x >= 100000, torch.where(x > t, x, 0.1), x + 0.1, x - t, x ** 0.1,
+            x * 100000, x * t, x / 70000, x / t, x // t, x % t)
 
 
 @pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
 def test_python_scalars_meeting_float16_are_float16_first(how):
     """torch makes a Python scalar that meets a float16 op a float16 first: x < 0.1 compares
-    with float16(0.1) (False at x = float16(0.1)), 100000 is inf, x ** 0.1 is x ** float16(0.1).
-    The core computes float16 in float32: it rounds such scalars too, so comparisons match
-    eager exactly, and arithmetic does here."""
+    with float16(0.1) (False at x = float16(0.1)), x - 0.1 is 0 there, 100000 is inf, x ** 0.1
+    is x ** float16(0.1); but its mul and div take the scalar as it is, in float32 (x * 100000
+    is 0 at 0, not 0 * inf). The core computes float16 in float32: it rounds the scalar where
+    torch does, so comparisons match eager exactly, arithmetic within float16's tolerance."""
     f = fastcompile.compile(_half_scalars) if how == "fastcompile.compile" else compile_fc(_half_scalars)
-    x = torch.tensor([0.1, 0.2, 0.05, -0.0, 3.0, 65504, float("inf"), float("nan")], dtype=torch.half)
+    x = torch.tensor([0.1, 0.2, 0.05, 0.0, -0.0, 3.0, 1.0, 65504, float("inf"), float("nan")], dtype=torch.half)
     with torch.no_grad():
-        for t in (0.1, 0.2):
-            for got, want in zip(f(x, t), _half_scalars(x, t)):
-                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+        for t in (0.1, 0.2, 0.30001):
+            for i, (got, want) in enumerate(zip(f(x, t), _half_scalars(x, t))):
+                exact = {"rtol": 0, "atol": 0} if want.dtype == torch.bool else {}
+                torch.testing.assert_close(got, want, equal_nan=True, msg="output %d, t=%r" % (i, t), **exact)
 
 
 def _alpha_step(p, g, lr):

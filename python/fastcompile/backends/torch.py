@@ -360,15 +360,17 @@ class _Lowering:
             raise _NotLowered("%s is not on %s" % (arg, self.device))
         return v
 
-    def operand(self, arg, dtype=None):
+    def operand(self, arg, dtype=None, opmath=False):
         """A core value (cast to ``dtype``, a torch dtype) or a Python scalar. torch makes a
         scalar that meets a float16/bfloat16 op that dtype first (x < 0.1 compares with
-        float16(0.1); 1e5 is inf): so does this, the core computing such ops in float32."""
+        float16(0.1), x - 0.1 is 0 at float16(0.1)): so does this, the core computing such ops
+        in float32. opmath: the op takes the scalar as it is, in float32, as torch's mul and
+        div do (x * 100000 is 0 at 0, not 0 * inf)."""
         if isinstance(arg, torch.fx.Node):
             r = self.rec(arg)
             return self.cast(r.value, dtype) if dtype is not None else r.value
         if isinstance(arg, (bool, int, float)):
-            if dtype in (torch.float16, torch.bfloat16) and type(arg) is not bool:
+            if dtype in (torch.float16, torch.bfloat16) and type(arg) is not bool and not opmath:
                 return torch.tensor(arg, dtype=dtype).item()
             return arg
         raise _NotLowered("operand %r" % (arg,))
@@ -854,9 +856,13 @@ def _pointwise(core, compute="out", nargs=None):
             dt = _result_type(L, args)
         else:
             dt = None
-        ops = [L.operand(a, dt) for a in args]
+        ops = [L.operand(a, dt, opmath=core in _OPMATH_SCALAR) for a in args]
         return L.out(node, L.g.call(core, *ops), L.cshape_of(*args))
     return handler
+
+
+# the ops torch's CPU kernels give a Python scalar as it is (opmath), not rounded to a half type
+_OPMATH_SCALAR = frozenset(("mul", "div", "floordiv"))
 
 
 _UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
@@ -941,11 +947,13 @@ def _div(L, node):
     mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
     dt = _meta(node).dtype
     if mode is None:
-        return L.out(node, L.g.call("div", L.operand(a, dt), L.operand(b, dt)), L.cshape_of(a, b))
+        return L.out(node, L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True)),
+                     L.cshape_of(a, b))
     if mode == "floor":
-        return L.out(node, L.g.call("floordiv", L.operand(a, dt), L.operand(b, dt)), L.cshape_of(a, b))
+        return L.out(node, L.g.call("floordiv", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True)),
+                     L.cshape_of(a, b))
     if mode == "trunc" and dt.is_floating_point:
-        q = L.g.call("div", L.operand(a, dt), L.operand(b, dt))
+        q = L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True))
         return L.out(node, L.g.call("trunc", q), L.cshape_of(a, b))
     if mode == "trunc" and dt != torch.bool:
         # integers: floor quotient, plus one where the remainder is nonzero and the signs differ

@@ -584,11 +584,12 @@ class Tracer:
     def core(self, op, args, attrs, example, kind):
         """A core op; dtype checked against the eager example (cast when it differs)."""
         want = _np_dtype(example)
-        # NumPy (NEP 50) and torch make a Python scalar that meets float16 operands a float16
-        # first: x < 0.1 compares with float16(0.1), x * 100000 is x * inf, x ** 0.1 is
-        # x ** float16(0.1). The strongly typed operands (arrays, tensors cast to the op's
-        # dtype, NumPy scalars) decide it, not the result (a comparison's is bool)
-        half = _strong_dtype(args, kind) == np.float16
+        # NumPy (NEP 50) makes a Python scalar that meets float16 operands a float16 first:
+        # x < 0.1 compares with float16(0.1), x * 100000 is x * inf, x ** 0.1 is
+        # x ** float16(0.1); torch too but for mul and div (_TORCH_OPMATH_SCALAR). The strongly
+        # typed operands (arrays, tensors cast to the op's dtype, NumPy scalars) decide it,
+        # not the result (a comparison's is bool)
+        half = _strong_dtype(args, kind) == np.float16 and not (kind == "torch" and op in _TORCH_OPMATH_SCALAR)
         # A float read at each call is then float16(lr), computed by Python at each call (a
         # float16 input). torch takes a NumPy scalar as a Python one (weak), which the core
         # would promote: baked in, as constants are. An exponent too: NumPy and torch take
@@ -1954,6 +1955,11 @@ def _is_torch_callable(v):
 
 
 _NP_FLOATS = (np.float16, np.float32, np.float64)
+
+# torch's CPU ops that take a Python scalar next to a float16/bfloat16 tensor as it is, in
+# float32 (opmath: x * 100000 is 0 at 0); its other ops make it a float16 first (x - 0.1 is
+# 0 at float16(0.1), x < 0.1 compares with float16(0.1))
+_TORCH_OPMATH_SCALAR = frozenset(("mul", "div", "floordiv"))
 
 # functions of floats and ints whose result is a float (or an exception): float arithmetic on
 # ScalarVars that Python computes again at each call (Tracer.scalar_op); ** is not here (a
