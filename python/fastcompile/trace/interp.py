@@ -15,7 +15,6 @@ import operator
 import sys
 import threading
 import types
-import warnings
 
 import numpy as np
 
@@ -466,8 +465,7 @@ class Tracer:
             if not isinstance(a, ScalarVar) and not (isinstance(a, PyVar) and type(a.value) in (int, float, bool)):
                 return None
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")     # NumPy's overflow warning: Python's at each call
+            with np.errstate(all="ignore"):     # NumPy's overflow warning: the call's own, at each call
                 value = fn(*[a.value for a in args])
         except Exception:
             return None
