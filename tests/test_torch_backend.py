@@ -1996,6 +1996,36 @@ def test_python_scalars_meeting_float16_are_float16_first(how):
                 torch.testing.assert_close(got, want, equal_nan=True, msg="output %d, t=%r" % (i, t), **exact)
 
 
+def _int_compares(x):
+    return x < 300, x == 44, x >= -1, x != 300
+
+
+@pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32])
+def test_compares_with_python_ints_wrap_as_torch(how, dtype):
+    """torch makes a Python int an integer tensor's dtype before comparing (it wraps: int8 < 300
+    is int8 < 44, uint8 >= -1 is uint8 >= 255); NumPy compares exactly (the NumPy route keeps
+    that)."""
+    f = fastcompile.compile(_int_compares) if how == "fastcompile.compile" else compile_fc(_int_compares)
+    x = (torch.arange(-6, 6) * 37).to(dtype)
+    for got, want in zip(f(x), _int_compares(x)):
+        assert torch.equal(got, want), (got, want)
+
+
+def test_backend_integer_division_by_a_zero_scalar_raises_as_eager():
+    """x // 0, x % 0 and torch.div(x, 0, rounding_mode=...) on integer tensors raise in eager;
+    the backend leaves them to torch, which raises at the call (the core would give 0). So does
+    subtracting a bool."""
+    x = torch.arange(-3, 3).to(torch.int32)
+    for fn in (lambda a: a // 0 + 1, lambda a: a % 0 + 1, lambda a: torch.div(a, 0, rounding_mode="floor") + 1,
+               lambda a: torch.div(a, 0, rounding_mode="trunc") + 1, lambda a: (a - True) * 2):
+        with pytest.raises(RuntimeError):
+            fn(x)
+        with pytest.raises(RuntimeError):
+            compile_fc(fn)(x)
+    torch.testing.assert_close(compile_fc(lambda a: a // 2 + a % 3)(x), x // 2 + x % 3)
+
+
 def _alpha_step(p, g, lr):
     return p.add(g, alpha=-lr), torch.sub(p, g, alpha=lr * 2), torch.add(p, g, alpha=3)
 

@@ -856,9 +856,22 @@ def _pointwise(core, compute="out", nargs=None):
             dt = _result_type(L, args)
         else:
             dt = None
+        _check_int_divisor(core, dt, args[1:])
         ops = [L.operand(a, dt, opmath=core in _OPMATH_SCALAR) for a in args]
+        if compute == "common" and dt is not None and not dt.is_floating_point and dt != torch.bool:
+            # torch compares an integer tensor with a Python int made its dtype first (it wraps:
+            # int8 < 300 is int8 < 44; uint8 < -1 is uint8 < 255)
+            ops = [torch.tensor(o).to(dt).item() if type(o) is int else o for o in ops]
         return L.out(node, L.g.call(core, *ops), L.cshape_of(*args))
     return handler
+
+
+def _check_int_divisor(core, dt, divisors):
+    """torch raises on an integer division by a zero Python scalar (the core gives 0): the op is
+    left to torch then, which raises at the call as eager does."""
+    if core in ("floordiv", "remainder", "div") and dt is not None and not dt.is_floating_point \
+            and any(type(d) in (int, bool) and d == 0 for d in divisors):
+        raise _NotLowered("integer %s by zero" % core)
 
 
 # the ops torch's CPU kernels give a Python scalar as it is (opmath), not rounded to a half type
@@ -935,6 +948,9 @@ def _add_sub(L, node):
     if set(node.kwargs) - {"alpha"} or not isinstance(alpha, (bool, int, float)):
         raise _NotLowered("add kwargs")
     dt = _meta(node).dtype
+    if core == "sub" and any(type(v) is bool or isinstance(v, torch.fx.Node) and L.rec(v).dtype == torch.bool
+                             for v in (a, b)):
+        raise _NotLowered("sub of a bool")     # torch raises: left to it, which raises at the call
     x, y = L.operand(a, dt), L.operand(b, dt)
     if alpha != 1:
         y = L.g.call("mul", y, alpha) if not isinstance(y, (int, float)) else y * alpha
@@ -946,6 +962,7 @@ def _div(L, node):
     a, b = node.args[:2]
     mode = node.kwargs.get("rounding_mode", node.args[2] if len(node.args) > 2 else None)
     dt = _meta(node).dtype
+    _check_int_divisor("floordiv" if mode is not None else "div", dt, [b])
     if mode is None:
         return L.out(node, L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True)),
                      L.cshape_of(a, b))

@@ -4,6 +4,7 @@ extern torch calls. In: a torch callable and traced arguments; out: a Var."""
 
 import sys
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -113,6 +114,11 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
         exs = [tr.example_of(a) for a in args]      # a ScalarVar's type only: not specialized
         common = _np(tr, torch.result_type(*exs))
         cargs = [cast(tr, a, common) for a in args]
+        if common.kind in "iu":
+            # torch makes a Python int its integer dtype first (it wraps: int8 < 300 is
+            # int8 < 44), where NumPy compares exactly
+            cargs = [PyVar(int(np.array(a.value).astype(common))) if isinstance(a, PyVar) and type(a.value) is int
+                     else a for a in cargs]
     elif core_op in BOOL_RESULT:
         cargs = args
     elif core_op == "where":
