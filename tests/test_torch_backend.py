@@ -1996,6 +1996,24 @@ def test_python_scalars_meeting_float16_are_float16_first(how):
                 torch.testing.assert_close(got, want, equal_nan=True, msg="output %d, t=%r" % (i, t), **exact)
 
 
+def _half_by_0d(x, s):
+    return x // s, x * s, x / s, x - s, x < s, torch.div(x, s, rounding_mode="floor")
+
+
+@pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
+def test_a_0d_float_tensor_next_to_float16_is_taken_as_torch_takes_it(how):
+    """torch's CPU mul/div/floor division take a 0-d tensor of another float dtype as a scalar,
+    in float32 (x // tensor(0.1) is -1850 at -185, not -1851 as with float16(0.1)); its other
+    ops make it float16 first. Both routes match eager's floors exactly."""
+    f = fastcompile.compile(_half_by_0d) if how == "fastcompile.compile" else compile_fc(_half_by_0d)
+    x = (torch.arange(-6, 6) * 37).to(torch.float16)
+    with torch.no_grad():
+        for s in (torch.tensor(0.1, dtype=torch.float64), torch.tensor(0.3, dtype=torch.float32)):
+            for i, (got, want) in enumerate(zip(f(x, s), _half_by_0d(x, s))):
+                exact = {"rtol": 0, "atol": 0} if i in (0, 4, 5) else {}
+                torch.testing.assert_close(got, want, equal_nan=True, msg="output %d" % i, **exact)
+
+
 def _int_compares(x):
     return x < 300, x == 44, x >= -1, x != 300
 

@@ -368,6 +368,9 @@ class _Lowering:
         div do (x * 100000 is 0 at 0, not 0 * inf)."""
         if isinstance(arg, torch.fx.Node):
             r = self.rec(arg)
+            if opmath and dtype in (torch.float16, torch.bfloat16) and r.tshape == () and self.device is None \
+                    and r.dtype.is_floating_point and r.dtype != dtype:
+                dtype = torch.float32       # a 0-d CPU tensor is a scalar to torch's CPU kernels too
             return self.cast(r.value, dtype) if dtype is not None else r.value
         if isinstance(arg, (bool, int, float)):
             if dtype in (torch.float16, torch.bfloat16) and type(arg) is not bool and not opmath:

@@ -1954,9 +1954,10 @@ def _is_torch_callable(v):
 
 _NP_FLOATS = (np.float16, np.float32, np.float64)
 
-# torch's CPU ops that take a Python scalar next to a float16/bfloat16 tensor as it is, in
-# float32 (opmath: x * 100000 is 0 at 0); its other ops make it a float16 first (x - 0.1 is
-# 0 at float16(0.1), x < 0.1 compares with float16(0.1))
+# torch's CPU ops that take a Python scalar (or a 0-d tensor of another float dtype) next to a
+# float16/bfloat16 tensor as it is, in float32 (opmath: x * 100000 is 0 at 0); its other ops
+# make it a float16 first (x - 0.1 is 0 at float16(0.1), x < 0.1 compares with float16(0.1)).
+# The backend's lowering keeps its own copy (backends/torch.py _OPMATH_SCALAR)
 _TORCH_OPMATH_SCALAR = frozenset(("mul", "div", "floordiv"))
 
 # functions of floats and ints whose result is a float (or an exception): float arithmetic on

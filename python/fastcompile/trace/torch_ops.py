@@ -97,7 +97,7 @@ def _torch_dtype(np_dtype):
 
 def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     """A pointwise op with torch's result dtype: operands cast first."""
-    from .interp import _NoCore
+    from .interp import _TORCH_OPMATH_SCALAR, _NoCore
     from .variables import ScalarVar
     args = [_u(a) for a in args]
     if core_op in ("clamp", "where"):
@@ -123,6 +123,12 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
         cargs = args
     elif core_op == "where":
         cargs = [args[0]] + [cast(tr, a, want) for a in args[1:]]
+    elif core_op in _TORCH_OPMATH_SCALAR and want == np.float16:
+        # torch's CPU mul/div take a 0-d tensor of another float dtype as a scalar, in float32,
+        # not rounded to the half type first (x // torch.tensor(0.1, dtype=torch.float64))
+        cargs = [cast(tr, a, np.dtype(np.float32)) if isinstance(a, ArrayVar) and a.ndim == 0
+                 and a.example.dtype.is_floating_point and _np(tr, a.example.dtype) != want
+                 else cast(tr, a, want) for a in args]
     else:
         cargs = [cast(tr, a, want) for a in args]
     try:
