@@ -49,6 +49,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from .. import config              # noqa: E402
 from .. import pending             # noqa: E402
 from ..graph import Graph          # noqa: E402
+from ..trace.interp import _TORCH_OPMATH_SCALAR  # noqa: E402
 
 log = logging.getLogger("fastcompile.backends.torch")
 aten = torch.ops.aten
@@ -860,7 +861,7 @@ def _pointwise(core, compute="out", nargs=None):
         else:
             dt = None
         _check_int_divisor(core, dt, args[1:])
-        ops = [L.operand(a, dt, opmath=core in _OPMATH_SCALAR) for a in args]
+        ops = [L.operand(a, dt, opmath=core in _TORCH_OPMATH_SCALAR) for a in args]
         if compute == "common" and dt is not None and not dt.is_floating_point and dt != torch.bool:
             # torch compares an integer tensor with a Python int made its dtype first (it wraps:
             # int8 < 300 is int8 < 44; uint8 < -1 is uint8 < 255)
@@ -876,9 +877,6 @@ def _check_int_divisor(core, dt, divisors):
             and any(type(d) in (int, bool) and d == 0 for d in divisors):
         raise _NotLowered("integer %s by zero" % core)
 
-
-# the ops torch's CPU kernels give a Python scalar as it is (opmath), not rounded to a half type
-_OPMATH_SCALAR = frozenset(("mul", "div", "floordiv"))
 
 
 _UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",

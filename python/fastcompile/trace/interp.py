@@ -449,7 +449,7 @@ class Tracer:
     def half_scalar(self, var):
         """float16(var) of a Python float read at each call, computed by Python at each call
         (a strongly typed float16 input): what NumPy and torch make of it next to float16."""
-        if getattr(var, "half", None) is None:
+        if var.half is None:
             var.half = ScalarVar(_to_float16(var.value), S.ScalarExprSource(_to_float16, "float16", [var.source]),
                                  var.roots)
         return var.half
@@ -588,24 +588,13 @@ class Tracer:
         # typed operands (arrays, tensors cast to the op's dtype, NumPy scalars) decide it,
         # not the result (a comparison's is bool)
         half = _strong_dtype(args, kind) == np.float16 and not (kind == "torch" and op in _TORCH_OPMATH_SCALAR)
-        # A float read at each call is then float16(lr), computed by Python at each call (a
-        # float16 input). torch takes a NumPy scalar as a Python one (weak), which the core
-        # would promote: baked in, as constants are. An exponent too: NumPy and torch take
-        # x ** 0.5 as sqrt (-0.0 and -inf differ from pow), which the core does for a
-        # constant exponent only
-        args = [PyVar(self.py(a)) if isinstance(_unlazy(a), ScalarVar) and (
-                op == "pow" and i == 1
-                or kind == "torch" and type(_unlazy(a).value) is not float)
-                else self.half_scalar(_unlazy(a)) if half and isinstance(_unlazy(a), ScalarVar)
-                and type(_unlazy(a).value) is float
-                else a for i, a in enumerate(args)]
+        args = [self._core_scalar(_unlazy(a), op == "pow" and i == 1, kind, half)
+                if isinstance(_unlazy(a), ScalarVar) else a for i, a in enumerate(args)]
         vals = [self.graph_arg(a) for a in args]
         if kind == "torch":             # torch takes a NumPy scalar constant as a Python one (weak)
             vals = [v.item() if isinstance(v, np.generic) else v for v in vals]
-        if half:
-            # The core keeps weak constants in float32, as torch does
-            with np.errstate(over="ignore"):
-                vals = [np.float16(v) if type(v) in (int, float) else v for v in vals]
+        if half:                        # the core keeps weak constants in float32, as torch does
+            vals = [_to_float16(v) if type(v) in (int, float) else v for v in vals]
         try:
             v = self.graph.call(op, *vals, **attrs)
             if v.dtype != want.name:        # None after an extern call: known at compile time
@@ -618,6 +607,18 @@ class Tracer:
             raise _NoCore()
         self.record_op()
         return ArrayVar(v, example, kind, fresh=True)
+
+    def _core_scalar(self, var, exponent, kind, half):
+        """A float read at each call as a core op's operand. Baked in (its value guarded): an
+        exponent (NumPy and torch take x ** 0.5 as sqrt, -0.0 and -inf differ from pow, which
+        the core does for a constant exponent only) and a NumPy scalar in torch code (torch
+        takes it as a Python one, weak, which the core would promote). Next to float16
+        (half): float16(lr), computed by Python at each call."""
+        if exponent or kind == "torch" and type(var.value) is not float:
+            return PyVar(self.py(var))
+        if half and type(var.value) is float:
+            return self.half_scalar(var)
+        return var
 
     def extern(self, fn, args, kwargs, example, kind):
         """fn(*args, **kwargs) at run time through g.extern; arrays are the values."""
@@ -1129,8 +1130,7 @@ class Tracer:
             s, o = (a, b) if isinstance(a, ScalarVar) else (b, a)
             if s is o:
                 r = True
-            elif isinstance(o, PyVar) and type(o.value) is not type(s.value) or isinstance(
-                    o, (ArrayVar, TupleVar, ListVar, DictVar, FuncVar, MethodVar, ArrayMethodVar)):
+            elif not isinstance(o, (PyVar, ScalarVar)) or type(o.value) is not type(s.value):
                 r = False
             else:
                 self.unsupported("identity (is) of floats read at each call")
@@ -1874,8 +1874,8 @@ def _strong_dtype(args, kind):
 
 
 def _to_float16(v):
-    """np.float16(v) of a Python float, inf past float16's range with no warning (torch
-    gives none; NumPy's cast warning is not one the compiled call repeats)."""
+    """np.float16(v) of a Python int or float, inf past float16's range with no warning
+    (torch gives none; NumPy's cast warning is not one the compiled call repeats)."""
     if -65520.0 < v < 65520.0:
         return np.float16(v)
     with np.errstate(over="ignore"):
@@ -1957,7 +1957,7 @@ _NP_FLOATS = (np.float16, np.float32, np.float64)
 # torch's CPU ops that take a Python scalar (or a 0-d tensor of another float dtype) next to a
 # float16/bfloat16 tensor as it is, in float32 (opmath: x * 100000 is 0 at 0); its other ops
 # make it a float16 first (x - 0.1 is 0 at float16(0.1), x < 0.1 compares with float16(0.1)).
-# The backend's lowering keeps its own copy (backends/torch.py _OPMATH_SCALAR)
+# Both torch routes read it: this tracer's and the backend's lowering (backends/torch.py)
 _TORCH_OPMATH_SCALAR = frozenset(("mul", "div", "floordiv"))
 
 # functions of floats and ints whose result is a float (or an exception): float arithmetic on

@@ -73,6 +73,7 @@ class ScalarVar(Var):
         self.roots = [self] if roots is None else roots
         self.specialized = False
         self.type_guard = None          # a root's type guard, dropped when an eq guard replaces it
+        self.half = None                # float16(self), made by Tracer.half_scalar at its first use
 
     def __repr__(self):
         return "ScalarVar(%r)" % (self.value,)
