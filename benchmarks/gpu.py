@@ -12,7 +12,8 @@ median time), its share of the copy ceiling, and fastcompile's speed-up over eac
 implementation (their time / ours).
 Timing: CUDA events, 5 warm-ups, median of 50 runs, all implementations of a row in the same
 run. Then the NVRTC compile time of each fastcompile kernel, cold (an empty cache folder).
-Refuses to run without a GPU.
+A result that differs from eager is printed as WRONG and timed all the same; the run then ends
+with exit status 2. Refuses to run without a GPU.
 """
 import argparse
 import statistics
@@ -135,6 +136,7 @@ def main():
           "| fc % copy | fmad % copy | x eager | x jit | x inductor | x inductor (fmad) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     compile_ms = []
+    wrong = []                     # rows whose result differs from eager: reported, and exit 1
     dyn = torch._dynamo.config
     for knob in ("recompile_limit", "cache_size_limit"):     # every (dtype, size) compiles anew
         if hasattr(dyn, knob):
@@ -166,7 +168,8 @@ def main():
                     err = (got.float() - want.float()).abs().max().item()
                     tol = 1e-3 if dname == "float32" else 5e-2
                     if not err <= tol * max(1.0, want.float().abs().max().item()):
-                        die("%s%s %s 2^%d: fastcompile differs from eager by %g" % (name, label, dname, lg, err))
+                        wrong.append("%s%s %s 2^%d: fastcompile differs from eager by %g" % (name, label, dname, lg, err))
+                        print("WRONG: " + wrong[-1], flush=True)
                 impls = {"eager": fn}
                 if name == "gelu":
                     impls["jit"] = torch.jit.script(fn)
@@ -197,6 +200,8 @@ def main():
     st = fastcompile.stats() if hasattr(fastcompile, "stats") else {}
     if st:
         print("fastcompile.stats():", {k: v for k, v in st.items() if "cuda" in k or "compile" in k})
+    if wrong:
+        die("%d result(s) differ from eager (the rows are timed all the same):\n  %s" % (len(wrong), "\n  ".join(wrong)))
 
 
 if __name__ == "__main__":
