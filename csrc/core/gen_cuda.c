@@ -33,21 +33,41 @@
 typedef enum { SP_FLAT, SP_STRIDED, SP_INNER, SP_CACHED, SP_OUTER_POINT } Space;
 
 /* Row cache: a reduction kernel's sweeps over its row read the inputs from
- * registers after the first sweep that loads them, for the first
- * FC_CU_ROWCACHE elements of each thread (rows of up to 4096 elements
- * whole); the rest of a longer row is read again from memory by each sweep.
+ * registers, FC_CU_ROWCACHE elements per thread (fc_cuda_kernel.h: 16, rows
+ * of up to 4096 elements whole), loaded before the first sweep that reads
+ * them; the rest of a longer row is read again from memory by each sweep.
  * Softmax and layernorm then read their row from memory once, all of a
  * thread's loads out together. */
-#define ROWCACHE 16
+#define ROWCACHE "FC_CU_ROWCACHE"
 
 typedef struct {
     FcExprGen e;         /* shared with gen_expr.c (first member: mem_expr casts back) */
     int nd;              /* the launch struct's ND: the kernel's rank, at least 1 */
     Space sp;            /* how buffer operands are addressed right now */
-    char filled[FC_MAXOPS];    /* SP_CACHED: rc<o> holds operand o (an earlier sweep loaded it) */
-    char filling[FC_MAXOPS];   /* SP_CACHED: this sweep loads operand o into rc<o> */
     int prefetched;            /* pointwise: inputs are read from pf<o>[u], loaded before */
+    int vec;                   /* pointwise, flat: the vector loop (pf<o>[w] in, st<o>[w] out) */
+    int rv;                    /* reductions: elements per vector of the rows' vector path, 0 none */
+    int probe;                 /* reductions: a first pass that only learns first_sweep and staged */
+    int sweep;                 /* reductions: the sweep being written (0, 1, ...) */
+    signed char first_sweep[FC_MAXOPS];   /* input o: the first sweep that reads it, -1 none */
+    char staged[FC_MAXOPS];    /* output o: written by the final sweep (through so<o>[k]) */
 } Gen;
+
+/* the probe pass of a reduction records where operand o is read or written in
+ * a row's sweeps */
+static void
+note_inner_use(Gen *G, int o)
+{
+    if (!G->probe) {
+        return;
+    }
+    if (G->e.K->ops[o].is_out) {
+        G->staged[o] = 1;
+    }
+    else if (G->first_sweep[o] < 0) {
+        G->first_sweep[o] = (signed char)G->sweep;
+    }
+}
 
 /* memory expression of operand o at the current point (FcExprTarget.mem) */
 static void
@@ -56,7 +76,10 @@ mem_expr(const FcExprGen *E, int o, char *out)
     const Gen *G = (const Gen *)E;
     switch (G->sp) {
     case SP_FLAT:
-        if (G->prefetched && !E->K->ops[o].is_out && !fc_expr_operand_is_scalar(E, o)) {
+        if (G->vec && !fc_expr_operand_is_scalar(E, o)) {
+            snprintf(out, EXPR, E->K->ops[o].is_out ? "st%d[w]" : "pf%d[w]", o);
+        }
+        else if (G->prefetched && !E->K->ops[o].is_out && !fc_expr_operand_is_scalar(E, o)) {
             snprintf(out, EXPR, "pf%d[u]", o);
         }
         else {
@@ -73,18 +96,13 @@ mem_expr(const FcExprGen *E, int o, char *out)
         break;
     case SP_INNER:
         snprintf(out, EXPR, "%s[ob[%d] + ib[%d]]", E->opname[o], o, o);
+        note_inner_use((Gen *)G, o);
         break;
     case SP_CACHED:
-        if (E->K->ops[o].is_out) {
-            snprintf(out, EXPR, "%s[ob[%d] + ib[%d]]", E->opname[o], o, o);
-        }
-        else if (G->filled[o]) {
-            snprintf(out, EXPR, "rc%d[k]", o);
-        }
-        else {
-            snprintf(out, EXPR, "(rc%d[k] = %s[ob[%d] + ib[%d]])", o, E->opname[o], o, o);
-            ((Gen *)G)->filling[o] = 1;      /* the renderer's own state, behind E */
-        }
+        /* inputs were loaded into the row cache before the sweep (emit_fill),
+         * outputs go through so<o>[k] to emit_staged_stores */
+        snprintf(out, EXPR, E->K->ops[o].is_out ? "so%d[k]" : "rc%d[k]", o);
+        note_inner_use((Gen *)G, o);      /* the renderer's own state, behind E */
         break;
     case SP_OUTER_POINT:
         snprintf(out, EXPR, "%s[ob[%d]]", E->opname[o], o);
@@ -119,31 +137,25 @@ combine_block(Gen *G, int v)
  * sweeps over one row
  * ---------------------------------------------------------------------- */
 
-/* one loop of a sweep: cached, the first ROWCACHE elements of the thread
- * (fully unrolled, inputs through the row cache), else the rest of the row */
+/* the widest operand's element size in bytes */
 static int
-emit_sweep_loop(Gen *G, const char *need, const int *reds, int nreds, int store, int cached)
+widest_of(const Gen *G)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
-    int nn = s->g->nnodes;
-    memset(G->e.loaded, 0, FC_MAXOPS);
-    if (cached) {
-        G->sp = SP_CACHED;
-        LINE(G, "#pragma unroll");
-        LINE(G, "for (int k = 0; k < %d; k++) {", ROWCACHE);
-        G->e.depth++;
-        LINE(G, "const I j = (I)threadIdx.x + (I)k * FC_CU_THREADS;");
-        LINE(G, "if (j < (I)L.n_inner) {");
-        G->e.depth++;
+    int widest = 1;
+    for (int q = 0; q < K->nops; q++) {
+        int size = fc_dtypes[s->slots[K->ops[q].slot].dtype].size;
+        widest = size > widest ? size : widest;
     }
-    else {
-        G->sp = SP_INNER;
-        LINE(G, "#pragma unroll 4");
-        LINE(G, "for (I j = (I)threadIdx.x + (I)(%d * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {",
-             ROWCACHE);
-        G->e.depth++;
-    }
+    return widest;
+}
+
+/* ib[q]: operand q's offset of inner position j */
+static void
+emit_inner_offsets(Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
     LINE(G, "I ib[%d];", K->nops);
     if (__builtin_popcount(K->mask) == 1) {
         /* one reduced dim: the inner space never has more (and the general
@@ -154,6 +166,157 @@ emit_sweep_loop(Gen *G, const char *need, const int *reds, int nreds, int store,
     }
     else {
         LINE(G, "fc_cu_offsets<I, %d, %d>(j, (int)L.nd_inner, L.ishape, L.istride, ib);", K->nops, G->nd);
+    }
+}
+
+/* The row cache: slot k of a thread holds row element j(k). A kernel with a
+ * vector path (G->rv = V elements a vector) lays the slots out as vectors:
+ * V elements side by side per thread and vector, the threads' vectors side
+ * by side, so a thread's slots k..k+V-1 are one aligned vector of the row. A
+ * row that cannot take vector loads (fc_rv false: misaligned, a stride
+ * other than 0 or 1, a length not a multiple of V) keeps that layout, one
+ * element at a time. Other kernels: one element a slot, the threads side by
+ * side. Opens the unrolled loop over the slots (one vector at a time with
+ * `vector` set) and defines j, the element of slot k. */
+static void
+open_cache_loop(Gen *G, int vector)
+{
+    const int V = G->rv;
+    LINE(G, "#pragma unroll");
+    LINE(G, "for (int k = 0; k < %s; k += %d) {", ROWCACHE, vector ? V : 1);
+    G->e.depth++;
+    if (V) {
+        LINE(G, "const I j = ((I)threadIdx.x + (I)(k / %d) * FC_CU_THREADS) * %d + (I)(k %% %d);", V, V, V);
+    }
+    else {
+        LINE(G, "const I j = (I)threadIdx.x + (I)k * FC_CU_THREADS;");
+    }
+}
+
+/* The row cache's loads of the inputs this sweep reads first: all of a
+ * thread's loads out together, before any use (vector loads where the row
+ * allows, else one element at a time). */
+static void
+emit_fill(Gen *G, int sweep)
+{
+    const FcKernelIR *K = G->e.K;
+    int any = 0;
+    for (int o = 0; o < K->nops; o++) {
+        any |= !K->ops[o].is_out && G->first_sweep[o] == sweep;
+    }
+    if (!any) {
+        return;
+    }
+    if (G->rv) {
+        LINE(G, "if (fc_rv) {");
+        G->e.depth++;
+        open_cache_loop(G, 1);
+        LINE(G, "if (j < (I)L.n_inner) {");
+        G->e.depth++;
+        for (int o = 0; o < K->nops; o++) {
+            if (!K->ops[o].is_out && G->first_sweep[o] == sweep) {
+                LINE(G, "fc_cu_vload_row<%d>(rc%d + k, %s + ob[%d], j, L.istride[%d][0]);", G->rv, o,
+                     G->e.opname[o], o, o);
+            }
+        }
+        CLOSE(G);
+        CLOSE(G);
+        CLOSE(G);
+        LINE(G, "else {");
+        G->e.depth++;
+    }
+    open_cache_loop(G, 0);
+    LINE(G, "if (j < (I)L.n_inner) {");
+    G->e.depth++;
+    emit_inner_offsets(G);
+    for (int o = 0; o < K->nops; o++) {
+        if (!K->ops[o].is_out && G->first_sweep[o] == sweep) {
+            LINE(G, "rc%d[k] = %s[ob[%d] + ib[%d]];", o, G->e.opname[o], o, o);
+        }
+    }
+    CLOSE(G);
+    CLOSE(G);
+    if (G->rv) {
+        CLOSE(G);
+    }
+}
+
+/* The final sweep's outputs, from so<o>[k] to memory, inside the slot loop
+ * after slot k's values: at once without a vector path, else once a
+ * vector's last slot is done (a vector store where the row allows), so a
+ * thread holds one vector of each output at a time. */
+static void
+emit_staged_stores(Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    const int V = G->rv;
+    if (!V) {
+        LINE(G, "if (j < (I)L.n_inner) {");
+        G->e.depth++;
+        emit_inner_offsets(G);
+        for (int o = 0; o < K->nops; o++) {
+            if (G->staged[o]) {
+                LINE(G, "%s[ob[%d] + ib[%d]] = so%d[k];", G->e.opname[o], o, o, o);
+            }
+        }
+        CLOSE(G);
+        return;
+    }
+    LINE(G, "if (k %% %d == %d) {          /* a vector's last slot */", V, V - 1);
+    G->e.depth++;
+    LINE(G, "const I j0 = j - %d;", V - 1);
+    LINE(G, "if (fc_rv) {");
+    G->e.depth++;
+    LINE(G, "if (j0 < (I)L.n_inner) {");
+    G->e.depth++;
+    for (int o = 0; o < K->nops; o++) {
+        if (G->staged[o]) {
+            LINE(G, "fc_cu_vstore<%d>(%s + ob[%d] + j0, so%d + (k - %d));", V, G->e.opname[o], o, o, V - 1);
+        }
+    }
+    CLOSE(G);
+    CLOSE(G);
+    LINE(G, "else {");
+    G->e.depth++;
+    LINE(G, "#pragma unroll");
+    LINE(G, "for (int e = 0; e < %d; e++) {", V);
+    G->e.depth++;
+    LINE(G, "if (j0 + e < (I)L.n_inner) {");
+    G->e.depth++;
+    for (int o = 0; o < K->nops; o++) {
+        if (G->staged[o]) {
+            LINE(G, "%s[ob[%d] + (j0 + e) * (I)L.istride[%d][0]] = so%d[k - %d + e];", G->e.opname[o], o, o,
+                 o, V - 1);
+        }
+    }
+    CLOSE(G);
+    CLOSE(G);
+    CLOSE(G);
+    CLOSE(G);
+}
+
+/* one loop of a sweep: cached, the first ROWCACHE elements of the thread
+ * (fully unrolled, inputs from the row cache, outputs through so<o>[k]),
+ * else the rest of the row, straight from memory */
+static int
+emit_sweep_loop(Gen *G, const char *need, const int *reds, int nreds, int store, int cached)
+{
+    const FcSpec *s = G->e.s;
+    int nn = s->g->nnodes;
+    memset(G->e.loaded, 0, FC_MAXOPS);
+    if (cached) {
+        G->sp = SP_CACHED;
+        open_cache_loop(G, 0);
+        LINE(G, "if (j < (I)L.n_inner) {");
+        G->e.depth++;
+    }
+    else {
+        G->sp = SP_INNER;
+        LINE(G, "#pragma unroll 4");
+        LINE(G, "for (I j = (I)threadIdx.x + (I)(%s * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {",
+             ROWCACHE);
+        G->e.depth++;
+        emit_inner_offsets(G);
     }
     for (int v = 0; v < nn; v++) {
         if (need[v] && fc_expr_emit_node(&G->e, v) < 0) {
@@ -172,6 +335,9 @@ emit_sweep_loop(Gen *G, const char *need, const int *reds, int nreds, int store,
     }
     if (cached) {
         CLOSE(G);
+        if (store) {
+            emit_staged_stores(G);
+        }
     }
     CLOSE(G);
     return 0;
@@ -183,6 +349,7 @@ static int
 emit_sweep(Gen *G, const int *reds, int nreds, int store)
 {
     const FcSpec *s = G->e.s;
+    const FcKernelIR *K = G->e.K;
     int nn = s->g->nnodes, rc = -1;
     char *need = PyMem_Calloc(nn + 1, 1), saved[FC_MAXOPS];
 
@@ -192,16 +359,23 @@ emit_sweep(Gen *G, const int *reds, int nreds, int store)
     }
     fc_expr_need_sweep(&G->e, reds, nreds, store, need);
     memcpy(saved, G->e.loaded, FC_MAXOPS);
-    memset(G->filling, 0, FC_MAXOPS);
-    if (emit_sweep_loop(G, need, reds, nreds, store, 1) < 0 ||
-            emit_sweep_loop(G, need, reds, nreds, store, 0) < 0) {
+    if (!G->probe) {
+        emit_fill(G, G->sweep);
+    }
+    for (int o = 0; store && o < K->nops; o++) {
+        if (G->staged[o]) {
+            LINE(G, "%s so%d[%s];", fc_expr_storetype(s->slots[K->ops[o].slot].dtype), o, ROWCACHE);
+        }
+    }
+    if (emit_sweep_loop(G, need, reds, nreds, store, 1) < 0) {
         goto cleanup;
     }
-    for (int o = 0; o < FC_MAXOPS; o++) {
-        G->filled[o] |= G->filling[o];
+    if (emit_sweep_loop(G, need, reds, nreds, store, 0) < 0) {
+        goto cleanup;
     }
     rc = 0;
 cleanup:
+    G->sweep++;
     G->sp = SP_OUTER_POINT;
     memcpy(G->e.loaded, saved, FC_MAXOPS);
     PyMem_Free(need);
@@ -219,14 +393,7 @@ cleanup:
 static int
 unroll_of(const Gen *G)
 {
-    const FcSpec *s = G->e.s;
-    const FcKernelIR *K = G->e.K;
-    int widest = 1;
-    for (int q = 0; q < K->nops; q++) {
-        int size = fc_dtypes[s->slots[K->ops[q].slot].dtype].size;
-        widest = size > widest ? size : widest;
-    }
-    return widest <= 2 ? 8 : 4;
+    return widest_of(G) <= 2 ? 8 : 4;
 }
 
 /* operand q is read through the prefetch arrays (an input, not a flat scalar) */
@@ -237,22 +404,130 @@ prefetches(const Gen *G, int q)
     return !K->ops[q].is_out && !(K->flat && fc_expr_operand_is_scalar(&G->e, q));
 }
 
+/* fc_cuda_kernel.h's FC_CU_VEC_UNROLL (the runtime sizes grids by it) */
+#define CU_VEC_UNROLL 2
+
+/* The flat kernels' vector loop, where every array operand is aligned to its
+ * vector's size (checked at run time): a trip loads FC_CU_VEC_UNROLL vectors
+ * (fc_cuda_kernel.h) of each input (pf<o>), 16 bytes of the widest operand
+ * (the narrower ones: as many elements, fewer bytes), computes their elements
+ * (w) into st<o> and stores those as vectors; the last n_outer % V elements
+ * are left to the scalar loop (fc_start). A flat kernel never has a scalar
+ * output. */
+static int
+emit_vector_loop(Gen *G)
+{
+    const FcSpec *s = G->e.s;
+    const FcKernelIR *K = G->e.K;
+    const int V = 16 / widest_of(G);
+    char cond[FC_MAXOPS * 48 + 8] = "", *p = cond;
+
+    for (int q = 0; q < K->nops; q++) {
+        if (!fc_expr_operand_is_scalar(&G->e, q)) {
+            p += sprintf(p, "%sfc_cu_aligned<%d>(%s)", p == cond ? "" : " && ", V, G->e.opname[q]);
+        }
+    }
+    LINE(G, "I fc_start = 0;           /* the scalar loop's first element */");
+    LINE(G, "if (%s) {", cond);
+    G->e.depth++;
+    LINE(G, "const I nv = (I)L.n_outer / %d;", V);
+    LINE(G, "fc_start = nv * %d;", V);
+    LINE(G, "#pragma unroll 1");
+    LINE(G, "for (I v0 = (I)blockIdx.x * (FC_CU_THREADS * FC_CU_VEC_UNROLL) + (I)threadIdx.x; v0 < nv;");
+    LINE(G, "     v0 += (I)gridDim.x * (FC_CU_THREADS * FC_CU_VEC_UNROLL)) {");
+    G->e.depth++;
+    for (int q = 0; q < K->nops; q++) {
+        if (!fc_expr_operand_is_scalar(&G->e, q)) {
+            LINE(G, "%s %s%d[FC_CU_VEC_UNROLL * %d];", fc_expr_storetype(s->slots[K->ops[q].slot].dtype),
+                 K->ops[q].is_out ? "st" : "pf", q, V);
+        }
+    }
+    LINE(G, "#pragma unroll");
+    LINE(G, "for (int u = 0; u < FC_CU_VEC_UNROLL; u++) {");
+    G->e.depth++;
+    LINE(G, "const I vu = v0 + (I)u * FC_CU_THREADS;");
+    LINE(G, "const I vi = vu < nv ? vu : nv - 1;");
+    for (int q = 0; q < K->nops; q++) {
+        if (prefetches(G, q)) {
+            LINE(G, "fc_cu_vload<%d>(pf%d + u * %d, %s + vi * %d);", V, q, V, G->e.opname[q], V);
+        }
+    }
+    CLOSE(G);
+    LINE(G, "#pragma unroll");
+    LINE(G, "for (int w = 0; w < FC_CU_VEC_UNROLL * %d; w++) {", V);
+    G->e.depth++;
+    LINE(G, "const I i = (v0 + (I)(w / %d) * FC_CU_THREADS) * %d + (I)(w %% %d);", V, V, V);
+    G->sp = SP_FLAT;
+    G->vec = 1;
+    memset(G->e.loaded, 0, FC_MAXOPS);
+    for (int m = 0; m < K->nnodes; m++) {
+        if (fc_expr_emit_node(&G->e, K->nodes[m]) < 0) {
+            G->vec = 0;
+            return -1;
+        }
+    }
+    for (int m = 0; m < K->nnodes; m++) {
+        if (s->sn[K->nodes[m]].materialize) {
+            fc_expr_emit_store(&G->e, K->nodes[m]);
+        }
+    }
+    G->vec = 0;
+    CLOSE(G);
+    LINE(G, "#pragma unroll");
+    LINE(G, "for (int u = 0; u < FC_CU_VEC_UNROLL; u++) {");
+    G->e.depth++;
+    LINE(G, "const I vu = v0 + (I)u * FC_CU_THREADS;");
+    LINE(G, "if (vu < nv) {");
+    G->e.depth++;
+    for (int q = 0; q < K->nops; q++) {
+        if (K->ops[q].is_out) {
+            LINE(G, "fc_cu_vstore<%d>(%s + vu * %d, st%d + u * %d);", V, G->e.opname[q], V, q, V);
+        }
+    }
+    CLOSE(G);
+    CLOSE(G);
+    CLOSE(G);
+    CLOSE(G);
+    return 0;
+}
+
+/* a flat kernel gets the vector loop unless an output is a scalar */
+static int
+has_vector_loop(const Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    if (!K->flat) {
+        return 0;
+    }
+    for (int q = 0; q < K->nops; q++) {
+        if (K->ops[q].is_out && fc_expr_operand_is_scalar(&G->e, q)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* A trip of the grid-stride loop takes unroll_of elements a thread: first
  * every input element of the trip is loaded (pf<o>[u]), then each element is
  * computed and stored. Loads before stores in the program's own order: the
  * compiler need not prove that a store leaves the next loads alone (it does
  * not take __restrict__ on the kernel's local pointers), so the trip's loads
- * are in flight together. */
+ * are in flight together. Flat kernels run their vector loop first and this
+ * loop over what it leaves (all of it where an operand is misaligned). */
 static int
 emit_pointwise(Gen *G)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
-    const int unroll = unroll_of(G);
+    const int unroll = unroll_of(G), vec = has_vector_loop(G);
     LINE(G, "int fc_err = 0;");
     fc_expr_emit_operand_decls(&G->e);
+    if (vec && emit_vector_loop(G) < 0) {
+        return -1;
+    }
     LINE(G, "#pragma unroll 1");
-    LINE(G, "for (I i0 = (I)blockIdx.x * (FC_CU_THREADS * %d) + (I)threadIdx.x; i0 < (I)L.n_outer;", unroll);
+    LINE(G, "for (I i0 = %s(I)blockIdx.x * (FC_CU_THREADS * %d) + (I)threadIdx.x; i0 < (I)L.n_outer;",
+         vec ? "fc_start + " : "", unroll);
     LINE(G, "     i0 += (I)gridDim.x * (FC_CU_THREADS * %d)) {", unroll);
     G->e.depth++;
     for (int q = 0; q < K->nops; q++) {
@@ -311,8 +586,25 @@ emit_pointwise(Gen *G)
     return 0;
 }
 
+/* fc_rv: this row takes the vector path (every operand its sweeps read or
+ * write has inner stride 1 and an aligned row start, or is an input of
+ * stride 0; the row length a multiple of V) */
+static void
+emit_row_vector_check(Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    LINE(G, "bool fc_rv = (I)L.n_inner %% %d == 0;", G->rv);
+    for (int o = 0; o < K->nops; o++) {
+        int in = !K->ops[o].is_out && G->first_sweep[o] >= 0;
+        if (in || (K->ops[o].is_out && G->staged[o])) {
+            LINE(G, "fc_rv = fc_rv && fc_cu_row_vec<%d>(%s + ob[%d], L.istride[%d][0], %s);", G->rv,
+                 G->e.opname[o], o, o, in ? "true" : "false");
+        }
+    }
+}
+
 static int
-emit_reduction(Gen *G)
+reduction_body(Gen *G)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
@@ -339,13 +631,16 @@ emit_reduction(Gen *G)
     G->e.depth++;
     LINE(G, "I ob[%d];", K->nops);
     LINE(G, "fc_cu_offsets<I, %d, %d>(o, (int)L.nd_outer, L.oshape, L.ostride, ob);", K->nops, G->nd);
+    if (G->rv) {
+        emit_row_vector_check(G);
+    }
     for (int q = 0; q < K->nops; q++) {      /* the row cache (registers: unused ones vanish) */
         if (!K->ops[q].is_out) {
-            LINE(G, "%s rc%d[%d];", fc_expr_storetype(s->slots[K->ops[q].slot].dtype), q, ROWCACHE);
+            LINE(G, "%s rc%d[%s];", fc_expr_storetype(s->slots[K->ops[q].slot].dtype), q, ROWCACHE);
         }
     }
-    memset(G->filled, 0, FC_MAXOPS);
     G->sp = SP_OUTER_POINT;
+    G->sweep = 0;
     memset(G->e.loaded, 0, FC_MAXOPS);
     for (int level = 0; level <= K->nphases; level++) {
         if (level > 0) {
@@ -379,6 +674,31 @@ emit_reduction(Gen *G)
     return 0;
 }
 
+/* A reduction kernel is written twice: a probe pass into scratch text learns
+ * which sweep first reads each input and which outputs the final sweep
+ * writes (the row cache is filled, and fc_rv checks the operands, before the
+ * sweeps that use them), then the real pass. Rows of one reduced dim get the
+ * vector path (G->rv elements a vector: 16 bytes of the widest operand). */
+static int
+emit_reduction(Gen *G)
+{
+    FcStr scratch = {0};
+    FcStr *text = G->e.b;
+    int depth = G->e.depth, rc, V = 16 / widest_of(G);
+
+    G->rv = __builtin_popcount(G->e.K->mask) == 1 && V > 1 ? V : 0;
+    memset(G->first_sweep, -1, sizeof(G->first_sweep));
+    memset(G->staged, 0, sizeof(G->staged));
+    G->probe = 1;
+    G->e.b = &scratch;
+    rc = reduction_body(G);
+    G->e.b = text;
+    G->e.depth = depth;
+    G->probe = 0;
+    fc_str_free(&scratch);
+    return rc < 0 ? -1 : reduction_body(G);
+}
+
 int
 fc_gen_cuda_needs_nonempty(const FcSpec *s, int k)
 {
@@ -393,6 +713,20 @@ static const FcExprTarget cuda_target = {
     .restrict_kw = "__restrict__",
     .mem = mem_expr,
 };
+
+int
+fc_gen_cuda_per_thread(const FcSpec *s, int k)
+{
+    Gen G;
+    FcStr none = {0};
+    char loaded[FC_MAXOPS];
+    memset(&G, 0, sizeof(G));
+    fc_expr_init(&G.e, &cuda_target, s, k, &none, loaded);
+    if (G.e.K->mask) {
+        return 0;
+    }
+    return has_vector_loop(&G) ? CU_VEC_UNROLL * (16 / widest_of(&G)) : unroll_of(&G);
+}
 
 char *
 fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment)
@@ -420,7 +754,8 @@ fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment
     for (int w = 32; rc == 0 && w <= 64; w += 32) {
         fc_str_puts(&b, "\n");
         LINE(&G, "#if !defined(FC_CU_INDEX) || FC_CU_INDEX == %d", w);
-        LINE(&G, "extern \"C\" __global__ void __launch_bounds__(FC_CU_THREADS)");
+        LINE(&G, "extern \"C\" __global__ void __launch_bounds__(FC_CU_THREADS%s)",
+             G.e.K->mask ? ", FC_CU_RED_BLOCKS" : "");
         LINE(&G, "%s_i%d(const %s_launch L)", name, w, name);
         LINE(&G, "{");
         LINE(&G, "    %s_body<int%d_t>(L);", name, w);

@@ -112,6 +112,10 @@ FC_INTERNAL char *fc_expr_canon_names(const char *src, int nnodes);
 /* 1 if kernel k has a reduction with no identity (amax, argmax, ...): the
  * runtime raises before launching it over an empty axis */
 FC_INTERNAL int fc_gen_cuda_needs_nonempty(const FcSpec *s, int k);
+/* elements a thread takes per trip of pointwise kernel k's main loop (its
+ * vector loop where it has one): the runtime's grid gives each thread one
+ * trip. 0 for a reduction (a block per row). */
+FC_INTERNAL int fc_gen_cuda_per_thread(const FcSpec *s, int k);
 /* a human-readable dump of the fused segment (PyMem_Malloc, free with PyMem_Free) */
 FC_INTERNAL char *fc_spec_dump(const FcSpec *s);
 

@@ -56,9 +56,10 @@ typedef struct {
 } FcCuLaunch;
 
 /* Packs the launch of a kernel over L (filled as for the CPU; L->ptr are
- * device pointers; nd: the kernel's rank; flat: a flat pointwise kernel)
- * and chooses its grid and index width. 0, or -1 + SystemError. */
-FC_INTERNAL int fc_cuda_pack(int dev, const fc_launch *L, int nd, int flat, int reduction, FcCuLaunch *out);
+ * device pointers; nd: the kernel's rank; flat: a flat pointwise kernel;
+ * per_thread: fc_gen_cuda_per_thread, 0 for a reduction) and chooses its
+ * grid and index width. 0, or -1 + SystemError. */
+FC_INTERNAL int fc_cuda_pack(const fc_launch *L, int nd, int flat, int per_thread, FcCuLaunch *out);
 /* Launches fn (the entry point for out->bits) on stream. The kernel's error
  * flag is not passed: CUDA kernels report no errors (integer negative powers
  * give what the kernel computes, as torch on CUDA). GIL held. 0, or -1 +

@@ -441,6 +441,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         pk->kernel = k;
         pk->source = render_kernel(dev ? fc_gen_cuda : fc_gen_c, s, k, ghash, origin, name);
         pk->nonempty = dev ? fc_gen_cuda_needs_nonempty(s, k) : 0;
+        pk->per_thread = dev ? fc_gen_cuda_per_thread(s, k) : 0;
         pk->name = pk->source ? PyMem_Malloc(strlen(name) + 1) : NULL;
         if (pk->source == NULL || pk->name == NULL) {
             /* p->nkernels does not count this one yet: free what it got here */
@@ -479,7 +480,7 @@ error:
 /* The CUDA renderer over one specialization, no compile and no device:
  * shape inference and fusion as fc_plan_build, then gen_cuda per kernel in
  * execution order. Returns a new list of dicts {name, source, reduction,
- * needs_nonempty, nops, nd}, or NULL + exception. */
+ * needs_nonempty, nops, nd, per_thread}, or NULL + exception. */
 PyObject *
 fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const char *origin)
 {
@@ -506,10 +507,11 @@ fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
         if ((src = render_kernel(fc_gen_cuda, s, k, ghash, origin, name)) == NULL) {
             goto error;
         }
-        d = Py_BuildValue("{s:s,s:s,s:O,s:O,s:i,s:i}", "name", name, "source", src,
+        d = Py_BuildValue("{s:s,s:s,s:O,s:O,s:i,s:i,s:i}", "name", name, "source", src,
                           "reduction", s->kernels[k].mask ? Py_True : Py_False,
                           "needs_nonempty", fc_gen_cuda_needs_nonempty(s, k) ? Py_True : Py_False,
-                          "nops", s->kernels[k].nops, "nd", s->kernels[k].nd);
+                          "nops", s->kernels[k].nops, "nd", s->kernels[k].nd,
+                          "per_thread", fc_gen_cuda_per_thread(s, k));
         fc_str_release(src);
         if (d == NULL || PyList_Append(list, d) < 0) {
             Py_XDECREF(d);
@@ -948,7 +950,7 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
     if (L.n_outer == 0) {
         return 0;
     }
-    if (fc_cuda_pack(p->dev - 1, &L, K->nd, K->flat, K->mask != 0, &packed) < 0) {
+    if (fc_cuda_pack(&L, K->nd, K->flat, pk->per_thread, &packed) < 0) {
         return -1;
     }
     if (packed.bits == 64 && pk->cu_fn[1] == NULL) {

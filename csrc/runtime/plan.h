@@ -24,6 +24,7 @@ typedef struct {
     char cu_arch[16];    /* "sm_90", or "compute_90" for PTX */
     char cu_path[1024];  /* the source beside the cubin (loaded.c_path), or "" */
     int nonempty;        /* a reduction without identity: an empty row raises */
+    int per_thread;      /* CUDA pointwise: elements per thread and trip (the grid's divisor) */
 } FcPlanKernel;
 
 typedef struct FcPlan {

@@ -73,6 +73,10 @@ KNOBS = [
     Knob("cuda_fmad", "FASTCOMPILE_CUDA_FMAD", _bool, False,
          "CUDA kernels contract a * b + c into one fma (nvcc's default, as torch's kernels): faster "
          "transcendentals, arithmetic no longer NumPy's bit for bit; 0: exact, as the CPU kernels"),
+    Knob("cuda_max_grid", "FASTCOMPILE_CUDA_MAX_GRID", int, 0,
+         "CUDA launches use at most this many blocks; 0 (the default): as many as the data needs, one "
+         "trip of the grid-stride loop per thread (a block per row for reductions); a smaller grid "
+         "makes each thread loop over the data (the tests' way to cover those loops)"),
     Knob("autotune", "FASTCOMPILE_AUTOTUNE", _bool, False,
          "time a few thread counts and column-block widths per kernel and launch shape on first use; "
          "keep the fastest (torch.compile mode='max-autotune' turns it on for its graphs)"),

@@ -28,7 +28,7 @@
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static          /* one block runs at a time: a static is the block's */
 
 struct fc_emu_dim { unsigned x, y, z; };

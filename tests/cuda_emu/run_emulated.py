@@ -39,7 +39,10 @@ sys.modules["fastcompile._cuda_bridge"] = bridge
 
 
 def dev(a):
-    """a NumPy array as an EmuCuda tensor with the same element strides (no negative ones)"""
+    """a NumPy array as an EmuCuda tensor with the same element strides (no negative ones);
+    uint16 arrays hold bfloat16 bits and become bfloat16 tensors"""
+    if a.dtype == np.uint16:
+        return dev(a.view(np.int16)).view(torch.bfloat16).as_subclass(EmuCuda)
     strides = tuple(s // a.itemsize for s in a.strides)
     if a.size == 0:
         return torch.from_numpy(np.ascontiguousarray(a)).as_subclass(EmuCuda)
@@ -50,7 +53,8 @@ def dev(a):
 
 def host(t):
     assert isinstance(t, EmuCuda), type(t)
-    return t.as_subclass(torch.Tensor).numpy()
+    t = t.as_subclass(torch.Tensor)
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def run(build, *arrays):
@@ -94,6 +98,66 @@ def _():
     k = f.kernels[0]
     assert k.so_path is None and "__global__" in k.source and k.path.endswith(k.key + ".cu")
     assert open(k.path).read() == k.source          # what runs, readable beside its cubin
+
+
+@case("flat kernels' vector loop: aligned and misaligned views, tails, mixed element sizes")
+def _():
+    for n in (1, 7, 8, 9, 517, 4099):
+        x = rng.standard_normal(n + 1).astype(np.float32)
+        h = rng.standard_normal(n + 1).astype(np.float16)
+        for off in (0, 1):             # off 1: a view one element in, not 16-byte aligned
+            f, (z, b) = run(lambda g, a, c: [g.call("add", g.call("mul", a, a), g.call("cast", c, dtype="float32")),
+                                             g.call("gt", c, 0.5)], x[off:off + n], h[off:off + n])
+            np.testing.assert_array_equal(z, x[off:off + n] * x[off:off + n] + h[off:off + n].astype(np.float32))
+            np.testing.assert_array_equal(b, h[off:off + n] > 0.5)
+    assert "fc_cu_vload<4>" in f.kernels[0].source       # float32 the widest: 4 a vector
+    bf = rng.integers(0, 1 << 16, 4099, dtype=np.uint16)
+    bf[(bf & 0x7f80) == 0x7f80] = 0x3f80                 # no NaN/inf bit patterns
+    for off in (0, 3):
+        u = bf[off:off + 4093]
+        _, (y,) = run(lambda g, a: [g.call("neg", a)], u)
+        np.testing.assert_array_equal(y.view(np.uint16), u ^ 0x8000)
+
+
+@case("reductions' vector path: rows aligned or not, a stride-0 input, full and per-row outputs")
+def _():
+    def build(g, u, m):
+        d = g.call("sub", u, m)
+        return [g.call("exp", d), g.call("sum", d, axis=-1)]
+    for rows, cols, off in ((3, 4096, 0), (4, 4100, 0), (3, 4096, 1), (2, 5000, 0), (5, 12, 0), (3, 10, 0)):
+        x = rng.standard_normal((rows, cols + off)).astype(np.float32)[:, off:]
+        m = rng.standard_normal((rows, 1)).astype(np.float32)
+        f, (e, s) = run(build, x, np.broadcast_to(m, x.shape))
+        close(e, np.exp(x - m), rtol=2e-6, atol=0, what="%s off %d" % ((rows, cols), off))
+        close(s, (x.astype(np.float64) - m).sum(-1), rtol=1e-5, atol=1e-4, what="%s off %d" % ((rows, cols), off))
+    assert "fc_rv" in f.kernels[0].source and "fc_cu_vstore<4>" in f.kernels[0].source
+    bf = rng.integers(0x3c00, 0x4000, (4, 2048), dtype=np.uint16)    # bfloat16 in [0.0078, 2)
+    _, (y,) = run(lambda g, a: [g.call("softmax", a, axis=-1)], bf)
+    xs = (bf.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    want = np.exp(xs - xs.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    got = (y.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    close(got, want, rtol=8e-3, atol=0)
+
+
+@case("a capped grid (config.cuda_max_grid): every thread loops, pointwise and over rows")
+def _():
+    x = rng.standard_normal(9001).astype(np.float32)
+    r = rng.standard_normal((37, 130)).astype(np.float32)
+    try:
+        for cap in (1, 3):
+            fastcompile.config.set(cuda_max_grid=cap)
+            for off in (0, 1):                            # the vector loop, then the scalar one
+                _, (y,) = run(lambda g, a: [g.call("mul", g.call("exp", a), 2.0)], x[off:])
+                close(y, np.exp(x[off:]) * 2, rtol=2e-6)
+            _, (z,) = run(lambda g, a: [g.call("add", a, 1.0)], r.T)      # strided
+            np.testing.assert_array_equal(z, r.T + np.float32(1))
+            _, (s, m) = run(lambda g, a: [g.call("softmax", a, axis=-1), g.call("amax", a, axis=-1)], r)
+            e = np.exp(r.astype(np.float64) - r.max(-1, keepdims=True))
+            close(s, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-9)
+            np.testing.assert_array_equal(m, r.max(-1))
+    finally:
+        fastcompile.config.set(cuda_max_grid=0)
 
 
 @case("transposed and broadcast operands (strided kernel)")

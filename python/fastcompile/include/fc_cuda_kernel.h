@@ -5,7 +5,27 @@
 
 #include "fc_cuda_math.h"
 
+#ifndef FC_CU_THREADS              /* (defined before: benchmarks/gpu_tuning.py's variants) */
 #define FC_CU_THREADS 256          /* threads per block, every kernel */
+#endif
+/* Vectors a thread takes per trip of a flat kernel's vector loop (16 bytes of
+ * the widest operand each), so that 32 bytes per thread and input are in
+ * flight together. */
+#ifndef FC_CU_VEC_UNROLL
+#define FC_CU_VEC_UNROLL 2
+#endif
+/* Reduction kernels ask ptxas for 4 resident blocks per SM (at most 64
+ * registers a thread): left alone, the unrolled row cache and the sweeps took
+ * 100-150 registers, 2 blocks of 256 threads per SM, too few rows in flight
+ * to cover the memory's latency. */
+/* Reduction kernels: row elements a thread keeps in registers (its row
+ * cache), a multiple of 16 / the widest operand's size (one vector) */
+#ifndef FC_CU_ROWCACHE
+#define FC_CU_ROWCACHE 16
+#endif
+#ifndef FC_CU_RED_BLOCKS
+#define FC_CU_RED_BLOCKS 4
+#endif
 #define FC_ERR_NEGATIVE_POWER 1    /* as fc_launch.h */
 #define FC_ERR_EMPTY_REDUCE 2
 
@@ -173,6 +193,70 @@ fc_cu_block_argreduce(T &v, int64_t &idx, T *smem, int64_t *smem_idx /* [32] eac
     __syncthreads();
     v = smem[0];
     idx = smem_idx[0];
+}
+
+/* ---- 16-byte vector access ---------------------------------------------------
+ * V elements of T as one load or store (V * sizeof(T) <= 16 bytes, a power of
+ * two): ld/st.global.v2/v4 where the address is aligned to the vector's size,
+ * which fc_cu_aligned checks first (a view into a torch tensor may not be). */
+template <typename T, int V>
+struct alignas(sizeof(T) * V) fc_cu_vec {
+    T v[V];
+};
+
+template <int V, typename T>
+FC_DEV bool
+fc_cu_aligned(const T *p)
+{
+    return ((unsigned long long)p & (unsigned long long)(sizeof(T) * V - 1)) == 0;
+}
+
+template <int V, typename T>
+FC_DEV void
+fc_cu_vload(T *dst, const T *src)
+{
+    const fc_cu_vec<T, V> w = *(const fc_cu_vec<T, V> *)src;
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        dst[e] = w.v[e];
+    }
+}
+
+template <int V, typename T>
+FC_DEV void
+fc_cu_vstore(T *dst, const T *src)
+{
+    fc_cu_vec<T, V> w;
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+        w.v[e] = src[e];
+    }
+    *(fc_cu_vec<T, V> *)dst = w;
+}
+
+/* a row of the reductions' vector path: an operand with inner stride 1 and an
+ * aligned row start, or (inputs only) stride 0, one value for the whole row */
+template <int V, typename T>
+FC_DEV bool
+fc_cu_row_vec(const T *row, int64_t stride, bool is_input)
+{
+    return stride == 1 ? fc_cu_aligned<V>(row) : stride == 0 && is_input;
+}
+
+/* V elements of a row from position j (stride 1), or its one value V times (stride 0) */
+template <int V, typename T, typename I>
+FC_DEV void
+fc_cu_vload_row(T *dst, const T *row, I j, int64_t stride)
+{
+    if (stride == 0) {
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+            dst[e] = row[0];
+        }
+    }
+    else {
+        fc_cu_vload<V>(dst, row + j);
+    }
 }
 
 #endif /* FC_CUDA_KERNEL_H */

@@ -1,13 +1,13 @@
-/* fastcompile 0.1.0: kernel fc_84b1227f150696c2
+/* fastcompile 0.1.0: kernel fc_2b8261379051d288
  * graph f2870a10aed5ddf8
  * 7 ops, reduction, 3 sweeps per row */
 #include "fc_cuda_kernel.h"
 
-typedef fc_cu_launch<2, 2> fc_84b1227f150696c2_launch;
+typedef fc_cu_launch<2, 2> fc_2b8261379051d288_launch;
 
 template <typename I>
 static __device__ __forceinline__ void
-fc_84b1227f150696c2_body(const fc_84b1227f150696c2_launch &L)
+fc_2b8261379051d288_body(const fc_2b8261379051d288_launch &L)
 {
     __shared__ float sm0[32];
     __shared__ int smn0[32];
@@ -19,25 +19,46 @@ fc_84b1227f150696c2_body(const fc_84b1227f150696c2_launch &L)
     for (I o = blockIdx.x; o < (I)L.n_outer; o += gridDim.x) {
         I ob[2];
         fc_cu_offsets<I, 2, 2>(o, (int)L.nd_outer, L.oshape, L.ostride, ob);
-        float rc1[16];
+        bool fc_rv = (I)L.n_inner % 4 == 0;
+        fc_rv = fc_rv && fc_cu_row_vec<4>(out0 + ob[0], L.istride[0][0], false);
+        fc_rv = fc_rv && fc_cu_row_vec<4>(in0 + ob[1], L.istride[1][0], true);
+        float rc1[FC_CU_ROWCACHE];
         /* sweep 1: 1 reduction */
         float acc0 = -INFINITY;
         int nan0 = 0;
+        if (fc_rv) {
+            #pragma unroll
+            for (int k = 0; k < FC_CU_ROWCACHE; k += 4) {
+                const I j = ((I)threadIdx.x + (I)(k / 4) * FC_CU_THREADS) * 4 + (I)(k % 4);
+                if (j < (I)L.n_inner) {
+                    fc_cu_vload_row<4>(rc1 + k, in0 + ob[1], j, L.istride[1][0]);
+                }
+            }
+        }
+        else {
+            #pragma unroll
+            for (int k = 0; k < FC_CU_ROWCACHE; k += 1) {
+                const I j = ((I)threadIdx.x + (I)(k / 4) * FC_CU_THREADS) * 4 + (I)(k % 4);
+                if (j < (I)L.n_inner) {
+                    I ib[2];
+                    ib[0] = j * (I)L.istride[0][0];
+                    ib[1] = j * (I)L.istride[1][0];
+                    rc1[k] = in0[ob[1] + ib[1]];
+                }
+            }
+        }
         #pragma unroll
-        for (int k = 0; k < 16; k++) {
-            const I j = (I)threadIdx.x + (I)k * FC_CU_THREADS;
+        for (int k = 0; k < FC_CU_ROWCACHE; k += 1) {
+            const I j = ((I)threadIdx.x + (I)(k / 4) * FC_CU_THREADS) * 4 + (I)(k % 4);
             if (j < (I)L.n_inner) {
-                I ib[2];
-                ib[0] = j * (I)L.istride[0][0];
-                ib[1] = j * (I)L.istride[1][0];
-                const float x1 = (rc1[k] = in0[ob[1] + ib[1]]);
+                const float x1 = rc1[k];
                 const float t2 = x1;
                 acc0 = t2 > acc0 ? t2 : acc0;
                 nan0 |= t2 != t2;
             }
         }
         #pragma unroll 4
-        for (I j = (I)threadIdx.x + (I)(16 * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {
+        for (I j = (I)threadIdx.x + (I)(FC_CU_ROWCACHE * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {
             I ib[2];
             ib[0] = j * (I)L.istride[0][0];
             ib[1] = j * (I)L.istride[1][0];
@@ -52,12 +73,9 @@ fc_84b1227f150696c2_body(const fc_84b1227f150696c2_launch &L)
         /* sweep 2: 1 reduction */
         double acc1 = 0;
         #pragma unroll
-        for (int k = 0; k < 16; k++) {
-            const I j = (I)threadIdx.x + (I)k * FC_CU_THREADS;
+        for (int k = 0; k < FC_CU_ROWCACHE; k += 1) {
+            const I j = ((I)threadIdx.x + (I)(k / 4) * FC_CU_THREADS) * 4 + (I)(k % 4);
             if (j < (I)L.n_inner) {
-                I ib[2];
-                ib[0] = j * (I)L.istride[0][0];
-                ib[1] = j * (I)L.istride[1][0];
                 const float x1 = rc1[k];
                 const float t2 = x1;
                 const float t3 = (t2 - t0);
@@ -66,7 +84,7 @@ fc_84b1227f150696c2_body(const fc_84b1227f150696c2_launch &L)
             }
         }
         #pragma unroll 4
-        for (I j = (I)threadIdx.x + (I)(16 * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {
+        for (I j = (I)threadIdx.x + (I)(FC_CU_ROWCACHE * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {
             I ib[2];
             ib[0] = j * (I)L.istride[0][0];
             ib[1] = j * (I)L.istride[1][0];
@@ -80,23 +98,37 @@ fc_84b1227f150696c2_body(const fc_84b1227f150696c2_launch &L)
         const float t1 = (float)acc1;
         const float t5 = fc_reciprocal_f32(t1);
         /* final sweep: write full-size results */
+        float so0[FC_CU_ROWCACHE];
         #pragma unroll
-        for (int k = 0; k < 16; k++) {
-            const I j = (I)threadIdx.x + (I)k * FC_CU_THREADS;
+        for (int k = 0; k < FC_CU_ROWCACHE; k += 1) {
+            const I j = ((I)threadIdx.x + (I)(k / 4) * FC_CU_THREADS) * 4 + (I)(k % 4);
             if (j < (I)L.n_inner) {
-                I ib[2];
-                ib[0] = j * (I)L.istride[0][0];
-                ib[1] = j * (I)L.istride[1][0];
                 const float x1 = rc1[k];
                 const float t2 = x1;
                 const float t3 = (t2 - t0);
                 const float t4 = fc_exp_f32(t3);
                 const float t6 = (t4 * t5);
-                out0[ob[0] + ib[0]] = t6;
+                so0[k] = t6;
+            }
+            if (k % 4 == 3) {          /* a vector's last slot */
+                const I j0 = j - 3;
+                if (fc_rv) {
+                    if (j0 < (I)L.n_inner) {
+                        fc_cu_vstore<4>(out0 + ob[0] + j0, so0 + (k - 3));
+                    }
+                }
+                else {
+                    #pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        if (j0 + e < (I)L.n_inner) {
+                            out0[ob[0] + (j0 + e) * (I)L.istride[0][0]] = so0[k - 3 + e];
+                        }
+                    }
+                }
             }
         }
         #pragma unroll 4
-        for (I j = (I)threadIdx.x + (I)(16 * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {
+        for (I j = (I)threadIdx.x + (I)(FC_CU_ROWCACHE * FC_CU_THREADS); j < (I)L.n_inner; j += FC_CU_THREADS) {
             I ib[2];
             ib[0] = j * (I)L.istride[0][0];
             ib[1] = j * (I)L.istride[1][0];
@@ -112,17 +144,17 @@ fc_84b1227f150696c2_body(const fc_84b1227f150696c2_launch &L)
 }
 
 #if !defined(FC_CU_INDEX) || FC_CU_INDEX == 32
-extern "C" __global__ void __launch_bounds__(FC_CU_THREADS)
-fc_84b1227f150696c2_i32(const fc_84b1227f150696c2_launch L)
+extern "C" __global__ void __launch_bounds__(FC_CU_THREADS, FC_CU_RED_BLOCKS)
+fc_2b8261379051d288_i32(const fc_2b8261379051d288_launch L)
 {
-    fc_84b1227f150696c2_body<int32_t>(L);
+    fc_2b8261379051d288_body<int32_t>(L);
 }
 #endif
 
 #if !defined(FC_CU_INDEX) || FC_CU_INDEX == 64
-extern "C" __global__ void __launch_bounds__(FC_CU_THREADS)
-fc_84b1227f150696c2_i64(const fc_84b1227f150696c2_launch L)
+extern "C" __global__ void __launch_bounds__(FC_CU_THREADS, FC_CU_RED_BLOCKS)
+fc_2b8261379051d288_i64(const fc_2b8261379051d288_launch L)
 {
-    fc_84b1227f150696c2_body<int64_t>(L);
+    fc_2b8261379051d288_body<int64_t>(L);
 }
 #endif
