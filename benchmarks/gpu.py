@@ -63,25 +63,31 @@ def cases(torch):
             "layernorm": (layernorm, 1, 1)}
 
 
+def _layernorm(g, x):
+    mu = g.call("mean", x, axis=-1, keepdims=True)
+    d = g.call("sub", x, mu)
+    var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
+    return [g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))]
+
+
+# the four workloads as core graphs: name -> (build(g, *inputs), rank, inputs)
+BUILDS = {"gelu": (lambda g, x: [g.call("gelu", x)], 1, 1),
+          "x*sigmoid(x)*y": (lambda g, x, y: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), y)], 1, 2),
+          "softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], 2, 1),
+          "layernorm": (_layernorm, 2, 1)}
+
+
 def fc_graphs(dname):
     """The same four as fastcompile core graphs: name -> (compiled, how to call it)."""
     from fastcompile.graph import Graph
 
-    def one(build, nd, nin):
+    def one(name):
+        build, nd, nin = BUILDS[name]
         g = Graph()
         ins = [g.input(dname, nd) for _ in range(nin)]
         g.output(*build(g, *ins))
         return g.compile()
-
-    def layernorm(g, x):
-        mu = g.call("mean", x, axis=-1, keepdims=True)
-        d = g.call("sub", x, mu)
-        var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
-        return [g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))]
-    gelu = one(lambda g, x: [g.call("gelu", x)], 1, 1)
-    silu = one(lambda g, x, y: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), y)], 1, 2)
-    smax = one(lambda g, x: [g.call("softmax", x, axis=-1)], 2, 1)
-    ln = one(layernorm, 2, 1)
+    gelu, silu, smax, ln = (one(k) for k in ("gelu", "x*sigmoid(x)*y", "softmax", "layernorm"))
     return {"gelu": (gelu, lambda x, y: gelu(x)[0]),
             "x*sigmoid(x)*y": (silu, lambda x, y: silu(x, y)[0]),
             "softmax": (smax, lambda x, y: smax(x.view(-1, 4096))[0]),

@@ -21,6 +21,8 @@ import sys
 
 import numpy as np
 
+from gpu import BUILDS          # the four workloads of benchmarks/gpu.py (this folder)
+
 
 def die(msg):
     print("benchmarks/gpu_tuning.py: " + msg, file=sys.stderr)
@@ -52,19 +54,6 @@ fc_tune(char *p0, char *p1, char *p2, long long n_outer, long long n_inner)
     %(name)s_body<int32_t>(L);
 }
 """
-
-
-def graphs():
-    """name -> (build, ndim, inputs), the four workloads of benchmarks/gpu.py"""
-    def layernorm(g, x):
-        mu = g.call("mean", x, axis=-1, keepdims=True)
-        d = g.call("sub", x, mu)
-        var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
-        return [g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))]
-    return {"gelu": (lambda g, x: [g.call("gelu", x)], 1, 1),
-            "x*sigmoid(x)*y": (lambda g, x, y: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), y)], 1, 2),
-            "softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], 2, 1),
-            "layernorm": (layernorm, 2, 1)}
 
 
 def kernel_of(build, dname, nd, nin):
@@ -155,7 +144,7 @@ def main():
         print("\n### %s: copy ceiling %.0f GB/s\n" % (dname, copy_bw))
         print("| workload | variant | regs (local bytes) | GB/s | % copy | max diff vs default |")
         print("|---|---|---|---|---|---|")
-        for name, (build, nd, nin) in graphs().items():
+        for name, (build, nd, nin) in BUILDS.items():
             if args.only and name not in args.only.split(","):
                 continue
             k = kernel_of(build, dname, nd, nin)

@@ -404,6 +404,33 @@ prefetches(const Gen *G, int q)
     return !K->ops[q].is_out && !(K->flat && fc_expr_operand_is_scalar(&G->e, q));
 }
 
+/* a pointwise kernel's nodes at the current point of its loop (the caller
+ * sets how operands are addressed: G->sp and the mode flags) */
+static int
+emit_kernel_nodes(Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    memset(G->e.loaded, 0, FC_MAXOPS);
+    for (int m = 0; m < K->nnodes; m++) {
+        if (fc_expr_emit_node(&G->e, K->nodes[m]) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* and the stores of its materialized nodes */
+static void
+emit_kernel_stores(Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    for (int m = 0; m < K->nnodes; m++) {
+        if (G->e.s->sn[K->nodes[m]].materialize) {
+            fc_expr_emit_store(&G->e, K->nodes[m]);
+        }
+    }
+}
+
 /* fc_cuda_kernel.h's FC_CU_VEC_UNROLL (the runtime sizes grids by it) */
 #define CU_VEC_UNROLL 2
 
@@ -459,18 +486,11 @@ emit_vector_loop(Gen *G)
     LINE(G, "const I i = (v0 + (I)(w / %d) * FC_CU_THREADS) * %d + (I)(w %% %d);", V, V, V);
     G->sp = SP_FLAT;
     G->vec = 1;
-    memset(G->e.loaded, 0, FC_MAXOPS);
-    for (int m = 0; m < K->nnodes; m++) {
-        if (fc_expr_emit_node(&G->e, K->nodes[m]) < 0) {
-            G->vec = 0;
-            return -1;
-        }
+    if (emit_kernel_nodes(G) < 0) {
+        G->vec = 0;
+        return -1;
     }
-    for (int m = 0; m < K->nnodes; m++) {
-        if (s->sn[K->nodes[m]].materialize) {
-            fc_expr_emit_store(&G->e, K->nodes[m]);
-        }
-    }
+    emit_kernel_stores(G);
     G->vec = 0;
     CLOSE(G);
     LINE(G, "#pragma unroll");
@@ -564,21 +584,14 @@ emit_pointwise(Gen *G)
     LINE(G, "const I i = i0 + (I)u * FC_CU_THREADS;");
     G->sp = K->flat ? SP_FLAT : SP_STRIDED;
     G->prefetched = 1;
-    memset(G->e.loaded, 0, FC_MAXOPS);
-    for (int m = 0; m < K->nnodes; m++) {
-        if (fc_expr_emit_node(&G->e, K->nodes[m]) < 0) {
-            G->prefetched = 0;
-            return -1;
-        }
+    if (emit_kernel_nodes(G) < 0) {
+        G->prefetched = 0;
+        return -1;
     }
     G->prefetched = 0;
     LINE(G, "if (i < (I)L.n_outer) {");
     G->e.depth++;
-    for (int m = 0; m < K->nnodes; m++) {
-        if (s->sn[K->nodes[m]].materialize) {
-            fc_expr_emit_store(&G->e, K->nodes[m]);
-        }
-    }
+    emit_kernel_stores(G);
     CLOSE(G);
     CLOSE(G);
     CLOSE(G);
