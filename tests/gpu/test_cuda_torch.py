@@ -87,6 +87,39 @@ def test_strided_and_broadcast_inputs():
     torch.testing.assert_close(z2, z)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8])
+@pytest.mark.parametrize("cap", [0, 3])
+def test_vector_paths_aligned_misaligned_and_capped_grids(dtype, cap):
+    """The flat kernels' vector loop and the reductions' vector rows against their scalar
+    fallbacks on the device: views one element in (not 16-byte aligned), lengths that are not a
+    multiple of a vector, rows at a misaligned pitch, a stride-0 input along the rows; with the
+    default grid (one trip a thread, a block a row) and a grid of 3 blocks (every thread loops:
+    config.cuda_max_grid). float32 and uint8 are exact against eager (no contraction, wrapping
+    integers); bfloat16 against float64 on the same inputs, one rounding of the result."""
+    name = str(dtype).replace("torch.", "")
+    add = compiled(lambda g, x, y: [g.call("add", g.call("mul", x, x), y)], (name, 1), (name, 1))
+    red = compiled(lambda g, x, m: [g.call("sub", x, m), g.call("amax", x, axis=-1)], (name, 2), (name, 2))
+    base = (torch.randn(9001, device="cuda") * 8).to(dtype)
+    rows = (torch.randn(37, 4097, device="cuda") * 8).to(dtype)
+    m = rows[:, :1].clone()
+    try:
+        fastcompile.config.set(cuda_max_grid=cap)
+        for off, n in ((0, 8192), (1, 8192), (0, 8999), (3, 4097)):
+            x, y = base[off:off + n], base[off + 1:off + 1 + n]
+            (z,) = add(x, y)
+            if dtype == torch.bfloat16:
+                torch.testing.assert_close(z.double(), x.double() * x.double() + y.double(), rtol=4e-3, atol=1e-3)
+            else:
+                torch.testing.assert_close(z, x * x + y, rtol=0, atol=0)
+        for x in (rows[:, :4096].contiguous(), rows[:, :4096], rows[:, 1:4001], rows[:, 1:38]):
+            mm = m.expand(x.shape)
+            d, mx = red(x, mm)
+            torch.testing.assert_close(d, x - mm, rtol=0, atol=0)
+            torch.testing.assert_close(mx, x.amax(-1), rtol=0, atol=0)
+    finally:
+        fastcompile.config.set(cuda_max_grid=0)
+
+
 def test_64bit_indexing():
     """More than 2^31 elements: the kernel's int64 entry point."""
     if torch.cuda.get_device_properties(0).total_memory < 24 << 30:
