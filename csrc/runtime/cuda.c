@@ -878,7 +878,7 @@ int
 fc_cuda_pack(const fc_launch *L, int nd, int flat, int per_thread, FcCuLaunch *out)
 {
     const int64_t i32max = 2147483647;
-    int64_t maxoff, grid;
+    int64_t maxoff, grid, step;
     nd = nd > 0 ? nd : 1;
     if (L->nops > FC_LAUNCH_MAXOPS || nd > FC_LAUNCH_MAXDIM) {
         PyErr_Format(PyExc_SystemError, "fastcompile: a CUDA launch of %d operands over %d dims", L->nops, nd);
@@ -887,11 +887,11 @@ fc_cuda_pack(const fc_launch *L, int nd, int flat, int per_thread, FcCuLaunch *o
     grid = grid_of(L, per_thread);
     out->grid = (unsigned)grid;
     out->nbytes = pack_launch(L, nd, flat, out->params, &maxoff);
-    /* 32-bit index math when no index, offset or loop step can pass 2^31 - 1
-     * (a pointwise trip steps by grid x threads x per_thread elements, at
-     * least the scalar loop's; a reduction's row loop by grid rows) */
-    out->bits = maxoff < i32max && L->n_outer + (grid + 1) * FC_CU_THREADS * (per_thread > 8 ? per_thread : 8) < i32max &&
-                L->n_inner + FC_CU_THREADS * 4 < i32max ? 32 : 64;
+    /* 32-bit index math when no index, offset or loop step can pass 2^31 - 1:
+     * a pointwise trip steps by grid x threads x per_thread elements (at least
+     * the scalar loop's 8), a reduction's row loop by grid rows */
+    step = per_thread > 0 ? (grid + 1) * FC_CU_THREADS * (per_thread > 8 ? per_thread : 8) : grid;
+    out->bits = maxoff < i32max && L->n_outer + step < i32max && L->n_inner + FC_CU_THREADS * 4 < i32max ? 32 : 64;
     return 0;
 }
 
