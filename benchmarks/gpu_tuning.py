@@ -11,11 +11,12 @@ uses the defaults). Each row: GB/s (inputs read once + outputs written once over
 CUDA-event times), the share of the device-to-device copy ceiling, the registers a thread uses,
 and the largest difference from the default variant's output (a variant must compute the same
 thing). The first row of each workload is the runtime's default. "blocks/SM" is the minimum that
-__launch_bounds__ asks for (FC_CU_RED_BLOCKS), which caps the registers. Needs a GPU and CuPy;
-refuses to run without them.
+__launch_bounds__ asks for (FC_CU_RED_BLOCKS; by default gen_cuda's choice, red_blocks), which caps
+the registers. Needs a GPU and CuPy; refuses to run without them.
 """
 import argparse
 import os
+import re
 import statistics
 import sys
 
@@ -150,8 +151,9 @@ def main():
             k = kernel_of(build, dname, nd, nin)
             V = 16 // size
             reduction = bool(k["reduction"])
+            bounds = re.search(r"__launch_bounds__\(FC_CU_THREADS(, FC_CU_RED_BLOCKS_OR\(\d+\))?\)", k["source"])
             src = k["source"] + ENTRY % dict(name=k["name"], nops=k["nops"], nd=max(1, k["nd"]),
-                                             bounds=", FC_CU_RED_BLOCKS" if reduction else "")
+                                             bounds=bounds.group(1) or "")
             nbytes = (nin + 1) * n * size
             ref = None
             for label, macros, threads, grid in variants(reduction, sms, n, V, rows, k["per_thread"]):

@@ -111,6 +111,28 @@ def test_softmax_is_one_kernel_one_block_per_row():
     assert "for (I o = blockIdx.x;" in src and "j += FC_CU_THREADS" in src
 
 
+@pytest.mark.parametrize("case, dtype, blocks", [
+    ("softmax", "float32", 4), ("softmax", "bfloat16", 4), ("layernorm", "float32", 4),
+    ("layernorm_affine", "float32", 2), ("layernorm_affine", "bfloat16", 2),
+    ("softmax", "float64", 1), ("layernorm_affine", "float64", 1)])
+def test_reduction_register_budget_follows_the_row_cache(case, dtype, blocks):
+    """__launch_bounds__'s blocks per SM: 4 (64 registers) when the row cache holds one input of
+    up to 4 bytes, 2 for three (a layernorm's x, weight and bias), 1 with 8-byte operands; at 64
+    registers the latter spilled 150-1000 bytes a thread. Each entry point asks the same."""
+    def ln(g, x, *wb):
+        mu = g.call("mean", x, axis=-1, keepdims=True)
+        d = g.call("sub", x, mu)
+        var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
+        y = g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))
+        return [g.call("add", g.call("mul", y, wb[0]), wb[1]) if wb else y]
+    build, metas = {"softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], [(dtype, 2)]),
+                    "layernorm": (ln, [(dtype, 2)]),
+                    "layernorm_affine": (ln, [(dtype, 2), (dtype, 1), (dtype, 1)])}[case]
+    (k,) = render(build, metas)
+    asked = re.findall(r"__launch_bounds__\(FC_CU_THREADS, FC_CU_RED_BLOCKS_OR\((\d+)\)\)", k["source"])
+    assert asked == [str(blocks)] * 2
+
+
 def test_layernorm_is_one_kernel():
     def ln(g, x):
         mu = g.call("mean", x, axis=-1, keepdim=True)

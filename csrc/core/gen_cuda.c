@@ -637,6 +637,9 @@ reduction_body(Gen *G)
             LINE(G, "__shared__ int64_t smi%d[32];", v);
         }
     }
+    if (G->rv) {
+        LINE(G, "static_assert(FC_CU_ROWCACHE %% %d == 0, \"FC_CU_ROWCACHE: whole vectors of %d\");", G->rv, G->rv);
+    }
     LINE(G, "int fc_err = 0;");
     fc_expr_emit_operand_decls(&G->e);
     LINE(G, "#pragma unroll 1");
@@ -685,6 +688,27 @@ reduction_body(Gen *G)
     CLOSE(G);
     LINE(G, "fc_cu_report(L.err, fc_err);");
     return 0;
+}
+
+/* Blocks of 256 threads per SM a reduction kernel asks ptxas for
+ * (FC_CU_RED_BLOCKS_OR): 4, at most 64 registers a thread, where the row
+ * cache holds 16 words (one input of up to 4 bytes: softmax, layernorm; an
+ * H100 measured that best, 94-103% of the copy bandwidth, where 2 blocks gave
+ * 28-35% in bfloat16); 2 (128 registers) up to 48 words, as layernorm with a
+ * weight and a bias; 1 past that, 8-byte operands counting double and 32
+ * words more. At 64 registers those spilled 150-1000 bytes a thread (ptxas
+ * -v); the 2- and 1-block choices are not measured on a device yet. */
+static int
+red_blocks(const Gen *G)
+{
+    const FcKernelIR *K = G->e.K;
+    int words = widest_of(G) == 8 ? 32 : 0;
+    for (int o = 0; o < K->nops; o++) {
+        if (!K->ops[o].is_out && G->first_sweep[o] >= 0) {
+            words += 16 * (fc_dtypes[G->e.s->slots[K->ops[o].slot].dtype].size == 8 ? 2 : 1);
+        }
+    }
+    return words <= 16 ? 4 : words <= 48 ? 2 : 1;
 }
 
 /* A reduction kernel is written twice: a probe pass into scratch text learns
@@ -767,8 +791,13 @@ fc_gen_cuda(const FcSpec *s, int k, const char *name, const char *header_comment
     for (int w = 32; rc == 0 && w <= 64; w += 32) {
         fc_str_puts(&b, "\n");
         LINE(&G, "#if !defined(FC_CU_INDEX) || FC_CU_INDEX == %d", w);
-        LINE(&G, "extern \"C\" __global__ void __launch_bounds__(FC_CU_THREADS%s)",
-             G.e.K->mask ? ", FC_CU_RED_BLOCKS" : "");
+        if (G.e.K->mask) {
+            LINE(&G, "extern \"C\" __global__ void __launch_bounds__(FC_CU_THREADS, FC_CU_RED_BLOCKS_OR(%d))",
+                 red_blocks(&G));
+        }
+        else {
+            LINE(&G, "extern \"C\" __global__ void __launch_bounds__(FC_CU_THREADS)");
+        }
         LINE(&G, "%s_i%d(const %s_launch L)", name, w, name);
         LINE(&G, "{");
         LINE(&G, "    %s_body<int%d_t>(L);", name, w);

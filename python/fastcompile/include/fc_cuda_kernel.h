@@ -14,17 +14,21 @@
 #ifndef FC_CU_VEC_UNROLL
 #define FC_CU_VEC_UNROLL 2
 #endif
-/* Reduction kernels ask ptxas for 4 resident blocks per SM (at most 64
- * registers a thread): left alone, the unrolled row cache and the sweeps took
- * 100-150 registers, 2 blocks of 256 threads per SM, too few rows in flight
- * to cover the memory's latency. */
 /* Reduction kernels: row elements a thread keeps in registers (its row
  * cache), a multiple of 16 / the widest operand's size (one vector) */
 #ifndef FC_CU_ROWCACHE
 #define FC_CU_ROWCACHE 16
 #endif
-#ifndef FC_CU_RED_BLOCKS
-#define FC_CU_RED_BLOCKS 4
+/* Reduction kernels ask ptxas for n resident blocks of 256 threads per SM
+ * (__launch_bounds__; n = 4: at most 64 registers a thread, 2: 128, 1: 255),
+ * n chosen by gen_cuda from what the row cache holds (red_blocks). Left
+ * alone, ptxas gave softmax and layernorm 100-150 registers, 2 blocks per
+ * SM, too few rows in flight to cover the memory's latency. Defining
+ * FC_CU_RED_BLOCKS overrides n (benchmarks/gpu_tuning.py). */
+#ifdef FC_CU_RED_BLOCKS
+#define FC_CU_RED_BLOCKS_OR(n) FC_CU_RED_BLOCKS
+#else
+#define FC_CU_RED_BLOCKS_OR(n) (n)
 #endif
 #define FC_ERR_NEGATIVE_POWER 1    /* as fc_launch.h */
 #define FC_ERR_EMPTY_REDUCE 2

@@ -1,17 +1,18 @@
-/* fastcompile 0.1.0: kernel fc_2b8261379051d288
+/* fastcompile 0.1.0: kernel fc_c0bed3c26ca35b7c
  * graph f2870a10aed5ddf8
  * 7 ops, reduction, 3 sweeps per row */
 #include "fc_cuda_kernel.h"
 
-typedef fc_cu_launch<2, 2> fc_2b8261379051d288_launch;
+typedef fc_cu_launch<2, 2> fc_c0bed3c26ca35b7c_launch;
 
 template <typename I>
 static __device__ __forceinline__ void
-fc_2b8261379051d288_body(const fc_2b8261379051d288_launch &L)
+fc_c0bed3c26ca35b7c_body(const fc_c0bed3c26ca35b7c_launch &L)
 {
     __shared__ float sm0[32];
     __shared__ int smn0[32];
     __shared__ double sm1[32];
+    static_assert(FC_CU_ROWCACHE % 4 == 0, "FC_CU_ROWCACHE: whole vectors of 4");
     int fc_err = 0;
     float *__restrict__ out0 = (float *)L.ptr[0];
     const float *__restrict__ in0 = (const float *)L.ptr[1];
@@ -144,17 +145,17 @@ fc_2b8261379051d288_body(const fc_2b8261379051d288_launch &L)
 }
 
 #if !defined(FC_CU_INDEX) || FC_CU_INDEX == 32
-extern "C" __global__ void __launch_bounds__(FC_CU_THREADS, FC_CU_RED_BLOCKS)
-fc_2b8261379051d288_i32(const fc_2b8261379051d288_launch L)
+extern "C" __global__ void __launch_bounds__(FC_CU_THREADS, FC_CU_RED_BLOCKS_OR(4))
+fc_c0bed3c26ca35b7c_i32(const fc_c0bed3c26ca35b7c_launch L)
 {
-    fc_2b8261379051d288_body<int32_t>(L);
+    fc_c0bed3c26ca35b7c_body<int32_t>(L);
 }
 #endif
 
 #if !defined(FC_CU_INDEX) || FC_CU_INDEX == 64
-extern "C" __global__ void __launch_bounds__(FC_CU_THREADS, FC_CU_RED_BLOCKS)
-fc_2b8261379051d288_i64(const fc_2b8261379051d288_launch L)
+extern "C" __global__ void __launch_bounds__(FC_CU_THREADS, FC_CU_RED_BLOCKS_OR(4))
+fc_c0bed3c26ca35b7c_i64(const fc_c0bed3c26ca35b7c_launch L)
 {
-    fc_2b8261379051d288_body<int64_t>(L);
+    fc_c0bed3c26ca35b7c_body<int64_t>(L);
 }
 #endif
