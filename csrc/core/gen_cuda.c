@@ -30,7 +30,7 @@
 #define LINE(G, ...) FC_LINE(&(G)->e, __VA_ARGS__)
 #define CLOSE(G) FC_CLOSE(&(G)->e)
 
-typedef enum { SP_FLAT, SP_STRIDED, SP_INNER, SP_CACHED, SP_OUTER_POINT } Space;
+typedef enum { SP_FLAT, SP_VECTOR, SP_STRIDED, SP_INNER, SP_CACHED, SP_OUTER_POINT } Space;
 
 /* Row cache: a reduction kernel's sweeps over its row read the inputs from
  * registers, FC_CU_ROWCACHE elements per thread (fc_cuda_kernel.h: 16, rows
@@ -45,7 +45,6 @@ typedef struct {
     int nd;              /* the launch struct's ND: the kernel's rank, at least 1 */
     Space sp;            /* how buffer operands are addressed right now */
     int prefetched;            /* pointwise: inputs are read from pf<o>[u], loaded before */
-    int vec;                   /* pointwise, flat: the vector loop (pf<o>[w] in, st<o>[w] out) */
     int rv;                    /* reductions: elements per vector of the rows' vector path, 0 none */
     int probe;                 /* reductions: a first pass that only learns first_sweep and staged */
     int sweep;                 /* reductions: the sweep being written (0, 1, ...) */
@@ -75,11 +74,16 @@ mem_expr(const FcExprGen *E, int o, char *out)
 {
     const Gen *G = (const Gen *)E;
     switch (G->sp) {
-    case SP_FLAT:
-        if (G->vec && !fc_expr_operand_is_scalar(E, o)) {
+    case SP_VECTOR:            /* a flat kernel's vector loop: element w of the trip's vectors */
+        if (fc_expr_operand_is_scalar(E, o)) {
+            snprintf(out, EXPR, "%s[0]", E->opname[o]);
+        }
+        else {
             snprintf(out, EXPR, E->K->ops[o].is_out ? "st%d[w]" : "pf%d[w]", o);
         }
-        else if (G->prefetched && !E->K->ops[o].is_out && !fc_expr_operand_is_scalar(E, o)) {
+        break;
+    case SP_FLAT:
+        if (G->prefetched && !E->K->ops[o].is_out && !fc_expr_operand_is_scalar(E, o)) {
             snprintf(out, EXPR, "pf%d[u]", o);
         }
         else {
@@ -196,13 +200,19 @@ open_cache_loop(Gen *G, int vector)
 /* The row cache's loads of the inputs this sweep reads first: all of a
  * thread's loads out together, before any use (vector loads where the row
  * allows, else one element at a time). */
+static int
+fills(const Gen *G, int o, int sweep)
+{
+    return !G->e.K->ops[o].is_out && G->first_sweep[o] == sweep;
+}
+
 static void
 emit_fill(Gen *G, int sweep)
 {
     const FcKernelIR *K = G->e.K;
     int any = 0;
     for (int o = 0; o < K->nops; o++) {
-        any |= !K->ops[o].is_out && G->first_sweep[o] == sweep;
+        any |= fills(G, o, sweep);
     }
     if (!any) {
         return;
@@ -214,7 +224,7 @@ emit_fill(Gen *G, int sweep)
         LINE(G, "if (j < (I)L.n_inner) {");
         G->e.depth++;
         for (int o = 0; o < K->nops; o++) {
-            if (!K->ops[o].is_out && G->first_sweep[o] == sweep) {
+            if (fills(G, o, sweep)) {
                 LINE(G, "fc_cu_vload_row<%d>(rc%d + k, %s + ob[%d], j, L.istride[%d][0]);", G->rv, o,
                      G->e.opname[o], o, o);
             }
@@ -230,7 +240,7 @@ emit_fill(Gen *G, int sweep)
     G->e.depth++;
     emit_inner_offsets(G);
     for (int o = 0; o < K->nops; o++) {
-        if (!K->ops[o].is_out && G->first_sweep[o] == sweep) {
+        if (fills(G, o, sweep)) {
             LINE(G, "rc%d[k] = %s[ob[%d] + ib[%d]];", o, G->e.opname[o], o, o);
         }
     }
@@ -484,14 +494,11 @@ emit_vector_loop(Gen *G)
     LINE(G, "for (int w = 0; w < FC_CU_VEC_UNROLL * %d; w++) {", V);
     G->e.depth++;
     LINE(G, "const I i = (v0 + (I)(w / %d) * FC_CU_THREADS) * %d + (I)(w %% %d);", V, V, V);
-    G->sp = SP_FLAT;
-    G->vec = 1;
+    G->sp = SP_VECTOR;
     if (emit_kernel_nodes(G) < 0) {
-        G->vec = 0;
         return -1;
     }
     emit_kernel_stores(G);
-    G->vec = 0;
     CLOSE(G);
     LINE(G, "#pragma unroll");
     LINE(G, "for (int u = 0; u < FC_CU_VEC_UNROLL; u++) {");

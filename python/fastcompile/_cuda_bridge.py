@@ -22,12 +22,11 @@ def full(value, dtype, dev):
     return _full((), value, dtype=dtype, device=dev)
 
 
-def stream(dev):
-    """torch's current stream on CUDA device ``dev``, as the CUstream handle (an int)."""
-    return _current_stream(dev).cuda_stream
-
-
-# The same handle straight from torch's C++ (what inductor's generated code calls), without
-# building a torch.cuda.Stream object each call: a few microseconds less per call.
+# The stream as torch's C++ gives it (what inductor's generated code calls): no torch.cuda.Stream
+# object built at each call, a few microseconds less per call. Older torch: through the object.
 if callable(getattr(torch._C, "_cuda_getCurrentRawStream", None)):
-    stream = torch._C._cuda_getCurrentRawStream     # noqa: F811
+    stream = torch._C._cuda_getCurrentRawStream
+else:
+    def stream(dev):
+        """torch's current stream on CUDA device ``dev``, as the CUstream handle (an int)."""
+        return _current_stream(dev).cuda_stream
