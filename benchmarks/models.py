@@ -3,6 +3,7 @@ fastcompile.compile (our own frontend; training through autograd mode and aot_au
 
     python3 benchmarks/models.py            # full run
     python3 benchmarks/models.py --quick    # smoke run (small sizes, few iterations)
+    python3 benchmarks/models.py --small    # host-bound sizes, timed in full: per-call costs
 
 Models: a transformer block (LayerNorm, multi-head attention, GELU MLP) and an MLP; each for
 inference (no_grad forward) and a training step (forward, MSE loss, backward, SGD step).
@@ -53,6 +54,9 @@ import time
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few iterations (smoke run)")
+    ap.add_argument("--small", action="store_true",
+                    help="host-bound sizes (a transformer block of width 64 on 2 x 16 tokens, an MLP of "
+                    "width 64 on 16 rows), timed as the full run: what each backend adds per call")
     ap.add_argument("--seconds", type=float, default=30.0,
                     help="timed interleaved iterations per model and mode take about this long (default 30)")
     ap.add_argument("--omp-wait-policy", choices=("active", "passive"), type=str.lower,
@@ -309,12 +313,16 @@ def main(args):
         iters, warmup = 5, 2
         cases = [("transformer", lambda: Block(64, 4), torch.randn(4, 32, 64)),
                  ("mlp", lambda: mlp(64), torch.randn(64, 64))]
+    elif args.small:
+        iters, warmup = 60, 5
+        cases = [("transformer", lambda: Block(64, 4), torch.randn(2, 16, 64)),
+                 ("mlp", lambda: mlp(64), torch.randn(16, 64))]
     else:
         iters, warmup = 60, 5
         cases = [("transformer", lambda: Block(256, 8), torch.randn(8, 128, 256)),
                  ("mlp", lambda: mlp(512), torch.randn(512, 512))]
     print("torch %s, %d threads, %s, OMP_WAIT_POLICY %s" % (
-        torch.__version__, torch.get_num_threads(), "quick" if args.quick else "full",
+        torch.__version__, torch.get_num_threads(), "quick" if args.quick else "small" if args.small else "full",
         OMP_POLICY_AT_LOAD))
     prewarm()
     rows = []

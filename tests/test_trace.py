@@ -277,3 +277,81 @@ def test_grad_mode_is_guarded_for_tensors_that_require_grad():
         assert G.check_program(r.program, by_slot, f.__globals__, __builtins__, None) == -1
     failed = G.check_program(r.program, by_slot, f.__globals__, __builtins__, None)
     assert failed >= 0 and r.program[failed - 1][0] == "call0"
+
+
+def test_compiled_source_reader_matches_evaluate():
+    """sources.compile_reader: the per-call input reader reads what evaluate reads, MISSING
+    included (a missing key, attribute, slot, global; a function's unset defaults), and a step
+    shared by several sources (a module's _modules dict) once per call."""
+    from fastcompile.trace import sources as S
+
+    class Slotted:
+        __slots__ = ("a", "b")
+
+    class Counting(dict):
+        reads = 0
+
+        def __getitem__(self, k):
+            Counting.reads += 1
+            return dict.__getitem__(self, k)
+
+    class Obj:
+        kind = "class attr"
+
+    def fn(x, y=2):
+        return x + y
+
+    sl = Slotted()
+    sl.a = 5
+    mods = Counting(first=np.arange(3), second=[10, 20])
+    o = Obj()
+    o.mods, o.fn, o.sl = mods, fn, sl
+    root = S.LocalSource("self", 0)
+    mods_src = S.ItemSource(S.DictAttrSource(root, "mods"), "first")
+    srcs = [
+        mods_src,
+        S.ItemSource(S.ItemSource(S.DictAttrSource(root, "mods"), "second"), 1),
+        S.ItemSource(S.DictAttrSource(root, "mods"), "absent"),            # MISSING key
+        S.ItemSource(S.ItemSource(S.DictAttrSource(root, "mods"), "second"), 7),   # index
+        S.DictAttrSource(root, "nothing"),                                  # MISSING attribute
+        S.DictAttrSource(S.DictAttrSource(root, "nothing"), "deeper"),      # below a MISSING
+        S.TypeAttrSource(S.TypeOfSource(root), "kind"),
+        S.TypeOfSource(root),
+        S.SlotAttrSource(S.DictAttrSource(root, "sl"), "a"),
+        S.SlotAttrSource(S.DictAttrSource(root, "sl"), "b"),                # unset slot
+        S.FuncAttrSource(S.DictAttrSource(root, "fn"), "__defaults__"),
+        S.FuncAttrSource(S.DictAttrSource(root, "fn"), "__kwdefaults__"),
+        S.GlobalSource("g"), S.GlobalSource("len"), S.GlobalSource("no_such_name"),
+        S.LocalSource("other", 1), S.LocalSource("unbound", 9),
+        S.ClosureSource("c", 0),
+        mods_src,                                                            # twice: read once
+    ]
+    cell = types.CellType(3.5)
+    args = ({0: o, 1: "local"}, {"g": 42}, __builtins__, (cell,))
+    want = [S.evaluate(s, *args) for s in srcs]
+    read = S.compile_reader(srcs)
+    Counting.reads = 0
+    got = read(*args)
+    assert len(got) == len(want)
+    for i, (g_, w) in enumerate(zip(got, want)):
+        assert g_ is w, (i, srcs[i], g_, w)
+    assert got[2] is S.MISSING and got[4] is S.MISSING and got[5] is S.MISSING
+    assert got[9] is S.MISSING and got[14] is S.MISSING and got[16] is S.MISSING
+    assert got[6] == "class attr" and got[10] == (2,) and got[11] is None and got[17] == 3.5
+    # the four item reads of mods: first, second (twice over, shared), absent; once each
+    assert Counting.reads == 3, Counting.reads
+    # read again after a change: a reader holds no values, only paths
+    mods["first"] = "new"
+    cell.cell_contents = -1.0
+    got2 = read(*args)
+    assert got2[0] == "new" and got2[-1] == "new" and got2[17] == -1.0
+
+
+def test_source_hash_is_computed_once():
+    from fastcompile.trace import sources as S
+    a = S.ItemSource(S.DictAttrSource(S.LocalSource("self", 0), "m"), "w")
+    b = S.ItemSource(S.DictAttrSource(S.LocalSource("other_name", 0), "m"), "w")
+    assert a == b and hash(a) == hash(b)           # equal paths: equal hashes, as before
+    assert hash(a) == hash(a) and a._hash == hash(a)
+    assert a != S.ItemSource(S.DictAttrSource(S.LocalSource("self", 1), "m"), "w")
+    assert len({a, b, S.ItemSource(a.base, "v")}) == 2

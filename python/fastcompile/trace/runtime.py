@@ -125,6 +125,8 @@ def build(tracer, vars_, user_stack=()):
         state["first"] = _FirstCall(tracer, outputs, state["compiled"], background)
 
     has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's arrays
+    read_inputs = S.compile_reader([src for src, _ in inputs])
+    torch_inputs = [j for j, (_, kind) in enumerate(inputs) if kind == "torch"]
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
@@ -144,12 +146,9 @@ def build(tracer, vars_, user_stack=()):
             c = state["compiled"]
             if c is None:
                 c = state["compiled"] = graph.compile()
-            arrays = []
-            for src, kind in inputs:
-                a = env.get(src)
-                if kind == "torch":
-                    a = a.detach().numpy()
-                arrays.append(a)
+            arrays = read_inputs(*env.args)
+            for j in torch_inputs:
+                arrays[j] = arrays[j].detach().numpy()
             # the first call (sync): the trace ran every extern on these inputs already
             outs = c(*arrays) if got is None else c._call_with(tuple(arrays), got[1])
         return [p(env, outs) for p in plans]
@@ -360,12 +359,13 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     state = {"compiled": None}
     runners = []
     has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's tensors
+    read_inputs = S.compile_reader([src for src, _ in inputs])
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
         if has_outputs:
-            tensors = [env.get(src) for src, _ in inputs]
+            tensors = read_inputs(*env.args)
             c = state["compiled"]
             if c is None:
                 import torch

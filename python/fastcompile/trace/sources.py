@@ -6,14 +6,20 @@ import types
 
 
 class Source:
-    """Base: a path from the frame to a value. Subclasses are plain records."""
-    __slots__ = ()
+    """Base: a path from the frame to a value. Subclasses are plain records, never changed once
+    made: the hash is computed once (a key holds its base source, so hashing a path of n
+    steps hashed all of them, at each lookup of a per-call memo)."""
+    __slots__ = ("_hash",)
 
     def __eq__(self, other):
         return type(self) is type(other) and self._key() == other._key()
 
     def __hash__(self):
-        return hash((type(self).__name__,) + self._key())
+        try:
+            return self._hash
+        except AttributeError:
+            h = self._hash = hash((type(self).__name__,) + self._key())
+            return h
 
 
 class LocalSource(Source):
@@ -252,6 +258,63 @@ def slot_get(obj, name):
         return d.__get__(obj, type(obj))
     except AttributeError:
         return MISSING
+
+
+def _item_get(obj, key):
+    try:
+        return obj[key]
+    except (KeyError, IndexError, TypeError):
+        return MISSING
+
+
+# how a derived source reads from its base's value: helper name, or None for type(base)
+_READERS = {ItemSource: "_item_get", DictAttrSource: "_instance_dict_get", TypeOfSource: None,
+            TypeAttrSource: "type_lookup", SlotAttrSource: "slot_get", FuncAttrSource: "func_attr"}
+
+
+def compile_reader(sources):
+    """read(f_locals_by_slot, f_globals, f_builtins, closure) -> the list of what each of
+    ``sources`` names, exactly as [evaluate(s, ...) for s in sources] (MISSING where evaluate
+    gives MISSING), as one generated straight-line function: each distinct source (a path's
+    shared steps, as self._modules of a module's parameters) read once, no recursion and no
+    hashing per call. Per call of a traced module's graph with its 12 parameters as inputs,
+    evaluate per input was about 60 us."""
+    glob = {"MISSING": MISSING, "_evaluate": evaluate, "_item_get": _item_get,
+            "_instance_dict_get": _instance_dict_get, "type_lookup": type_lookup,
+            "slot_get": slot_get, "func_attr": func_attr}
+    names = {}
+    lines = []
+
+    def name_of(src):
+        n = names.get(src)
+        if n is not None:
+            return n
+        helper = _READERS.get(type(src), False)
+        if helper is not False:
+            b = name_of(src.base)
+            n = "v%d" % len(names)
+            if helper is None:
+                expr = "type(%s)" % b
+            else:
+                key = "k%d" % len(glob)
+                glob[key] = src.key if isinstance(src, ItemSource) else src.name
+                expr = "%s(%s, %s)" % (helper, b, key)
+            lines.append("%s = MISSING if %s is MISSING else %s" % (n, b, expr))
+        else:                       # a root (or a kind read rarely): evaluate's own code
+            n = "v%d" % len(names)
+            key = "s%d" % len(glob)
+            glob[key] = src
+            lines.append("%s = _evaluate(%s, by_slot, f_globals, f_builtins, closure)" % (n, key))
+        names[src] = n
+        return n
+
+    outs = [name_of(src) for src in sources]
+    lines.append("return [%s]" % ", ".join(outs))
+    text = "def read(by_slot, f_globals, f_builtins, closure):\n    %s\n" % "\n    ".join(lines)
+    exec(compile(text, "<fastcompile sources>", "exec"), glob)
+    read = glob["read"]
+    read.source = text
+    return read
 
 
 def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
