@@ -2103,3 +2103,25 @@ def test_fc_compile_first_call_with_a_computed_float_runs_each_extern_once():
         torch.testing.assert_close(cf(ours, x, 0.1 * (k + 1)), f(eager, x, 0.1 * (k + 1)))
         torch.testing.assert_close(ours.running_mean, eager.running_mean, msg="call %d" % k)
         torch.testing.assert_close(ours.running_var, eager.running_var)
+
+
+def _int_pow(x, e):
+    return x ** e + 1, torch.pow(2, e) * 3
+
+
+@pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+def test_integer_pow_by_a_tensor_exponent_computes_as_eager(how, dtype):
+    """An integer tensor exponent may be negative, or become negative in the base's dtype
+    (int8 ** tensor(1000) is int8 ** -24): torch computes it (1 and -1 give +-1, any other base
+    0) where NumPy's and the core's pow raise. It runs as torch's pow; a Python int exponent
+    stays a core op."""
+    f = fastcompile.compile(_int_pow) if how == "fastcompile.compile" else compile_fc(_int_pow)
+    x = torch.tensor([1, 2, 3, -1, 0, -2, 5], dtype=dtype)
+    for e in (torch.tensor(1000), torch.tensor(-3), torch.tensor(3, dtype=dtype),
+              torch.tensor([2, -1, 0, 3, 1, -2, 4], dtype=dtype)):
+        with torch.no_grad():
+            got, want = f(x, e), _int_pow(x, e)
+        for g_, w in zip(got, want):
+            assert g_.dtype == w.dtype and torch.equal(g_, w), (e, g_, w)
+    torch.testing.assert_close(compile_fc(lambda a: a ** 3 - a)(x), x ** 3 - x, rtol=0, atol=0)

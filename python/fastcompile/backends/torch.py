@@ -938,6 +938,10 @@ def _pow(L, node):
             return L.out(node, L.g.call("mul", x, x), L.cshape_of(base))
         if exp == 0.5 and meta.dtype.is_floating_point:
             return L.out(node, L.g.call("sqrt", L.operand(base, meta.dtype)), L.cshape_of(base))
+    if not meta.dtype.is_floating_point and not meta.dtype.is_complex and isinstance(exp, torch.fx.Node):
+        # torch takes a negative integer exponent tensor (int8 ** tensor(1000) is int8 ** -24):
+        # 1 and -1 give +-1, any other base 0; the core raises there, as NumPy does
+        raise _NotLowered("integer pow with a tensor exponent: torch's rule for negative exponents")
     return _pointwise("pow", nargs=2)(L, node)
 
 
