@@ -2125,3 +2125,36 @@ def test_integer_pow_by_a_tensor_exponent_computes_as_eager(how, dtype):
         for g_, w in zip(got, want):
             assert g_.dtype == w.dtype and torch.equal(g_, w), (e, g_, w)
     torch.testing.assert_close(compile_fc(lambda a: a ** 3 - a)(x), x ** 3 - x, rtol=0, atol=0)
+
+
+_BOOL_CASES = {
+    "remainder": lambda a, b: a % b, "remainder_scalar": lambda a, b: a % True,
+    "fmod": lambda a, b: torch.fmod(a, b), "clamp": lambda a, b: torch.clamp(a, False, True),
+    "clamp_min": lambda a, b: torch.clamp_min(a, True), "clamp_max": lambda a, b: torch.clamp_max(a, b),
+    "abs": lambda a, b: torch.abs(a), "round": lambda a, b: torch.round(a), "trunc": lambda a, b: torch.trunc(a),
+    "floor": lambda a, b: torch.floor(a), "ceil": lambda a, b: torch.ceil(a), "argmax": lambda a, b: a.argmax(),
+    "argmin": lambda a, b: a.argmin(dim=0), "floor_divide": lambda a, b: a // b, "pow_tensor": lambda a, b: a ** b,
+    "pow_int": lambda a, b: a ** 2, "sign": lambda a, b: torch.sign(a), "amax": lambda a, b: a.amax(),
+    "mul": lambda a, b: a * b, "sum": lambda a, b: a.sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BOOL_CASES))
+def test_ops_on_bool_tensors_raise_or_compute_as_eager(name):
+    """torch's CPU kernels refuse bool for remainder, fmod, clamp*, abs, rounding, argmax/argmin,
+    floor division and tensor pow (NotImplementedError or RuntimeError); the core would compute
+    them. With a bool operand those run as torch's op, which raises at the call as eager does;
+    what eager computes on bool still matches (the last cases)."""
+    fn = _BOOL_CASES[name]
+    a, b = torch.tensor([True, False, True, False]), torch.tensor([False, True, True, True])
+    try:
+        want, err = fn(a, b), None
+    except (RuntimeError, NotImplementedError) as e:
+        want, err = None, type(e)
+    f = compile_fc(fn)
+    if err is not None:
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            f(a, b)
+    else:
+        got = f(a, b)
+        assert got.dtype == want.dtype and torch.equal(got, want), (got, want)

@@ -607,7 +607,11 @@ class _Lowering:
             if isinstance(src, (list, tuple)) or src is None:
                 self.env[node] = src[node.args[1]] if src is not None else None
                 return
-        handler = _LOWER.get(getattr(node.target, "overloadpacket", None)) if node.op == "call_function" else None
+        packet = getattr(node.target, "overloadpacket", None) if node.op == "call_function" else None
+        handler = _LOWER.get(packet)
+        if handler is not None and packet in _BOOL_REFUSED and _reads_bool(node):
+            log.debug("extern %s: torch's CPU kernel refuses bool", node.format_node())
+            handler = None      # the extern raises at the call as eager does (pow: computes it)
         if handler is not None and (_is_tensor_meta(meta) or isinstance(meta, (tuple, list))):
             mark = self.g  # handlers raise _NotLowered before adding anything that matters
             try:
@@ -628,6 +632,24 @@ class _Lowering:
                 return
             del mark
         self.pending(node)
+
+
+# Ops whose CPU kernels refuse bool tensors (NotImplementedError, "not implemented for 'Bool'";
+# argmax/argmin a RuntimeError) where the core computes them; and pow, whose bool result
+# (bool ** True is bool in torch) the core would give as an integer. With a bool tensor operand
+# they run as torch's own op, which raises (or computes) as eager does.
+_BOOL_REFUSED = frozenset((aten.remainder, aten.fmod, aten.clamp, aten.clamp_min, aten.clamp_max,
+                           aten.ceil, aten.floor, aten.round, aten.trunc, aten.frac, aten.abs,
+                           aten.argmax, aten.argmin, aten.floor_divide, aten.pow))
+
+
+def _reads_bool(node):
+    for a in node.all_input_nodes:
+        m = _meta(a)
+        if _is_tensor_meta(m) and m.dtype == torch.bool:
+            return True
+    m = _meta(node)
+    return _is_tensor_meta(m) and m.dtype == torch.bool
 
 
 # Deterministic ops a cluster without tensor inputs may hold and still be computed once, at
