@@ -2110,20 +2110,23 @@ def _int_pow(x, e):
 
 
 @pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
-@pytest.mark.parametrize("dtype", [torch.int8, torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
 def test_integer_pow_by_a_tensor_exponent_computes_as_eager(how, dtype):
     """An integer tensor exponent may be negative, or become negative in the base's dtype
-    (int8 ** tensor(1000) is int8 ** -24): torch computes it (1 and -1 give +-1, any other base
-    0) where NumPy's and the core's pow raise. It runs as torch's pow; a Python int exponent
-    stays a core op."""
-    f = fastcompile.compile(_int_pow) if how == "fastcompile.compile" else compile_fc(_int_pow)
+    (int8 ** tensor(1000) is int8 ** -24): torch computes it (1 and -1 give +-1 by the exponent's
+    parity, any other base 0) where NumPy's and the core's pow raise. The backend lowers it to
+    core ops with torch's rule (pow at max(e, 0), the rule where e < 0); it stays fused."""
+    record = []
+    f = fastcompile.compile(_int_pow) if how == "fastcompile.compile" else compile_fc(_int_pow, record=record)
     x = torch.tensor([1, 2, 3, -1, 0, -2, 5], dtype=dtype)
-    for e in (torch.tensor(1000), torch.tensor(-3), torch.tensor(3, dtype=dtype),
-              torch.tensor([2, -1, 0, 3, 1, -2, 4], dtype=dtype)):
+    for e in (torch.tensor(1000), torch.tensor(-3), torch.tensor(3, dtype=dtype), torch.tensor(7),
+              torch.tensor([2, -1, 0, 3, 1, -2, 4], dtype=dtype), torch.tensor([-5, -4, -3, 2, -7, -1, 0])):
         with torch.no_grad():
             got, want = f(x, e), _int_pow(x, e)
         for g_, w in zip(got, want):
             assert g_.dtype == w.dtype and torch.equal(g_, w), (e, g_, w)
+    if how == "torch.compile":
+        assert sum(r.core_ops for r in record if r.fallback is None) > 0
     torch.testing.assert_close(compile_fc(lambda a: a ** 3 - a)(x), x ** 3 - x, rtol=0, atol=0)
 
 
@@ -2135,7 +2138,8 @@ _BOOL_CASES = {
     "floor": lambda a, b: torch.floor(a), "ceil": lambda a, b: torch.ceil(a), "argmax": lambda a, b: a.argmax(),
     "argmin": lambda a, b: a.argmin(dim=0), "floor_divide": lambda a, b: a // b, "pow_tensor": lambda a, b: a ** b,
     "pow_int": lambda a, b: a ** 2, "sign": lambda a, b: torch.sign(a), "amax": lambda a, b: a.amax(),
-    "mul": lambda a, b: a * b, "sum": lambda a, b: a.sum(),
+    "mul": lambda a, b: a * b, "sum": lambda a, b: a.sum(), "clamp_tensor_max": lambda a, b: torch.clamp(a, max=b),
+    "clamp_tensor_both": lambda a, b: torch.clamp(a, b, b), "clamp_min_tensor": lambda a, b: torch.clamp_min(a, b),
 }
 
 

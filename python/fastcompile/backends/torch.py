@@ -609,9 +609,9 @@ class _Lowering:
                 return
         packet = getattr(node.target, "overloadpacket", None) if node.op == "call_function" else None
         handler = _LOWER.get(packet)
-        if handler is not None and packet in _BOOL_REFUSED and _reads_bool(node):
+        if handler is not None and _bool_refused(node):
             log.debug("extern %s: torch's CPU kernel refuses bool", node.format_node())
-            handler = None      # the extern raises at the call as eager does (pow: computes it)
+            handler = None      # the extern raises at the call as eager does
         if handler is not None and (_is_tensor_meta(meta) or isinstance(meta, (tuple, list))):
             mark = self.g  # handlers raise _NotLowered before adding anything that matters
             try:
@@ -635,12 +635,24 @@ class _Lowering:
 
 
 # Ops whose CPU kernels refuse bool tensors (NotImplementedError, "not implemented for 'Bool'";
-# argmax/argmin a RuntimeError) where the core computes them; and pow, whose bool result
-# (bool ** True is bool in torch) the core would give as an integer. With a bool tensor operand
-# they run as torch's own op, which raises (or computes) as eager does.
-_BOOL_REFUSED = frozenset((aten.remainder, aten.fmod, aten.clamp, aten.clamp_min, aten.clamp_max,
-                           aten.ceil, aten.floor, aten.round, aten.trunc, aten.frac, aten.abs,
-                           aten.argmax, aten.argmin, aten.floor_divide, aten.pow))
+# argmax/argmin a RuntimeError) where the core computes them: with a bool tensor operand they
+# run as torch's own op, which raises at the call as eager does. Packets, or single overloads
+# where others of the packet take bool (clamp_min/clamp_max with a tensor bound do, and clamp with
+# one tensor bound, which they decompose into; pow of a bool tensor by a Python scalar does).
+_BOOL_REFUSED = frozenset((aten.remainder, aten.fmod, aten.clamp.default, aten.ceil, aten.floor, aten.round,
+                           aten.trunc, aten.frac, aten.abs, aten.argmax, aten.argmin, aten.floor_divide,
+                           aten.clamp_min.default, aten.clamp_max.default, aten.pow.Tensor_Tensor,
+                           aten.pow.Scalar))
+
+
+def _bool_refused(node):
+    """Whether torch's CPU kernel refuses ``node``'s op with bool operands (_BOOL_REFUSED)."""
+    t = node.target
+    if t is aten.clamp.Tensor:          # bool with one tensor bound: computed; with both: refused
+        a = list(node.args) + [None, None, None]
+        return node.kwargs.get("min", a[1]) is not None and node.kwargs.get("max", a[2]) is not None \
+            and _reads_bool(node)
+    return (t in _BOOL_REFUSED or getattr(t, "overloadpacket", None) in _BOOL_REFUSED) and _reads_bool(node)
 
 
 def _reads_bool(node):
@@ -741,6 +753,8 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False):
         kwargs = ["%s=%s" % (k, ref(v)) for k, v in m.kwargs.items()]
         if m.op == "call_function" and m.target is operator.getitem and not kwargs:
             expr = "%s[%s]" % (args[0], args[1])
+        elif m.target is aten.permute.default and not kwargs and list(m.args[1]) == [1, 0]:
+            expr = "%s.t()" % args[0]       # a weight's transpose: half permute's cost per call
         elif m.op == "call_function" and m.target in views and args and not kwargs:
             expr = "%s.%s(%s)" % (args[0], views[m.target], ", ".join(args[1:]))
         elif m.op == "call_function":
@@ -960,11 +974,27 @@ def _pow(L, node):
             return L.out(node, L.g.call("mul", x, x), L.cshape_of(base))
         if exp == 0.5 and meta.dtype.is_floating_point:
             return L.out(node, L.g.call("sqrt", L.operand(base, meta.dtype)), L.cshape_of(base))
-    if not meta.dtype.is_floating_point and not meta.dtype.is_complex and isinstance(exp, torch.fx.Node):
-        # torch takes a negative integer exponent tensor (int8 ** tensor(1000) is int8 ** -24):
-        # 1 and -1 give +-1, any other base 0; the core raises there, as NumPy does
-        raise _NotLowered("integer pow with a tensor exponent: torch's rule for negative exponents")
+    if meta.dtype != torch.bool and not meta.dtype.is_floating_point and not meta.dtype.is_complex \
+            and isinstance(exp, torch.fx.Node) and not node.kwargs:
+        return _int_pow_by_tensor(L, node, base, exp, meta.dtype)
     return _pointwise("pow", nargs=2)(L, node)
+
+
+def _int_pow_by_tensor(L, node, base, exp, dtype):
+    """Integer pow with a tensor exponent, which may be negative, or become negative in the
+    result's dtype (int8 ** tensor(1000) is int8 ** -24, as torch casts it): torch gives 1 for a
+    base of 1, +-1 for -1 (by the exponent's parity), 0 for any other base; the core's pow raises
+    on a negative exponent, as NumPy's does. So: the core's pow at max(e, 0), and that rule where
+    e < 0."""
+    g = L.g
+    x, e = L.operand(base, dtype), L.operand(exp, dtype)
+    pos = g.call("pow", x, g.call("maximum", e, 0))
+    minus_one = g.call("where", g.call("ne", g.call("remainder", e, 2), 0), -1, 1)
+    if isinstance(base, torch.fx.Node):
+        neg = g.call("where", g.call("eq", x, 1), 1, g.call("where", g.call("eq", x, -1), minus_one, 0))
+    else:
+        neg = 1 if x == 1 else minus_one if x == -1 else 0
+    return L.out(node, g.call("where", g.call("lt", e, 0), neg, pos), L.cshape_of(base, exp))
 
 
 @_register(aten.add, aten.sub)
