@@ -125,7 +125,8 @@ def build(tracer, vars_, user_stack=()):
         state["first"] = _FirstCall(tracer, outputs, state["compiled"], background)
 
     has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's arrays
-    read_inputs = S.compile_reader([src for src, _ in inputs])
+    input_srcs = [src for src, _ in inputs]
+    read_inputs = S.compile_reader(input_srcs)      # one generated function, not evaluate() each
     torch_inputs = [j for j, (_, kind) in enumerate(inputs) if kind == "torch"]
 
     def run(*values):
@@ -146,7 +147,9 @@ def build(tracer, vars_, user_stack=()):
             c = state["compiled"]
             if c is None:
                 c = state["compiled"] = graph.compile()
-            arrays = read_inputs(*env.args)
+            values = read_inputs(*env.args)
+            env.memo.update(zip(input_srcs, values))    # the plans below read these as before
+            arrays = list(values)
             for j in torch_inputs:
                 arrays[j] = arrays[j].detach().numpy()
             # the first call (sync): the trace ran every extern on these inputs already
@@ -359,13 +362,15 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     state = {"compiled": None}
     runners = []
     has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's tensors
-    read_inputs = S.compile_reader([src for src, _ in inputs])
+    input_srcs = [src for src, _ in inputs]
+    read_inputs = S.compile_reader(input_srcs)
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
         outs = ()
         if has_outputs:
             tensors = read_inputs(*env.args)
+            env.memo.update(zip(input_srcs, tensors))   # the plans below read these as before
             c = state["compiled"]
             if c is None:
                 import torch
