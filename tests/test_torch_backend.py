@@ -2162,3 +2162,92 @@ def test_ops_on_bool_tensors_raise_or_compute_as_eager(name):
     else:
         got = f(a, b)
         assert got.dtype == want.dtype and torch.equal(got, want), (got, want)
+
+
+# -- aliasing and in-place semantics (a differential probe's findings, session 15) ---------------
+
+def _outputs(r):
+    return r if isinstance(r, tuple) else (r,)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("clone_t", lambda x: x.clone().t()), ("clone_slice", lambda x: x.clone()[1:]),
+    ("clone_view", lambda x: x.clone().view(-1)), ("clone_select", lambda x: x.clone()[0]),
+    ("to_copy_slice", lambda x: x.to(copy=True)[1:]), ("detach_clone_t", lambda x: x.detach().clone().t()),
+    ("contiguous_t", lambda x: x.t().contiguous()), ("plain_t", lambda x: x.t()),
+])
+def test_a_copy_then_a_view_never_shares_the_input(name, fn):
+    """x.clone().t(): the core lowers the clone to x's own value; the extern view of it must
+    still be a view of a copy (it was a view of x: writing to the result wrote x). A plain view
+    of an input shares it, as eager's does."""
+    f = compile_fc(fn)
+    for _ in range(2):
+        xe, xc = torch.zeros(4, 3), torch.zeros(4, 3)
+        oe, oc = fn(xe), f(xc)
+        oe.add_(1)
+        oc.add_(1)
+        assert torch.equal(xc, xe), (xc, xe)
+        assert torch.equal(oc, oe) and oc.stride() == oe.stride()
+
+
+def _clear_sign(x):
+    x.view(torch.int32).bitwise_and_(0x7FFFFFFF)
+    return x
+
+
+@pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
+def test_view_as_another_dtype_reinterprets_bits(how):
+    """x.view(torch.int32) reinterprets the float's bits (torch's op); it was lowered as a value
+    cast: [-1.5, 2.25] gave [-1, 2], and clearing the sign bit through the view wrote garbage."""
+    fns = [lambda x: x.view(torch.int32) + 0, lambda x: (x.view(torch.int16) * 1, x.view(torch.uint8)[::2] + 1),
+           _clear_sign]
+    for fn in fns:
+        f = fastcompile.compile(fn) if how == "fastcompile.compile" else compile_fc(fn)
+        for vals in ([-1.5, 2.25, -3.0, 0.0], [1e30, -0.0, float("inf"), -7.0]):
+            xe, xc = torch.tensor(vals), torch.tensor(vals)
+            for a, b in zip(_outputs(fn(xe)), _outputs(f(xc))):
+                assert a.dtype == b.dtype and torch.equal(a, b), (a, b)
+            assert torch.equal(xe.view(torch.int32), xc.view(torch.int32))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.LeakyReLU(0.1, inplace=True), lambda: nn.ELU(inplace=True), lambda: nn.Hardswish(inplace=True),
+    lambda: nn.Hardsigmoid(inplace=True), lambda: nn.SELU(inplace=True), lambda: nn.CELU(inplace=True),
+    lambda: nn.Sequential(nn.Linear(3, 3), nn.LeakyReLU(0.2, True)),
+])
+def test_fc_compile_inplace_activation_modules_apply_once(make):
+    """nn activations with inplace=True call F.leaky_relu(x, slope, True): inplace passed by
+    position. The trace ran the op on the real input, then the first call applied it again
+    (LeakyReLU: -1 -> -0.01 instead of -0.1), and the result was a new tensor, not x."""
+    torch.manual_seed(0)
+    m = make()
+    ref = copy.deepcopy(m)
+    f = fastcompile.compile(m)
+    with torch.no_grad():
+        for _ in range(3):
+            xe = torch.tensor([[-1.0, 2.0, -3.0], [0.5, -0.25, 4.0]])
+            xc = xe.clone()
+            oe, oc = ref(xe), f(xc)
+            torch.testing.assert_close(oc, oe)
+            torch.testing.assert_close(xc, xe)
+            assert (oc is xc) == (oe is xe)
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("t_contiguous", lambda x: x.t().contiguous()), ("contiguous", lambda x: x.contiguous()),
+    ("t_contiguous_view", lambda x: x.t().contiguous().view(-1)), ("t_contiguous_t", lambda x: x.t().contiguous().t()),
+    ("detach", lambda x: x.detach()), ("sin_detach", lambda x: x.sin().detach()),
+])
+def test_fc_compile_contiguous_and_detach_as_eager(name, fn):
+    """x.t().contiguous() is a C-ordered copy (it was returned as the transposed view of x, so
+    .view(-1) after it raised, and writes reached x); x.detach() is a new tensor, not x."""
+    f = fastcompile.compile(fn)
+    for _ in range(3):
+        xe = torch.arange(6.0).view(2, 3)
+        xc = xe.clone()
+        oe, oc = fn(xe), f(xc)
+        assert (oe is xe) == (oc is xc)
+        assert oc.stride() == oe.stride() and oc.is_contiguous() == oe.is_contiguous()
+        oe.add_(1)
+        oc.add_(1)
+        assert torch.equal(oc, oe) and torch.equal(xc, xe)

@@ -317,6 +317,7 @@ class _Lowering:
         self.foreign = set()       # core nodes of inputs on another device than self.device: externs only
         self.passed = set()        # CPU: core nodes of inputs only externs read, passed as torch tensors
         self.view_strides = {}     # core node of a view extern made from a spec -> its element strides
+        self.copied = set()        # FX copies (clone, contiguous, _to_copy) lowered to their source's value
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, dtype, ndim, kind, payload, shape=None, strides=None):
@@ -485,7 +486,8 @@ class _Lowering:
                 raise _GraphFallback("%s returns %s to the core" % (m.format_node(), type(meta).__name__))
             if _core_dtype(meta.dtype) is None:
                 raise _GraphFallback("%s: dtype %s cannot enter the core" % (m, meta.dtype))
-        fn = _make_cluster_fn(self.gm, members, specs, consts, outs, cuda=self.device is not None)
+        fresh = _fresh_inputs(self.copied, members, outs, [sp[0] for sp in specs])
+        fn = _make_cluster_fn(self.gm, members, specs, consts, outs, cuda=self.device is not None, fresh=fresh)
         if self._fold(fn, members, values, outs):
             return
         self.extern_calls += 1
@@ -682,7 +684,30 @@ _VIEW_METHODS = {
 }
 
 
-def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False):
+# ops whose result shares its first argument's memory (with _VIEW_PACKETS), for _fresh_inputs
+_ALIASING = frozenset((aten.as_strided, aten.diagonal, aten.unfold, aten.narrow, aten.split,
+                       aten.split_with_sizes, aten.chunk, aten.unbind, aten.view_as_real,
+                       aten.view_as_complex, aten.real, aten.imag))
+
+
+def _fresh_inputs(copied, members, outs, inputs):
+    """Indexes of a cluster's inputs that must be copied at the call: a copy in the FX graph
+    (x.clone(), .contiguous()) that the core lowered to its source's own value, and that an
+    output of the cluster views. Else the output would share the source's memory (a graph input,
+    say: x.clone().t() returned a view of x, and writing to it wrote x)."""
+    mset = set(members)
+    roots = set()
+    for o in outs:
+        n = o
+        while n in mset and n.op == "call_function" and n.args and isinstance(n.args[0], torch.fx.Node) and (
+                n.target is operator.getitem or getattr(n.target, "overloadpacket", None) in _VIEW_PACKETS
+                or getattr(n.target, "overloadpacket", None) in _ALIASING):
+            n = n.args[0]
+        roots.add(n)
+    return frozenset(j for j, a in enumerate(inputs) if a in copied and a in roots)
+
+
+def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozenset()):
     """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out
     (cuda: CUDA tensors in and out, bfloat16 carried as float32 as on the CPU).
 
@@ -731,6 +756,8 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False):
                          % (var, j, j, j, j, j))
         if layout is not None:
             lines.append("%s = _restride(%s, l%d)" % (var, var, j))
+        if j in fresh:      # a copy in torch: an output views it (_fresh_inputs)
+            lines.append("%s = %s.clone()" % (var, var))
     collapsed, need = _view_chains(members, outs, views)
     strides = {}            # root var -> the local holding its stride()
     for i, m in enumerate(members):
@@ -1142,7 +1169,10 @@ def _identity_cast(L, node):
         # result until run time, and which would make a copy kernel of it (then a graph output
         # carries the extern's tensor with its own layout, not a C-ordered copy restrided)
         return _Rec(r.value, r.cshape, _static_shape(meta), meta.dtype)
-    return _Rec(L.convert(node, r.value, r.dtype, meta.dtype), r.cshape, _static_shape(meta), meta.dtype)
+    v = L.convert(node, r.value, r.dtype, meta.dtype)
+    if v is r.value and node.target.overloadpacket not in (aten.alias, aten.detach):
+        L.copied.add(node)      # a copy in torch, the same value in the core (_fresh_inputs)
+    return _Rec(v, r.cshape, _static_shape(meta), meta.dtype)
 
 
 @_register(aten.copy)
@@ -1151,7 +1181,10 @@ def _copy(L, node):
         raise _NotLowered("copy non_blocking")
     src = L.rec(node.args[1])
     meta = _meta(node)
-    return _Rec(L.convert(node, src.value, src.dtype, meta.dtype), src.cshape, _static_shape(meta), meta.dtype)
+    v = L.convert(node, src.value, src.dtype, meta.dtype)
+    if v is src.value:
+        L.copied.add(node)
+    return _Rec(v, src.cshape, _static_shape(meta), meta.dtype)
 
 
 def _constant(L, node, value):
@@ -1189,7 +1222,10 @@ def _full_like(L, node):
            prims.broadcast_in_dim, aten.permute)
 def _view(L, node):
     """A view costs nothing when the core value's elements do not move: an expand (broadcast),
-    or a change of leading size-1 dims; a permute that moves only size-1 dims. Else an extern."""
+    or a change of leading size-1 dims; a permute that moves only size-1 dims. Else an extern.
+    x.view(dtype) reinterprets the bits: torch's op, always an extern (a core cast converts)."""
+    if node.target is aten.view.dtype or (len(node.args) > 1 and isinstance(node.args[1], torch.dtype)):
+        raise _NotLowered("view as another dtype: a bit reinterpretation")
     x = node.args[0]
     if isinstance(L.env.get(x), _Cluster) and not L.env[x].closed:
         raise _NotLowered("view of an extern result: joins its cluster")
@@ -1311,6 +1347,8 @@ def _np_view(node, shape, new):
     pk = node.target.overloadpacket
     a = node.args
     nd = len(shape)
+    if node.target is aten.view.dtype or (len(a) > 1 and isinstance(a[1], torch.dtype)):
+        return None                               # a bit reinterpretation, not a reshape
     if pk in (aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze):
         return lambda x: x.reshape(new)           # element order kept: a view, or a copy
     if pk is aten.permute:

@@ -1529,6 +1529,10 @@ class Tracer:
             # Dropout1d/2d/3d, AlphaDropout, ...: as an extern call its eager example would draw
             # from the RNG while tracing (nn.Dropout is inlined: F.dropout, see torch_ops.call)
             self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
+        if getattr(mod, "inplace", False) is True and (type(mod).__module__ or "").startswith("torch.nn"):
+            # nn.LeakyReLU(inplace=True), ...: its eager example while tracing would update the
+            # input it is given, and the call would then apply it a second time
+            self.unsupported("%s(inplace=True) updates its input in place" % type(mod).__name__)
         fwd = type(mod).forward
         if type(mod) is torch.nn.Sequential and len(args) == 1 and not kwargs:
             # its children one after the other: each is inlined, traced or called on its own

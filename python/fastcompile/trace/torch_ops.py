@@ -143,6 +143,32 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
         return tr.extern(fn, args, kwargs, example, "torch")
 
 
+_INPLACE_POS = {}
+
+
+def _inplace_position(fn):
+    """The position of fn's ``inplace`` parameter (torch.nn.functional's activations take it
+    positionally too: F.elu(x, 1.0, True)), or None."""
+    try:
+        return _INPLACE_POS[fn]
+    except (KeyError, TypeError):
+        pass
+    pos = None
+    try:
+        import inspect
+        params = list(inspect.signature(fn).parameters.values())
+        for i, prm in enumerate(params):
+            if prm.name == "inplace" and prm.kind in (prm.POSITIONAL_ONLY, prm.POSITIONAL_OR_KEYWORD):
+                pos = i
+    except (TypeError, ValueError):
+        pass
+    try:
+        _INPLACE_POS[fn] = pos
+    except TypeError:
+        pass
+    return pos
+
+
 def _arg(args, kwargs, i, name, default=None):
     if name in kwargs:
         return kwargs[name]
@@ -254,10 +280,16 @@ def call(tr, fn, args, kwargs):
                        % getattr(fn, "__name__", fn))
     if _kind_any(args, kwargs) == "numpy":
         tr.unsupported("torch function %s on a NumPy array" % getattr(fn, "__name__", fn))
-    if "inplace" in kwargs and getattr(fn, "__module__", "") == "torch.nn.functional":
-        if tr.py(kwargs["inplace"]):
-            tr.unsupported("%s(inplace=True) updates its input in place" % fn.__name__)
-        kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}     # F.relu(x, inplace=False)
+    if getattr(fn, "__module__", "") == "torch.nn.functional":
+        pos = _inplace_position(fn)
+        if "inplace" in kwargs:
+            if tr.py(kwargs["inplace"]):
+                tr.unsupported("%s(inplace=True) updates its input in place" % fn.__name__)
+            kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}     # F.relu(x, inplace=False)
+        elif pos is not None and len(args) > pos and tr.py(args[pos]):
+            # F.leaky_relu(x, 0.1, True), as nn.LeakyReLU(inplace=True) calls it: the trace ran it
+            # on the real input already, so the first call would apply it twice
+            tr.unsupported("%s(..., inplace=True) updates its input in place" % fn.__name__)
     if fn is F.dropout:
         training = tr.py(_arg(args, kwargs, 2, "training", True))
         p = tr.py(_arg(args, kwargs, 1, "p", 0.5))
@@ -347,10 +379,13 @@ def method(tr, arr, name, args, kwargs):
         return ShapeVar(arr)
     if name == "dim" and not args:
         return PyVar(arr.ndim)
+    if name == "contiguous" and not args and arr.example.is_contiguous():
+        return arr          # eager returns the tensor itself (its layout is guarded)
     if name == "contiguous" and not args:
-        return arr
-    if name == "detach" and not args and tr.fx is None:
-        return arr
+        name = "clone"      # a C-ordered copy, as eager's: never a view of what it copies
+        kwargs = {"memory_format": PyVar(torch.contiguous_format)}
+    if name == "detach" and not args and tr.fx is None and getattr(arr, "source", None) is None:
+        return arr          # a value the graph computes: a new tensor either way
     if tr.fx is not None:
         if not hasattr(torch.Tensor, name):
             tr.unsupported("Tensor has no attribute %r" % name)
