@@ -2251,3 +2251,55 @@ def test_fc_compile_contiguous_and_detach_as_eager(name, fn):
         oe.add_(1)
         oc.add_(1)
         assert torch.equal(oc, oe) and torch.equal(xc, xe)
+
+
+def _set_data(x, y):
+    x.data = y * 2
+    return x + 1
+
+
+def test_a_graph_aot_autograd_refuses_runs_as_plain_torch(caplog):
+    """x.data = y on an input: aot_autograd refuses the graph (a set_ on an input it cannot keep;
+    aot_eager takes it). That was BackendCompilerFailed; the graph now runs as plain torch,
+    with a warning, and gives eager's result and input state."""
+    import logging
+    with caplog.at_level(logging.WARNING, logger="fastcompile.backends.torch"):
+        f = compile_fc(_set_data)
+        for _ in range(2):
+            xe, ye, xc, yc = torch.ones(3), torch.arange(3.0), torch.ones(3), torch.arange(3.0)
+            oe, oc = _set_data(xe, ye), f(xc, yc)
+            assert torch.equal(oe, oc) and torch.equal(xe, xc)
+    assert any("runs as plain torch" in r.getMessage() for r in caplog.records)
+
+
+def _unbind_first(x):
+    a, *rest = x.unbind(0)
+    a.add_(1)
+    return len(rest)
+
+
+def _split_pair(x):
+    a, b, *rest = x.split(2)
+    return a + b.sum(), len(rest)
+
+
+def _np_split(x):
+    parts = np.split(x, 2)
+    return parts[0] * 2, len(parts)
+
+
+def test_fc_compile_results_counted_by_size_follow_the_size():
+    """x.unbind(0), x.split(2): how many tensors they give follows the input's size, which the
+    graph's guards did not fix: a first dim of 6 after 4 raised "declared nout=4 but returned 6
+    values". The sizes are guarded now; a new size traces again."""
+    f, g, h = fastcompile.compile(_unbind_first), fastcompile.compile(_split_pair), fastcompile.compile(_np_split)
+    for n in (4, 6, 4, 2, 7):
+        xe, xc = torch.zeros(n, 5), torch.zeros(n, 5)
+        assert f(xc) == _unbind_first(xe) and torch.equal(xc, xe)
+        if n >= 4:
+            ge, gc = _split_pair(torch.ones(n, 3)), g(torch.ones(n, 3))
+            assert torch.equal(ge[0], gc[0]) and ge[1] == gc[1]
+        if n % 2 == 0:
+            a = np.arange(n * 3.0).reshape(n, 3)
+            he, hc = _np_split(a), h(a)
+            assert np.array_equal(he[0], hc[0]) and he[1] == hc[1]

@@ -2332,7 +2332,16 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
         later = functools.partial(_compile_later, gm, fake_mode, fakes, mode, record)
         return torch._dynamo.disable(_Deferred(gm, delay, later),
                                      reason="fastcompile: a graph whose compile waits for a later call")
-    return _compile(gm, example_inputs, mode, record)
+    try:
+        return _compile(gm, example_inputs, mode, record)
+    except Exception as e:
+        # aot_autograd refuses some graphs Dynamo hands over (x.data = y on an input: a set_ it
+        # cannot keep); the graph then runs as plain torch, as the eager backend would run it
+        if not config.get("suppress_errors"):
+            raise
+        log.warning("fastcompile: graph runs as plain torch: %s: %s", type(e).__name__,
+                    str(e).split("\n")[0][:300])
+        return gm
 
 
 def _deferrable(example_inputs):

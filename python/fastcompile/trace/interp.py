@@ -650,6 +650,12 @@ class Tracer:
         else:
             self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
                              % (_name(fn), type(example).__name__))
+        if nout and any(w in _name(fn).rsplit(".", 1)[-1] for w in _COUNT_BY_SIZE):
+            # how many arrays x.unbind(0) or np.split(x, 2) gives depends on sizes the graph does
+            # not otherwise fix: guard them (a new size traces again, not a wrong count)
+            for a in arrays:
+                for axis in range(a.ndim):
+                    self.dim(a, axis)
         to_torch = kind == "torch"
         examples = example if nout else [example]
         for e in examples:
@@ -1922,6 +1928,10 @@ def _hashable(x):
         return True
     except TypeError:
         return False
+
+
+# functions whose number of results follows their arguments' sizes (Tracer.extern guards them)
+_COUNT_BY_SIZE = ("unbind", "split", "chunk", "unstack", "hsplit", "vsplit", "dsplit")
 
 
 def _name(fn):

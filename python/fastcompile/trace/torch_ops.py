@@ -169,6 +169,15 @@ def _inplace_position(fn):
     return pos
 
 
+def _method_fn(name):
+    """t.name(*a, **k) as a function named Tensor.name (reports, and Tracer.extern's checks)."""
+    def fn(t, *a, **k):
+        return getattr(t, name)(*a, **k)
+    fn.__name__ = name
+    fn.__qualname__ = "Tensor." + name
+    return fn
+
+
 def _arg(args, kwargs, i, name, default=None):
     if name in kwargs:
         return kwargs[name]
@@ -389,7 +398,7 @@ def method(tr, arr, name, args, kwargs):
     if tr.fx is not None:
         if not hasattr(torch.Tensor, name):
             tr.unsupported("Tensor has no attribute %r" % name)
-        return tr.fx_call(lambda t, *a, **k: getattr(t, name)(*a, **k), [arr] + args, kwargs, method=name)
+        return tr.fx_call(_method_fn(name), [arr] + args, kwargs, method=name)
     if name in METHOD_CASTS and not args:
         return cast(tr, arr, _np(tr, METHOD_CASTS[name]))
     if name == "to" and len(args) == 1 and not kwargs and isinstance(tr.py(args[0]), torch.dtype):
@@ -406,4 +415,4 @@ def method(tr, arr, name, args, kwargs):
         return call(tr, torch.relu, [arr], {})
     if not hasattr(torch.Tensor, name):
         tr.unsupported("Tensor has no attribute %r" % name)
-    return tr.array_call(lambda t, *a, **k: getattr(t, name)(*a, **k), [arr] + args, kwargs, kind="torch")
+    return tr.array_call(_method_fn(name), [arr] + args, kwargs, kind="torch")
