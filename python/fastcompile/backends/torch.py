@@ -48,6 +48,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from .. import config              # noqa: E402
 from .. import pending             # noqa: E402
+from .. import pygen               # noqa: E402
 from ..graph import Graph          # noqa: E402
 from ..trace.interp import _TORCH_OPMATH_SCALAR  # noqa: E402
 
@@ -811,11 +812,7 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
     name = "extern_" + "_".join(
         str(getattr(m.target, "__name__", m.target)).replace(".", "_") for m in members[:4])
     name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
-    src = "def %s(%s):\n    %s\n" % (name, ", ".join(params), "\n    ".join(lines))
-    exec(compile(src, "<fastcompile extern %s>" % name, "exec"), glob)
-    run = glob[name]
-    run.source = src
-    return run
+    return pygen.function(lines, name, ", ".join(params), "<fastcompile extern %s>" % name, glob)
 
 
 def _view_chains(members, outs, views):
@@ -2132,11 +2129,7 @@ class FxGraphRunner:
                 glob["c%d" % n] = p[1]
                 outs.append("c%d" % n)
         lines.append("return [%s]" % ", ".join(outs))
-        src = "def run(args):\n    %s\n" % "\n    ".join(lines)
-        exec(compile(src, "<fastcompile runner>", "exec"), glob)
-        run = glob["run"]
-        run.source = src
-        return run
+        return pygen.function(lines, "run", "args", "<fastcompile runner>", glob)
 
     def __call__(self, *args):
         fast = self._fast

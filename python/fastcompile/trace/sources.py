@@ -4,6 +4,8 @@ load from and that generated code re-reads at run time."""
 import builtins as _builtins
 import types
 
+from .. import pygen
+
 
 class Source:
     """Base: a path from the frame to a value. Subclasses are plain records, never changed once
@@ -310,11 +312,7 @@ def compile_reader(sources):
 
     outs = [name_of(src) for src in sources]
     lines.append("return [%s]" % ", ".join(outs))
-    text = "def read(by_slot, f_globals, f_builtins, closure):\n    %s\n" % "\n    ".join(lines)
-    exec(compile(text, "<fastcompile sources>", "exec"), glob)
-    read = glob["read"]
-    read.source = text
-    return read
+    return pygen.function(lines, "read", "by_slot, f_globals, f_builtins, closure", "<fastcompile sources>", glob)
 
 
 def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
