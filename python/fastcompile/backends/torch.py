@@ -1215,13 +1215,18 @@ def _full_like(L, node):
 
 # -- views ---------------------------------------------------------------------------------------
 
+def _dtype_view(node):
+    """x.view(dtype) (aten.view.dtype): a reinterpretation of the bits, not a reshape."""
+    return len(node.args) > 1 and isinstance(node.args[1], torch.dtype)
+
+
 @_register(aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze, aten.expand,
            prims.broadcast_in_dim, aten.permute)
 def _view(L, node):
     """A view costs nothing when the core value's elements do not move: an expand (broadcast),
     or a change of leading size-1 dims; a permute that moves only size-1 dims. Else an extern.
     x.view(dtype) reinterprets the bits: torch's op, always an extern (a core cast converts)."""
-    if node.target is aten.view.dtype or (len(node.args) > 1 and isinstance(node.args[1], torch.dtype)):
+    if _dtype_view(node):
         raise _NotLowered("view as another dtype: a bit reinterpretation")
     x = node.args[0]
     if isinstance(L.env.get(x), _Cluster) and not L.env[x].closed:
@@ -1344,7 +1349,7 @@ def _np_view(node, shape, new):
     pk = node.target.overloadpacket
     a = node.args
     nd = len(shape)
-    if node.target is aten.view.dtype or (len(a) > 1 and isinstance(a[1], torch.dtype)):
+    if _dtype_view(node):
         return None                               # a bit reinterpretation, not a reshape
     if pk in (aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze):
         return lambda x: x.reshape(new)           # element order kept: a view, or a copy
