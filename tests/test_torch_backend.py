@@ -1468,9 +1468,11 @@ def test_a_view_graph_outputs_read_is_made_in_c_not_a_one_view_cluster():
     assert run.fallback is None and run.extern_calls == 1, run.extern_calls
     s0 = fastcompile.stats()
     for _ in range(3):
-        _assert_same(run(x, w), f(x, w))
+        out = run(x, w)
+        _assert_same(out, f(x, w))
+        assert out[2]._base is out[1]           # a view of output y: made from y's tensor (_output_views)
     s1 = fastcompile.stats()
-    assert s1["views_made"] - s0["views_made"] == 6          # two views a call, made in C
+    assert s1["views_made"] - s0["views_made"] == 3          # m's view: one a call, made in C
     assert s1["views_by_function"] == s0["views_by_function"]
 
 
@@ -2190,6 +2192,65 @@ def test_a_copy_then_a_view_never_shares_the_input(name, fn):
         assert torch.equal(oc, oe) and oc.stride() == oe.stride()
 
 
+def _exp_then_add_(x):
+    y = x.exp()
+    y.add_(1)           # y is saved for exp's backward: eager's backward raises
+    return y.sum()
+
+
+@pytest.mark.parametrize("how", ["torch.compile", "torch.compile, mutated after", "fastcompile.compile"])
+def test_an_update_of_a_tensor_saved_for_backward_raises_as_eager(how):
+    """aot_autograd's forward graph returns exp's result and, saved for backward, its detach():
+    one value the core gave two tensors with two version counters, so an in-place update of the
+    result went unnoticed and backward gave exp(x) + 1 for exp(x). Eager raises; so do we now."""
+    x = torch.randn(5, requires_grad=True)
+    if how == "torch.compile, mutated after":
+        f = compile_fc(torch.exp)
+        run = lambda: f(x).add_(1).sum()        # noqa: E731
+    else:
+        f = compile_fc(_exp_then_add_) if how == "torch.compile" else fastcompile.compile(_exp_then_add_)
+        run = lambda: f(x)                      # noqa: E731
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _exp_then_add_(x).backward()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            run().backward()
+    assert x.grad is None
+    if how == "torch.compile, mutated after":
+        f(x).sum().backward()                   # no update: the gradient
+        torch.testing.assert_close(x.grad, x.detach().exp())
+
+
+def _outputs_viewing_outputs(x):
+    a = x * 2
+    b = x.clone()
+    c = x + 1
+    return a.expand(3, 4), a, b, b[::2], c.view(2, 2), c[1:].detach(), a.detach(), b.view(torch.int32)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_outputs_that_view_other_outputs_share_them_as_in_eager(grad):
+    """Outputs that are views of one value (a, a.expand(...); b, b[::2]; two views of c, which is no
+    output) share its memory and version counter in eager; the core gave each its own array, so
+    writing one output did not show in the others. b.view(torch.int32) is made by its op (no
+    as_strided of a float32 tensor gives it)."""
+    f = compile_fc(_outputs_viewing_outputs)
+    for n in (4, 4):
+        x = torch.randn(n, requires_grad=grad)
+        oe, oc = _outputs_viewing_outputs(x), f(x)
+        assert len(oe) == len(oc)
+        with torch.no_grad():
+            for i, (e, c) in enumerate(zip(oe, oc)):
+                assert torch.equal(e, c) and e.stride() == c.stride(), i
+            for pair in ((1, 0), (2, 3), (4, 5), (1, 6), (7, 2)):
+                for o in (oe, oc):
+                    v0 = o[pair[1]]._version
+                    o[pair[0]].view(-1)[0:1].add_(100)
+                    assert o[pair[1]]._version > v0, pair
+                for i, (e, c) in enumerate(zip(oe, oc)):
+                    assert torch.equal(e, c), (pair, i)
+
+
 def _clear_sign(x):
     x.view(torch.int32).bitwise_and_(0x7FFFFFFF)
     return x
@@ -2251,6 +2312,44 @@ def test_fc_compile_contiguous_and_detach_as_eager(name, fn):
         oe.add_(1)
         oc.add_(1)
         assert torch.equal(oc, oe) and torch.equal(xc, xe)
+
+
+def _views_of_inputs_and_outputs(x):
+    a = x * 2
+    return x[1:], x.t(), a, a.t(), a[1:], a, x.view(-1)[::2], x.view(torch.int32), x + 1
+
+
+def test_fc_compile_views_share_their_base_as_in_eager():
+    """Tensor outputs that view an input or another output were torch.from_numpy tensors over
+    the same memory: no _base, storage_offset() 0, and a version counter of their own, so an
+    in-place update through one was not seen by autograd (a tensor saved for backward updated
+    unnoticed). They are now views of the tensor they view; an output returned twice is one
+    tensor; x.view(torch.int32), of another dtype, still shares x's memory."""
+    ex = fastcompile.explain(_views_of_inputs_and_outputs)(torch.ones(4, 3))
+    assert ex.graph_count == 1 and ex.graph_break_count == 0, ex
+    f = fastcompile.compile(_views_of_inputs_and_outputs)
+    for n in (4, 4, 5):
+        xe = torch.arange(n * 3.0).view(n, 3).clone()
+        xc = xe.clone()
+        oe, oc = _views_of_inputs_and_outputs(xe), f(xc)
+        base = {"x": (xe, xc), "a": (oe[2], oc[2])}
+        for i, (e, c) in enumerate(zip(oe, oc)):
+            assert torch.equal(e, c) and e.stride() == c.stride(), i
+            assert e.storage_offset() == c.storage_offset(), i
+            assert (e._base is None) == (c._base is None), i
+            for name, (be, bc) in base.items():
+                assert (e._base is be) == (c._base is bc), (i, name)
+        assert (oc[2] is oc[5]) and (oe[2] is oe[5])
+        for i in (0, 1, 3, 4, 6):
+            for o, x in ((oe, xe), (oc, xc)):
+                b = x if i in (0, 1, 6) else o[2]
+                v = b._version
+                o[i].view(-1)[0:1].add_(1) if o[i].is_contiguous() else o[i].select(-1, 0).add_(1)
+                assert b._version > v, i
+            assert torch.equal(xe, xc) and all(torch.equal(e, c) for e, c in zip(oe, oc)), i
+        oe[7].add_(1)
+        oc[7].add_(1)
+        assert torch.equal(xe, xc)
 
 
 def _set_data(x, y):

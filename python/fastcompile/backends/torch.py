@@ -1884,6 +1884,74 @@ def _convert_input(cache, mode, device, i, t):
     return a
 
 
+def _replayable_view(node):
+    """``node``'s op returns a view of its first argument (its schema says so: detach, alias, view,
+    permute, slice, expand, as_strided, ...) and no other argument is an FX value, so the op can
+    be replayed in torch on whatever tensor the first argument is."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
+            or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    rets = node.target._schema.returns
+    if len(rets) != 1 or str(rets[0].type) != "Tensor" or rets[0].alias_info is None \
+            or rets[0].alias_info.is_write:
+        return False
+    found = []
+    torch.fx.node.map_arg((node.args[1:], node.kwargs), found.append)
+    return not found
+
+
+def _output_views(outs, placeholders):
+    """Graph outputs that are another output again, or views of one value (not a graph input)
+    that another output also is or views. In eager they share that value's memory and version
+    counter: an in-place update of one shows in the others, and autograd notices an update of a
+    tensor saved for backward (aot_autograd's forward graphs return a value and, as saved for
+    backward, its detach()). The core would give each its own array and each array its own
+    tensor, so such outputs are made in torch instead, from the root's tensor by the same view
+    ops. Returns ({position: (root position, ((op, args, kwargs), ...) from the root, the view as
+    one as_strided or None)}, hidden): hidden are roots that are no output, computed after the
+    outputs and not returned."""
+    groups = {}                 # root node -> [(position, chain)]
+    for n, o in enumerate(outs):
+        if not isinstance(o, torch.fx.Node) or o in placeholders:
+            continue
+        chain, r = [], o
+        while _replayable_view(r) and len(chain) < 16:
+            chain.append(r)
+            r = r.args[0]
+        if r not in placeholders:
+            groups.setdefault(r, []).append((n, chain[::-1]))
+    views, hidden = {}, []
+    for r, members in groups.items():
+        if len(members) < 2:
+            continue
+        root = next((n for n, chain in members if not chain), None)
+        if root is None:
+            root = len(outs) + len(hidden)
+            hidden.append(r)
+        for n, chain in members:
+            if n != root:
+                views[n] = (root, tuple((c.target, tuple(c.args[1:]), dict(c.kwargs)) for c in chain),
+                            _as_strided_of(r, outs[n]))
+    return views, hidden
+
+
+def _as_strided_of(root, node):
+    """View ``node`` of ``root`` as one as_strided of the root's tensor: (size, stride, storage
+    offset from the root's), read from the FX metadata; None where that would not be the same
+    view (another dtype, symbolic sizes, an expanded root whose tensor may be laid out otherwise).
+    One call instead of the chain's (about 1.3 us against 2.3 us per op: a transformer block's
+    saved q, k and v are four ops each)."""
+    rm, vm = _meta(root), _meta(node)
+    if not isinstance(rm, torch.Tensor) or not isinstance(vm, torch.Tensor) or rm.dtype != vm.dtype \
+            or rm.is_complex():
+        return None
+    ints = (*rm.shape, *rm.stride(), *vm.shape, *vm.stride(), rm.storage_offset(), vm.storage_offset())
+    if any(type(v) is not int for v in ints) or any(st == 0 for n, st in zip(rm.shape, rm.stride()) if n > 1):
+        return None
+    return tuple(vm.shape), tuple(vm.stride()), vm.storage_offset() - rm.storage_offset()
+
+
+
 class FxGraphRunner:
     """One lowered FX graph: call it with the graph's flat inputs, get the list of its outputs.
 
@@ -1948,33 +2016,39 @@ class FxGraphRunner:
         outs = out_node.args[0]
         single = not isinstance(outs, (tuple, list))
         outs = [outs] if single else list(outs)
-        plan = []            # per output: ("core", index, tshape, dtype, copy) | ("arg", i) | ("py", v)
+        # per output: ("core", index, tshape, dtype, copy, layout) | ("arg", i) | ("py", v)
+        # | ("view", root position, chain, strided) (_output_views)
         core_values = []
         placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
-        for o in outs:
+
+        def entry(o):
             if isinstance(o, torch.fx.Node) and o in placeholders:
-                plan.append(("arg", placeholders[o]))
-                continue
+                return ("arg", placeholders[o])
             if not isinstance(o, torch.fx.Node):
-                plan.append(("py", o))
-                continue
+                return ("py", o)
             v = L.env.get(o)
             if isinstance(v, _Cluster):
                 L.flush(v)
                 v = L.env[o]
             if not isinstance(v, _Rec):
-                plan.append(("py", v))
-                continue
+                return ("py", v)
             copy = v.value.node in L.input_values or not v.exact
-            plan.append(("core", len(core_values), v.tshape, v.dtype, copy,
-                         _layout(_meta(o), L.strides_of(v.value, v.tshape))))
             core_values.append(v.value)
+            return ("core", len(core_values) - 1, v.tshape, v.dtype, copy,
+                    _layout(_meta(o), L.strides_of(v.value, v.tshape)))
+
+        views, hidden = _output_views(outs, placeholders)
+        every = outs + hidden
+        plan = [None if n in views else entry(o) for n, o in enumerate(every)]
+        for n, view in sorted(views.items()):
+            plan[n] = ("view",) + view if plan[view[0]][0] == "core" else entry(every[n])
         if core_values:
             L.g.output(*core_values)
             self.compiled = L.g.compile()
             if self.mode == "max-autotune":
                 self.compiled.autotune = True     # per kernel and launch shape (Compiled.tuning)
         self.plan = plan
+        self.n_outputs = len(outs)
         self.single = single
         self.inputs = L.inputs
         self.core_ops = L.core_ops
@@ -2113,8 +2187,10 @@ class FxGraphRunner:
         for j, i in self._passed_slots:
             arrays[j] = "args[%d]" % i
         lines.append("res = compiled(%s)" % ", ".join(arrays) if self.compiled is not None else "res = ()")
-        outs = []
+        outs = {}            # output position -> its expression
         for n, p in enumerate(self.plan):
+            if p[0] == "view":
+                continue
             if p[0] == "core":
                 _, k, tshape, dtype, copy, layout = p
                 glob["s%d" % n], glob["d%d" % n], glob["l%d" % n] = tshape, dtype, layout
@@ -2127,13 +2203,28 @@ class FxGraphRunner:
                     lines.append("if o%d.dtype != d%d:\n        o%d = o%d.to(d%d)" % (n, n, n, n, n))
                     if copy:
                         lines.append("else:\n        o%d = o%d.clone()" % (n, n))
-                outs.append("o%d" % n)
+                outs[n] = "o%d" % n
             elif p[0] == "arg":
-                outs.append("args[%d]" % p[1])
+                outs[n] = "args[%d]" % p[1]
             else:
                 glob["c%d" % n] = p[1]
-                outs.append("c%d" % n)
-        lines.append("return [%s]" % ", ".join(outs))
+                outs[n] = "c%d" % n
+        for n, p in enumerate(self.plan):      # after their roots: views of other outputs, in torch
+            if p[0] == "view":
+                _, root, chain, strided = p
+                t = outs[root]
+                if strided is not None:
+                    glob["z%d" % n], glob["y%d" % n] = strided[:2]
+                    lines.append("o%d = %s.as_strided(z%d, y%d, %s.storage_offset() + %d)"
+                                 % (n, t, n, n, t, strided[2]))
+                    outs[n] = "o%d" % n
+                    continue
+                for k, (op, rest, kwargs) in enumerate(chain):
+                    glob["v%d_%d" % (n, k)], glob["r%d_%d" % (n, k)], glob["w%d_%d" % (n, k)] = op, rest, kwargs
+                    t = "v%d_%d(%s, *r%d_%d, **w%d_%d)" % (n, k, t, n, k, n, k)
+                lines.append("o%d = %s" % (n, t))
+                outs[n] = "o%d" % n
+        lines.append("return [%s]" % ", ".join(outs[n] for n in range(self.n_outputs)))
         return pygen.function(lines, "run", "args", "<fastcompile runner>", glob)
 
     def __call__(self, *args):

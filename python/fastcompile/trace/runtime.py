@@ -23,6 +23,102 @@ def _roots(src, out):
     out.add(src)
 
 
+def _host_array(x):
+    """The NumPy array of a traced example (an array, or a CPU tensor), or None."""
+    if isinstance(x, np.ndarray):
+        return x if x.size else None
+    torch = sys.modules.get("torch")
+    if torch is None or type(x) is not torch.Tensor or x.dtype == torch.bfloat16 or not x.numel():
+        return None                         # bfloat16: the core had a float32 copy
+    try:
+        return x.detach().numpy()
+    except (RuntimeError, TypeError):
+        return None
+
+
+def _view_bases(tracer, outputs):
+    """Tensor outputs that view a tensor input (x[1:], x.t()) or another output (a, a.t()), as
+    their examples' memory tells at the trace: {output index: the input's source, or the index of
+    the output whose memory holds the others'}. At each call such an output is made a torch view
+    of that tensor (_torch_view), so it shares its version counter and storage as eager's view
+    does; torch.from_numpy would make a tensor of its own over the same memory."""
+    ins = [(src, _host_array(arr)) for src, kind, arr in tracer.inputs if kind == "torch" and src is not None]
+    exs = {k: _host_array(v.example) for k, v in enumerate(outputs) if v.kind == "torch"}
+    exs = {k: a for k, a in exs.items() if a is not None}
+    bases, left = {}, []
+    for k, a in exs.items():
+        src = next((s for s, b in ins if b is not None and np.may_share_memory(a, b)), None)
+        if src is not None:
+            bases[k] = src
+        else:
+            left.append(k)
+    while left:
+        k = left.pop(0)
+        group = [k] + [j for j in left if np.may_share_memory(exs[k], exs[j])]
+        left = [j for j in left if j not in group]
+        if len(group) < 2:
+            continue
+        spans = {j: _span(exs[j]) for j in group}
+        root = next((j for j in group if all(spans[j][0] <= lo and hi <= spans[j][1]
+                                            for lo, hi in spans.values())), None)
+        for j in group:
+            if root is not None and j != root:
+                bases[j] = root
+    return bases
+
+
+def _span(a):
+    """The bytes [lo, hi) array a reaches."""
+    lo = hi = a.__array_interface__["data"][0]
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + a.itemsize
+
+
+def _out_tensor(env, outs, k, bases):
+    """Tensor output k of this call: one tensor per output per call (a, a returns one object
+    twice), a view of the tensor it views where it views one (_view_bases)."""
+    t = env.memo.get(k)                     # int keys: never a Source
+    if t is None:
+        b = bases.get(k)
+        r = outs[k]
+        if b is None:
+            t = _from_numpy(r)
+        elif type(b) is int:
+            t = _torch_view(_out_tensor(env, outs, b, bases), r)
+        else:
+            t = _torch_view(env.get(b), r)
+        env.memo[k] = t
+    return t
+
+
+def _torch_view(t, r):
+    """Output array r, which views input tensor t's memory, as a view of t (as_strided): it shares
+    t's version counter and has t as its _base, as eager's view does, so autograd sees an in-place
+    update through it. torch.from_numpy(r) where r is no such view (another dtype, outside t)."""
+    isz = r.itemsize
+    off, rem = divmod(r.__array_interface__["data"][0] - t.data_ptr(), isz)
+    if rem or r.size == 0 or str(t.dtype)[6:] != r.dtype.name:      # "torch.float32"
+        return _from_numpy(r)
+    strides = []
+    for st in r.strides:
+        if st < 0 or st % isz:
+            return _from_numpy(r)
+        strides.append(st // isz)
+    start = t.storage_offset() + off
+    end = start + sum((n - 1) * st for n, st in zip(r.shape, strides)) + 1
+    if start < 0 or end * isz > t.untyped_storage().nbytes():
+        return _from_numpy(r)
+    return t.as_strided(r.shape, strides, start)
+
+
+def _from_numpy(r):
+    return sys.modules["torch"].from_numpy(r)
+
+
 def build(tracer, vars_, user_stack=()):
     """A function of the frame's slot values returning the Python values of vars_."""
     from .interp import _unlazy
@@ -52,9 +148,9 @@ def build(tracer, vars_, user_stack=()):
             scalar = isinstance(v.example, np.generic)
 
             def get(env, outs, k=k):
-                r = outs[k]
                 if as_torch:
-                    return torch.from_numpy(r)
+                    return _out_tensor(env, outs, k, bases)
+                r = outs[k]
                 return r[()] if scalar else r
             return get
         if isinstance(v, PyVar):
@@ -91,7 +187,10 @@ def build(tracer, vars_, user_stack=()):
             return lambda env, outs: shape
         raise Unsupported("cannot rebuild a %s after the graph" % type(v).__name__, user_stack)
 
+    bases = {}          # tensor output index -> the input source or output index it views
     plans = [plan(v) for v in vars_]
+    if tracer.fx is None:
+        bases.update(_view_bases(tracer, outputs))
     # (source, kind) only: the examples (the first call's arrays) must not live on in run
     inputs = [(src, kind) for src, kind, _ in tracer.inputs]
     for src, _ in inputs:
