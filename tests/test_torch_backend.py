@@ -2352,6 +2352,23 @@ def test_fc_compile_views_share_their_base_as_in_eager():
         assert torch.equal(xe, xc)
 
 
+def _detach_and_views(x):
+    return x.detach(), x[1:], x.float(), x.t() * 1
+
+
+def test_fc_compile_views_of_an_input_requiring_grad_as_in_eager():
+    """Under no_grad, x.detach() of an x requiring grad requires no grad: it shares x's memory,
+    and a view of x itself would require grad (x[1:] does: the tracer breaks the graph there)."""
+    f = fastcompile.compile(_detach_and_views)
+    x = torch.randn(4, 3, requires_grad=True)
+    for ctx in (torch.no_grad, torch.inference_mode, torch.no_grad):
+        with ctx():
+            oe, oc = _detach_and_views(x), f(x)
+        for i, (e, c) in enumerate(zip(oe, oc)):
+            assert torch.equal(e, c) and e.requires_grad == c.requires_grad, i
+            assert (e is x) == (c is x) and (e._base is x) == (c._base is x), i
+
+
 def _set_data(x, y):
     x.data = y * 2
     return x + 1

@@ -38,18 +38,20 @@ def _host_array(x):
 
 def _view_bases(tracer, outputs):
     """Tensor outputs that view a tensor input (x[1:], x.t()) or another output (a, a.t()), as
-    their examples' memory tells at the trace: {output index: the input's source, or the index of
-    the output whose memory holds the others'}. At each call such an output is made a torch view
-    of that tensor (_torch_view), so it shares its version counter and storage as eager's view
+    their examples' memory tells at the trace: {output index: (the input's source, whether to
+    view its detach(): the output needs no grad where the input does), or the index of the
+    output whose memory holds the others'}. At each call such an output is made a torch view of
+    that tensor (_torch_view), so it shares its version counter and storage as eager's view
     does; torch.from_numpy would make a tensor of its own over the same memory."""
-    ins = [(src, _host_array(arr)) for src, kind, arr in tracer.inputs if kind == "torch" and src is not None]
+    ins = [(src, _host_array(arr), arr.requires_grad) for src, kind, arr in tracer.inputs
+           if kind == "torch" and src is not None]
     exs = {k: _host_array(v.example) for k, v in enumerate(outputs) if v.kind == "torch"}
     exs = {k: a for k, a in exs.items() if a is not None}
     bases, left = {}, []
     for k, a in exs.items():
-        src = next((s for s, b in ins if b is not None and np.may_share_memory(a, b)), None)
-        if src is not None:
-            bases[k] = src
+        hit = next(((s, g) for s, b, g in ins if b is not None and np.may_share_memory(a, b)), None)
+        if hit is not None:     # x.detach() of an input requiring grad: a view of x.detach()
+            bases[k] = (hit[0], hit[1] and not getattr(outputs[k].example, "requires_grad", False))
         else:
             left.append(k)
     while left:
@@ -90,7 +92,9 @@ def _out_tensor(env, outs, k, bases):
         elif type(b) is int:
             t = _torch_view(_out_tensor(env, outs, b, bases), r)
         else:
-            t = _torch_view(env.get(b), r)
+            src, detach = b
+            t = env.get(src)
+            t = _torch_view(t.detach() if detach else t, r)
         env.memo[k] = t
     return t
 
