@@ -2369,6 +2369,31 @@ def test_fc_compile_views_of_an_input_requiring_grad_as_in_eager():
             assert (e is x) == (c is x) and (e._base is x) == (c._base is x), i
 
 
+def _mul_then_broadcast(x, z):
+    x.mul_(2)
+    y = x * z
+    x.add_(1)
+    return y
+
+
+def test_fc_compile_shapes_that_do_not_broadcast_raise_runtime_error():
+    """A graph's kernels are not specialized on sizes, so z of shape (3,) reaches the core, which
+    raised NumPy's ValueError; torch raises RuntimeError. The input state is eager's."""
+    f = fastcompile.compile(_mul_then_broadcast)
+    for z in (torch.randn(5), torch.randn(3), torch.randn(3), torch.randn(1)):
+        xe = torch.randn(4, 5)
+        xc = xe.clone()
+        try:
+            oe = _mul_then_broadcast(xe, z)
+        except RuntimeError:
+            oe = None
+            with pytest.raises(RuntimeError):
+                f(xc, z)
+        else:
+            assert torch.equal(f(xc, z), oe)
+        assert torch.equal(xc, xe)
+
+
 def _set_data(x, y):
     x.data = y * 2
     return x + 1

@@ -256,7 +256,14 @@ def build(tracer, vars_, user_stack=()):
             for j in torch_inputs:
                 arrays[j] = arrays[j].detach().numpy()
             # the first call (sync): the trace ran every extern on these inputs already
-            outs = c(*arrays) if got is None else c._call_with(tuple(arrays), got[1])
+            try:
+                outs = c(*arrays) if got is None else c._call_with(tuple(arrays), got[1])
+            except ValueError as e:
+                if not torch_inputs or e.__traceback__.tb_next is not None:
+                    raise       # NumPy's semantics, or an extern's own error (a Python frame below)
+                # the core's: shapes that do not broadcast (kernels are not specialized on sizes);
+                # torch raises RuntimeError where NumPy (and so the core) raises ValueError
+                raise RuntimeError(str(e)) from e
         return [p(env, outs) for p in plans]
 
     run.slots = slots
