@@ -2394,6 +2394,53 @@ def test_fc_compile_shapes_that_do_not_broadcast_raise_runtime_error():
         assert torch.equal(xc, xe)
 
 
+def _iadd_through_a_view(x, w):
+    y = x * w
+    z = y.t()
+    z += 1              # reaches y
+    return y
+
+
+def _imul_a_row(x, w):
+    y = x * w
+    z = y[0]
+    z *= 2
+    return y, z
+
+
+def _iadd_a_viewed_base(x, w):
+    y = x * w
+    v = y.t()
+    y += 1              # reaches v
+    return v
+
+
+def _iadd_through_flatten(x, w):
+    y = x * w
+    z = nn.Flatten(0)(y)
+    z += 1
+    return y
+
+
+@pytest.mark.parametrize("fn", [_iadd_through_a_view, _imul_a_row, _iadd_a_viewed_base, _iadd_through_flatten])
+def test_fc_compile_autograd_in_place_update_of_a_view_reaches_its_base(fn):
+    """Autograd mode (a weight requires grad): every FX result was 'fresh', views included, so
+    z += 1 on z = y.t() rebound z alone and y came back without the update (and y += 1 missed
+    y's view). A view, and a tensor a view was taken of, are now updated in place only in eager
+    code (a graph break)."""
+    f = fastcompile.compile(fn)
+    x = torch.randn(3, 3)
+    for _ in range(2):
+        w = torch.randn(3, 3, requires_grad=True)
+        we = w.detach().clone().requires_grad_(True)
+        oe, oc = _outputs(fn(x, we)), _outputs(f(x, w))
+        for e, c in zip(oe, oc):
+            torch.testing.assert_close(c, e)
+        sum(o.sum() for o in oe).backward()
+        sum(o.sum() for o in oc).backward()
+        torch.testing.assert_close(w.grad, we.grad)
+
+
 def _set_data(x, y):
     x.data = y * 2
     return x + 1

@@ -565,8 +565,20 @@ class Tracer:
                              % (_name(fn) if method is None else "Tensor." + method, type(example).__name__))
         node = self.fx.call_method(method, fa, fk) if method else self.fx.call_function(fn, fa, fk)
         self.record_op()
+        # a result that views an argument (y.t(), y[0], x.contiguous() returning x) is not fresh:
+        # an in-place update of it must reach what it views, so it is a graph break, and so is
+        # an in-place update of an argument it views (escaped), which must reach the view
+        arrays = [a for a in (_unlazy(v) for v in list(args) + list(kwargs.values())) if isinstance(a, ArrayVar)]
+        stores = {a.example.untyped_storage().data_ptr() for a in arrays if a.example.numel()}
+
+        def fresh(e):
+            if e._is_view() or (e.numel() and e.untyped_storage().data_ptr() in stores):
+                for a in arrays:
+                    a.escaped = True
+                return False
+            return True
         if isinstance(example, torch.Tensor):
-            var = ArrayVar(None, example, "torch", fresh=True)
+            var = ArrayVar(None, example, "torch", fresh=fresh(example))
             var.fx = node
             return var
         items = []
@@ -574,7 +586,7 @@ class Tracer:
             if e is None:
                 items.append(PyVar(None))
                 continue
-            var = ArrayVar(None, e, "torch", fresh=True)
+            var = ArrayVar(None, e, "torch", fresh=fresh(e))
             var.fx = self.fx.call_function(operator.getitem, (node, i))
             items.append(var)
         return TupleVar(items)
@@ -1061,7 +1073,7 @@ class Tracer:
                 return a
             return self.fold(fn, [a, b], {})
         if inplace and isinstance(a, ArrayVar) and self.fx is not None:
-            if a.source is not None or not a.fresh:
+            if a.source is not None or not a.fresh or a.escaped:
                 self.unsupported("in-place %s= on a tensor that may be shared (an input or a view) "
                                  "is not supported" % sym)
             new = self.array_op(fn, core_op, [a, b], sym)      # a fresh tensor: rebind it
