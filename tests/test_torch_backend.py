@@ -2294,6 +2294,154 @@ def test_fc_compile_inplace_activation_modules_apply_once(make):
             assert (oc is xc) == (oe is xe)
 
 
+_LIN = nn.Linear(4, 4)
+_LIN2 = nn.Linear(4, 4)
+
+
+def _ip_relu(x, b):
+    y = x * 2
+    y.relu_()
+    return y
+
+
+def _ip_add_broadcast(x, b):
+    y = x * 2
+    y.add_(b)
+    return y
+
+
+def _ip_keeps_dtype(x, b):
+    y = x * 2
+    y.add_(x.double()).mul_(b)
+    return y
+
+
+def _ip_int_mul_float(x, b):
+    y = (x * 2).int()
+    y.mul_(1.5)                 # eager: RuntimeError (Float cannot be cast to Int)
+    return y
+
+
+def _ip_grows(x, b):
+    y = x * 2
+    y.add_(b.view(-1, 1) * 0)   # (1, 4) += (4, 1): eager RuntimeError
+    return y
+
+
+def _ip_a_row(x, b):
+    y = x * 2
+    y[0].relu_()                # a view: eager code (graph break)
+    return y
+
+
+def _ip_after_linear(x, b):
+    y = F.leaky_relu(_LIN(x), 0.2, True)
+    y.clamp_(min=-0.1, max=0.5).sub_(b, alpha=2)
+    r = y.relu_()
+    return y, r is y
+
+
+def _ip_read_by_an_extern(x, b):
+    y = _LIN(x)
+    z = _LIN2(y)
+    y.relu_()                   # y was handed to an extern: eager code (graph break)
+    return z, y
+
+
+def _ip_input(x, b):
+    x.relu_()                   # an input: eager code (graph break)
+    return x * 2
+
+
+def _ip_masked(x, b):
+    y = x * 1
+    y.masked_fill_(x > 0, 0.0).lerp_(x, 0.5)
+    return y
+
+
+def _ip_saved_for_backward(x, b):
+    y = x.exp()
+    y.relu_()                   # exp saved y: eager's backward raises
+    return y
+
+
+@pytest.mark.parametrize("fn,breaks", [
+    (_ip_relu, 0), (_ip_add_broadcast, 0), (_ip_keeps_dtype, 0), (_ip_int_mul_float, None), (_ip_grows, None),
+    (_ip_a_row, 1), (_ip_after_linear, 0), (_ip_read_by_an_extern, 1), (_ip_input, 1), (_ip_masked, 0),
+    (_ip_saved_for_backward, 0)])
+@pytest.mark.parametrize("grad", [False, True])
+def test_fc_compile_in_place_tensor_methods_as_eager(fn, breaks, grad):
+    """y.relu_(), y.add_(b), F.leaky_relu(y, 0.2, True), ...: every in-place Tensor method was a
+    graph break. On a tensor the graph made that nothing else can see they are now traced: the
+    core route rebinds y to the out-of-place value (in y's dtype), autograd mode records the
+    in-place op for aot_autograd. Inputs, views and tensors an extern read stay eager code;
+    what eager refuses raises as in eager, at the call or at backward."""
+    if breaks is not None:
+        with torch.no_grad():
+            ex = fastcompile.explain(fn)(torch.randn(3, 4), torch.randn(4))
+        assert ex.graph_count == 1 and ex.graph_break_count == breaks, ex
+    f = fastcompile.compile(fn)
+    for n in (3, 3, 5):
+        x, b = torch.randn(n, 4) if fn is not _ip_grows else torch.randn(1, 4), torch.randn(4)
+        xe, xc = x.clone().requires_grad_(grad and fn is not _ip_input), x.clone().requires_grad_(grad and fn is not _ip_input)
+        ctx = torch.enable_grad if grad else torch.no_grad
+        with ctx():
+            try:
+                oe = _outputs(fn(xe, b))
+            except RuntimeError:
+                with pytest.raises(RuntimeError):
+                    f(xc, b)
+                continue
+            oc = _outputs(f(xc, b))
+        assert len(oe) == len(oc)
+        for e, c in zip(oe, oc):
+            if isinstance(e, torch.Tensor):
+                assert e.dtype == c.dtype
+                torch.testing.assert_close(c, e)
+            else:
+                assert e == c
+        torch.testing.assert_close(xc, xe)
+        if grad and xe.requires_grad:
+            try:
+                sum(o.sum() for o in oe if isinstance(o, torch.Tensor)).backward()
+            except RuntimeError:
+                with pytest.raises(RuntimeError):
+                    sum(o.sum() for o in oc if isinstance(o, torch.Tensor)).backward()
+                continue
+            sum(o.sum() for o in oc if isinstance(o, torch.Tensor)).backward()
+            torch.testing.assert_close(xc.grad, xe.grad)
+
+
+def test_fc_compile_a_network_with_in_place_activations_is_one_graph():
+    """nn.ReLU(inplace=True) / nn.LeakyReLU(inplace=True) after a Linear, as CNNs and GANs write
+    them: one graph (each was a graph break, and in nn.Sequential the whole forward ran as plain
+    Python), forward and a training step as eager."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.LeakyReLU(0.1, True),
+                      nn.Linear(8, 3), nn.Hardtanh(-0.5, 0.5, inplace=True))
+    ref = copy.deepcopy(m)
+    with torch.no_grad():
+        ex = fastcompile.explain(m)(torch.randn(4, 6))
+    assert ex.graph_count == 1 and ex.graph_break_count == 0, ex
+    f = fastcompile.compile(m)
+    oe_ = torch.optim.SGD(ref.parameters(), lr=0.1)
+    oc_ = torch.optim.SGD(m.parameters(), lr=0.1)
+    for n in (4, 4, 7):
+        x = torch.randn(n, 6)
+        with torch.no_grad():
+            torch.testing.assert_close(f(x), ref(x))
+        le, lc = ref(x).square().mean(), f(x).square().mean()
+        torch.testing.assert_close(lc, le)
+        le.backward()
+        lc.backward()
+        oe_.step()
+        oc_.step()
+        oe_.zero_grad()
+        oc_.zero_grad()
+        for pe, pc in zip(ref.parameters(), m.parameters()):
+            torch.testing.assert_close(pc, pe)
+
+
 @pytest.mark.parametrize("name,fn", [
     ("t_contiguous", lambda x: x.t().contiguous()), ("contiguous", lambda x: x.contiguous()),
     ("t_contiguous_view", lambda x: x.t().contiguous().view(-1)), ("t_contiguous_t", lambda x: x.t().contiguous().t()),

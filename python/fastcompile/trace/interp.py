@@ -694,9 +694,18 @@ class Tracer:
         v = self.graph.extern(run, *[a.value for a in arrays], nout=nout)
         self.extern_results.append((example, run, [a.example for a in arrays]))
         self.record_op()
+        # a result sharing no memory with the arguments or the other results (F.linear's, a
+        # conv's) is the extern's own: fresh, so an in-place update may rebind it
+        hosts = [h for h in (_host_of(a.example) for a in arrays) if h is not None]
+        outs = [_host_of(e) for e in examples]
+
+        def fresh(i):
+            h = outs[i]
+            return h is not None and not any(np.may_share_memory(h, o) for o in hosts + outs[:i] + outs[i + 1:]
+                                             if o is not None)
         if nout is None:
-            return ArrayVar(v, example, kind)
-        return TupleVar([ArrayVar(x, e, kind) for x, e in zip(v, example)])
+            return ArrayVar(v, example, kind, fresh=fresh(0))
+        return TupleVar([ArrayVar(x, e, kind, fresh=fresh(i)) for i, (x, e) in enumerate(zip(v, example))])
 
     def array_call(self, fn, args, kwargs, core_op=None, attrs=None, core_args=None, kind=None):
         """Call fn on traced arguments: a core op when possible, else an extern call."""
@@ -1547,11 +1556,17 @@ class Tracer:
             # Dropout1d/2d/3d, AlphaDropout, ...: as an extern call its eager example would draw
             # from the RNG while tracing (nn.Dropout is inlined: F.dropout, see torch_ops.call)
             self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
-        if getattr(mod, "inplace", False) is True and (type(mod).__module__ or "").startswith("torch.nn"):
-            # nn.LeakyReLU(inplace=True), ...: its eager example while tracing would update the
-            # input it is given, and the call would then apply it a second time
-            self.unsupported("%s(inplace=True) updates its input in place" % type(mod).__name__)
         fwd = type(mod).forward
+        if getattr(mod, "inplace", False) is True and (type(mod).__module__ or "").startswith("torch.nn"):
+            # nn.ReLU/LeakyReLU/ELU/...(inplace=True): its forward, inlined, calls F.<act>(x, ...,
+            # inplace=True), traced in place where x is no input (torch_ops._inplace_call). As a
+            # module call, its eager example while tracing would update the input it is given, and
+            # the call would then apply it a second time
+            from .torch_ops import _INPLACE_ACTIVATIONS
+            if type(mod).__name__.lower() not in {a.replace("_", "") for a in _INPLACE_ACTIVATIONS}:
+                self.unsupported("%s(inplace=True) updates its input in place" % type(mod).__name__)
+            return self.inline(fwd.__code__, fwd.__globals__, (), tuple(self.wrap(d, None) for d in
+                               (fwd.__defaults__ or ())), {}, [mod_var] + list(args), kwargs)
         if type(mod) is torch.nn.Sequential and len(args) == 1 and not kwargs:
             # its children one after the other: each is inlined, traced or called on its own
             if mod_var.source is not None:
@@ -2015,6 +2030,15 @@ def _sync_torch():
     })
     torch = t
 
+
+
+def _host_of(x):
+    """A traced example's memory as a NumPy array (tensors: their NumPy view), or None."""
+    if isinstance(x, np.ndarray):
+        return x
+    if torch is not None and isinstance(x, torch.Tensor) and x.dtype in TORCH_TO_NP and x.layout == torch.strided:
+        return x.detach().numpy()
+    return None
 
 
 @functools.lru_cache(maxsize=None)

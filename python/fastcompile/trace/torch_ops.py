@@ -293,12 +293,12 @@ def call(tr, fn, args, kwargs):
         pos = _inplace_position(fn)
         if "inplace" in kwargs:
             if tr.py(kwargs["inplace"]):
-                tr.unsupported("%s(inplace=True) updates its input in place" % fn.__name__)
+                return _inplace_call(tr, fn, args, kwargs, pos)
             kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}     # F.relu(x, inplace=False)
         elif pos is not None and len(args) > pos and tr.py(args[pos]):
-            # F.leaky_relu(x, 0.1, True), as nn.LeakyReLU(inplace=True) calls it: the trace ran it
-            # on the real input already, so the first call would apply it twice
-            tr.unsupported("%s(..., inplace=True) updates its input in place" % fn.__name__)
+            # F.leaky_relu(x, 0.1, True), as nn.LeakyReLU(inplace=True) calls it (its eager run on
+            # an input would update the input while tracing: the first call applied it twice)
+            return _inplace_call(tr, fn, args, kwargs, pos)
     if fn is F.dropout:
         training = tr.py(_arg(args, kwargs, 2, "training", True))
         p = tr.py(_arg(args, kwargs, 1, "p", 0.5))
@@ -374,11 +374,100 @@ def _kind_any(args, kwargs):
     return _kind_of(args, kwargs)
 
 
+# Tensor.<name>_ methods traced as their out-of-place op: the pointwise ones (their out-of-place
+# form takes the same arguments; bernoulli_, fill_, zero_, random_, ... do not, or draw)
+_INPLACE_METHODS = frozenset(
+    [f.__name__ for f in list(UNARY) + list(BINARY) if getattr(f, "__module__", "") != "torch.nn.functional"]
+    + ["clamp", "clamp_min", "clamp_max", "clip", "masked_fill", "lerp", "addcmul", "addcdiv", "fmod",
+       "copysign", "hypot", "true_divide", "nan_to_num", "sigmoid", "tanh", "relu", "sgn", "frac",
+       "round", "float_power", "xlogy", "logit", "mvlgamma", "sinh", "cosh", "asin", "acos", "atan",
+       "tan", "exp2", "where"])
+# F.* activations with an inplace parameter traced in place (see _inplace_call)
+_INPLACE_ACTIVATIONS = ("relu", "relu6", "leaky_relu", "elu", "celu", "selu", "hardtanh", "hardswish",
+                        "hardsigmoid", "silu", "mish", "threshold")
+
+
+def _shares_input(tr, arr):
+    """Whether arr's example shares memory with a traced input's (a parameter, the frame's
+    tensors): its in-place update while tracing would change what the user holds."""
+    if not arr.example.numel():
+        return arr.source is not None
+    ptr = arr.example.untyped_storage().data_ptr()
+    return arr.source is not None or any(
+        isinstance(a, torch.Tensor) and a.numel() and a.untyped_storage().data_ptr() == ptr
+        for _, _, a in tr.inputs)
+
+
+def _rebind(tr, arr, what, compute):
+    """Core route: an in-place update of arr that no one else can see (a tensor this graph made,
+    no view of anything and never handed to an extern, which may view it) as the out-of-place
+    value, rebound to arr: later reads of arr read it. compute() -> the new Var; it keeps arr's
+    dtype and shape (eager checked that they allow the update)."""
+    if arr.source is not None or not arr.fresh or arr.escaped:
+        tr.unsupported("%s updates a tensor that may be shared (an input or a view) in place" % what)
+    new = _u(compute())
+    if not isinstance(new, ArrayVar) or tuple(new.example.shape) != tuple(arr.example.shape):
+        tr.unsupported("%s in place changes the tensor's shape" % what)
+    new = cast(tr, new, _np(tr, arr.example.dtype))
+    # arr is now the new value: computing it handed the old one to an extern perhaps (escaped),
+    # which nothing reads any more
+    arr.value, arr.example, arr.fresh, arr.escaped = new.value, new.example, new.fresh, new.escaped
+    return arr
+
+
+def _inplace_method(tr, arr, name, args, kwargs):
+    """t.add_(b), t.mul_(0.5), t.relu_(), t.clamp_(min=0), ...: in autograd mode one FX node of
+    the in-place op (aot_autograd functionalizes it), where t shares no memory with an input; in
+    the core route the out-of-place op rebound to t (_rebind). Either way t is returned, and
+    what eager refuses (int_t.mul_(1.5), a broadcast that grows t) raises as in eager (a graph
+    break, then eager code)."""
+    base = name[:-1]
+    if base not in _INPLACE_METHODS or not hasattr(torch.Tensor, name):
+        tr.unsupported("in-place Tensor.%s is not supported" % name)
+    if tr.fx is not None:
+        if _shares_input(tr, arr):
+            tr.unsupported("in-place Tensor.%s of a tensor that is or views an input" % name)
+        escaped = arr.escaped       # the node's result is arr itself, not a view someone holds
+        r = _u(tr.fx_call(_method_fn(name), [arr] + args, kwargs, method=name))
+        arr.example, arr.fx, arr.escaped = r.example, r.fx, escaped
+        return arr
+    what = "Tensor." + name
+    if arr.source is not None or not arr.fresh or arr.escaped:
+        tr.unsupported("%s updates a tensor that may be shared (an input or a view) in place" % what)
+    tr.eager(lambda t, *a, **k: getattr(t.clone(), name)(*a, **k), [arr] + args, kwargs)
+    return _rebind(tr, arr, what, lambda: method(tr, arr, base, args, kwargs))
+
+
+def _inplace_call(tr, fn, args, kwargs, pos):
+    """F.relu(x, inplace=True), F.leaky_relu(x, 0.1, True), ... (nn.ReLU(inplace=True) calls
+    them): as _inplace_method, x updated in place and returned."""
+    arr = _u(args[0]) if args else None
+    what = "%s(inplace=True)" % fn.__name__
+    if not isinstance(arr, ArrayVar) or fn.__name__ not in _INPLACE_ACTIVATIONS:
+        tr.unsupported("%s updates its input in place" % what)
+    if tr.fx is not None:
+        if _shares_input(tr, arr):
+            tr.unsupported("%s of a tensor that is or views an input" % what)
+        escaped = arr.escaped
+        r = _u(tr.fx_call(fn, args, kwargs))
+        arr.example, arr.fx, arr.escaped = r.example, r.fx, escaped
+        return arr
+    if arr.source is not None or not arr.fresh or arr.escaped:
+        tr.unsupported("%s updates a tensor that may be shared (an input or a view) in place" % what)
+    args, kwargs = list(args), dict(kwargs)
+    if "inplace" in kwargs:
+        kwargs["inplace"] = PyVar(False)
+    else:
+        args[pos] = PyVar(False)
+    tr.eager(lambda t, *a, **k: fn(t.clone(), *a, **k), args, kwargs)   # what eager refuses raises
+    return _rebind(tr, arr, what, lambda: call(tr, fn, args, kwargs))
+
+
 def method(tr, arr, name, args, kwargs):
     """Tensor.name(*args, **kwargs)."""
     args = list(args)
     if name.endswith("_") and not name.endswith("__"):
-        tr.unsupported("in-place Tensor.%s is not supported" % name)
+        return _inplace_method(tr, arr, name, args, kwargs)
     if name in ("item", "tolist", "numpy", "__bool__", "__int__", "__float__"):
         tr.unsupported("data-dependent Tensor.%s()" % name)
     if name == "size":
