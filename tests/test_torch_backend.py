@@ -2359,6 +2359,16 @@ def _ip_masked(x, b):
     return y
 
 
+_W = torch.randn(4, requires_grad=True)
+
+
+def _ip_through_a_view_then_a_row(x, b):
+    g = x * _W
+    g.t().mul_(2.0)             # a view: eager code (in autograd mode, recorded for aot_autograd
+    g[0] += 1.0                 # it left g a view made inside its Function: this raised)
+    return g
+
+
 def _ip_saved_for_backward(x, b):
     y = x.exp()
     y.relu_()                   # exp saved y: eager's backward raises
@@ -2368,7 +2378,7 @@ def _ip_saved_for_backward(x, b):
 @pytest.mark.parametrize("fn,breaks", [
     (_ip_relu, 0), (_ip_add_broadcast, 0), (_ip_keeps_dtype, 0), (_ip_int_mul_float, None), (_ip_grows, None),
     (_ip_a_row, 1), (_ip_after_linear, 0), (_ip_read_by_an_extern, 1), (_ip_input, 1), (_ip_masked, 0),
-    (_ip_saved_for_backward, 0)])
+    (_ip_saved_for_backward, 0), (_ip_through_a_view_then_a_row, None)])
 @pytest.mark.parametrize("grad", [False, True])
 def test_fc_compile_in_place_tensor_methods_as_eager(fn, breaks, grad):
     """y.relu_(), y.add_(b), F.leaky_relu(y, 0.2, True), ...: every in-place Tensor method was a
@@ -2587,6 +2597,54 @@ def test_fc_compile_autograd_in_place_update_of_a_view_reaches_its_base(fn):
         sum(o.sum() for o in oe).backward()
         sum(o.sum() for o in oc).backward()
         torch.testing.assert_close(w.grad, we.grad)
+
+
+def _branch_on_a_value(x):
+    h = x * 2
+    if h.mean() > 0:            # a graph break
+        h = h * 3
+    return h + 1
+
+
+def _no_break(x):
+    return (x * 2).sin()
+
+
+@pytest.mark.parametrize("fn", [_branch_on_a_value, _no_break])
+def test_fc_compile_autograd_mode_graphs_follow_new_sizes(fn, caplog):
+    """aot_autograd compiles a graph for the sizes of its first call, and no guard of the frame
+    checks sizes. A new batch size raised in a frame with a graph break ('The expanded size of
+    the tensor (2) must match the existing size (3)'), and a frame without one ran as plain
+    Python at every call. Each set of input sizes now gets its own compiled graph, up to
+    cache_size_limit; past it a graph runs its torch ops uncompiled, with a warning."""
+    import logging
+    records = []
+    old_backend = fbt.backend
+
+    def counting(gm, example_inputs, **kw):
+        records.append(tuple(example_inputs[0].shape))
+        return old_backend(gm, example_inputs, **kw)
+    f = fastcompile.compile(fn)
+    old_limit = fastcompile.config.get("cache_size_limit")
+    fbt.backend = counting
+    fastcompile.config.set(cache_size_limit=3)
+    try:
+        with caplog.at_level(logging.WARNING, logger="fastcompile"):
+            for b in (2, 3, 2, 3, 4, 5, 6, 5):
+                x = torch.rand(b, 4, requires_grad=True)        # h.mean() > 0: one resume path
+                xe = x.detach().clone().requires_grad_(True)
+                out = f(x)
+                torch.testing.assert_close(out, fn(xe))
+                out.sum().backward()
+                fn(xe).sum().backward()
+                torch.testing.assert_close(x.grad, xe.grad)
+    finally:
+        fbt.backend = old_backend
+        fastcompile.config.set(cache_size_limit=old_limit)
+    graphs = 2 if fn is _branch_on_a_value else 1
+    assert sorted(set(records)) == [(2, 4), (3, 4), (4, 4)], records     # 5 and 6: past the limit
+    assert len(records) == 3 * graphs, records
+    assert any("cache_size_limit" in r.getMessage() for r in caplog.records)
 
 
 def _set_data(x, y):

@@ -469,11 +469,31 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     if outputs:
         fxg.output(tuple(v.fx for v in outputs))
     f_globals, f_builtins = tracer.f_globals, tracer.f_builtins
-    state = {"compiled": None}
+    # aot_autograd's graphs are specialized on the input sizes, which the frame's guards leave
+    # free (the core's kernels are not): one compiled graph per tuple of input sizes
+    compiled = {}
     runners = []
     has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's tensors
     input_srcs = [src for src, _ in inputs]
     read_inputs = S.compile_reader(input_srcs)
+    where = tracer.lines[0] if tracer.lines else ("?", 0)       # run keeps no tracer (its examples)
+
+    def compile_for(key, tensors):
+        import copy
+        import torch
+        from .. import config
+        from ..backends import torch as torch_backend
+        gm = torch.fx.GraphModule(torch.nn.Module(), copy.deepcopy(fxg))
+        limit = config.get("cache_size_limit")
+        if len(compiled) >= limit:          # past it: the graph's torch ops, uncompiled
+            if len(compiled) == limit:
+                log.warning("fastcompile: a graph of %s:%d was compiled for %d sets of input sizes, "
+                            "the limit (cache_size_limit); new sizes run its torch ops uncompiled",
+                            where[0], where[1], limit)
+            compiled[key] = gm
+            return gm
+        c = compiled[key] = torch_backend.backend(gm, tensors, record=runners)
+        return c
 
     def run(*values):
         env = _Env.of(slots, values, nlocalsplus - nfree, f_globals, f_builtins)
@@ -481,12 +501,10 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
         if has_outputs:
             tensors = read_inputs(*env.args)
             env.memo.update(zip(input_srcs, tensors))   # the plans below read these as before
-            c = state["compiled"]
+            key = tuple(getattr(t, "shape", None) for t in tensors)
+            c = compiled.get(key)
             if c is None:
-                import torch
-                from ..backends import torch as torch_backend
-                gm = torch.fx.GraphModule(torch.nn.Module(), fxg)
-                c = state["compiled"] = torch_backend.backend(gm, tensors, record=runners)
+                c = compile_for(key, tensors)
             outs = c(*tensors)
         return [p(env, outs) for p in plans]
 

@@ -398,13 +398,21 @@ def _shares_input(tr, arr):
         for _, _, a in tr.inputs)
 
 
+def _check_unshared(tr, arr, what):
+    """A graph break unless arr is a tensor this graph made that nothing else can see: not an
+    input, no view (an update must reach what it views), never viewed (escaped: handed to an
+    extern, which may keep a view; in autograd mode, a view was taken of it). In autograd mode
+    an update through a view would also leave aot_autograd a graph output that views an
+    intermediate, which eager code may not update in place."""
+    if arr.source is not None or not arr.fresh or arr.escaped or (tr.fx is not None and _shares_input(tr, arr)):
+        tr.unsupported("%s updates a tensor that may be shared (an input or a view) in place" % what)
+
+
 def _rebind(tr, arr, what, compute):
     """Core route: an in-place update of arr that no one else can see (a tensor this graph made,
     no view of anything and never handed to an extern, which may view it) as the out-of-place
     value, rebound to arr: later reads of arr read it. compute() -> the new Var; it keeps arr's
     dtype and shape (eager checked that they allow the update)."""
-    if arr.source is not None or not arr.fresh or arr.escaped:
-        tr.unsupported("%s updates a tensor that may be shared (an input or a view) in place" % what)
     new = _u(compute())
     if not isinstance(new, ArrayVar) or tuple(new.example.shape) != tuple(arr.example.shape):
         tr.unsupported("%s in place changes the tensor's shape" % what)
@@ -422,18 +430,14 @@ def _inplace_method(tr, arr, name, args, kwargs):
     what eager refuses (int_t.mul_(1.5), a broadcast that grows t) raises as in eager (a graph
     break, then eager code)."""
     base = name[:-1]
-    if base not in _INPLACE_METHODS or not hasattr(torch.Tensor, name):
-        tr.unsupported("in-place Tensor.%s is not supported" % name)
-    if tr.fx is not None:
-        if _shares_input(tr, arr):
-            tr.unsupported("in-place Tensor.%s of a tensor that is or views an input" % name)
-        escaped = arr.escaped       # the node's result is arr itself, not a view someone holds
-        r = _u(tr.fx_call(_method_fn(name), [arr] + args, kwargs, method=name))
-        arr.example, arr.fx, arr.escaped = r.example, r.fx, escaped
-        return arr
     what = "Tensor." + name
-    if arr.source is not None or not arr.fresh or arr.escaped:
-        tr.unsupported("%s updates a tensor that may be shared (an input or a view) in place" % what)
+    if base not in _INPLACE_METHODS or not hasattr(torch.Tensor, name):
+        tr.unsupported("in-place %s is not supported" % what)
+    _check_unshared(tr, arr, what)
+    if tr.fx is not None:
+        r = _u(tr.fx_call(_method_fn(name), [arr] + args, kwargs, method=name))
+        arr.example, arr.fx, arr.escaped = r.example, r.fx, False   # r is arr itself, no view of it
+        return arr
     tr.eager(lambda t, *a, **k: getattr(t.clone(), name)(*a, **k), [arr] + args, kwargs)
     return _rebind(tr, arr, what, lambda: method(tr, arr, base, args, kwargs))
 
@@ -445,15 +449,11 @@ def _inplace_call(tr, fn, args, kwargs, pos):
     what = "%s(inplace=True)" % fn.__name__
     if not isinstance(arr, ArrayVar) or fn.__name__ not in _INPLACE_ACTIVATIONS:
         tr.unsupported("%s updates its input in place" % what)
+    _check_unshared(tr, arr, what)
     if tr.fx is not None:
-        if _shares_input(tr, arr):
-            tr.unsupported("%s of a tensor that is or views an input" % what)
-        escaped = arr.escaped
         r = _u(tr.fx_call(fn, args, kwargs))
-        arr.example, arr.fx, arr.escaped = r.example, r.fx, escaped
+        arr.example, arr.fx, arr.escaped = r.example, r.fx, False
         return arr
-    if arr.source is not None or not arr.fresh or arr.escaped:
-        tr.unsupported("%s updates a tensor that may be shared (an input or a view) in place" % what)
     args, kwargs = list(args), dict(kwargs)
     if "inplace" in kwargs:
         kwargs["inplace"] = PyVar(False)
