@@ -2647,6 +2647,30 @@ def test_fc_compile_autograd_mode_graphs_follow_new_sizes(fn, caplog):
     assert any("cache_size_limit" in r.getMessage() for r in caplog.records)
 
 
+def _bn_then_item(x, bn):
+    y = bn(x)
+    s = y.abs().max().item()        # a graph break
+    return y / s
+
+
+def test_fc_compile_a_graph_break_runs_each_extern_once_on_the_first_call():
+    """A graph break traces the frame again up to the break (the restart that builds the partial
+    graph), and each trace ran every extern eagerly: BatchNorm in training mode under no_grad
+    updated its running statistics twice on the first call. The restart now replays the first
+    trace's results."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(4)
+    ref = copy.deepcopy(bn)
+    f = fastcompile.compile(_bn_then_item)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(8, 4)
+            torch.testing.assert_close(f(x, bn), _bn_then_item(x, ref))
+            assert bn.num_batches_tracked.item() == ref.num_batches_tracked.item()
+            torch.testing.assert_close(bn.running_mean, ref.running_mean)
+            torch.testing.assert_close(bn.running_var, ref.running_var)
+
+
 def _set_data(x, y):
     x.data = y * 2
     return x + 1

@@ -59,6 +59,8 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         return give_up(result, "generator frame")
     # restart: trace again up to the breaking instruction
     t2 = Tracer(code, f_globals, f_builtins, closure, f_locals, stop_at=idx, autograd=tracer.autograd)
+    if tracer.fx is None:
+        t2.replay = iter(tracer.eager_log)      # the first trace's eager runs, not run again
     try:
         t2.run()
         return give_up(result, "restart did not reach the break")
