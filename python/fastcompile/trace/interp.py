@@ -586,10 +586,11 @@ class Tracer:
         # an in-place update of it must reach what it views, so it is a graph break, and so is
         # an in-place update of an argument it views (escaped), which must reach the view
         arrays = [a for a in (_unlazy(v) for v in list(args) + list(kwargs.values())) if isinstance(a, ArrayVar)]
-        stores = {a.example.untyped_storage().data_ptr() for a in arrays if a.example.numel()}
+        stores = {_storage_ptr(a.example) for a in arrays} - {None}
 
         def fresh(e):
-            if e._is_view() or (e.numel() and e.untyped_storage().data_ptr() in stores):
+            ptr = _storage_ptr(e)
+            if e._is_view() or ptr is None or ptr in stores:
                 for a in arrays:
                     a.escaped = True
                 return False
@@ -2053,9 +2054,17 @@ def _host_of(x):
     """A traced example's memory as a NumPy array (tensors: their NumPy view), or None."""
     if isinstance(x, np.ndarray):
         return x
-    if torch is not None and isinstance(x, torch.Tensor) and x.dtype in TORCH_TO_NP and x.layout == torch.strided:
+    if torch is not None and isinstance(x, torch.Tensor) and x.dtype in TORCH_TO_NP \
+            and x.layout == torch.strided and x.device.type == "cpu":
         return x.detach().numpy()
     return None
+
+
+def _storage_ptr(t):
+    """Where a tensor's storage starts; None for an empty or non-strided one (unknown: not fresh)."""
+    if not isinstance(t, torch.Tensor) or t.layout != torch.strided or not t.numel():
+        return None
+    return t.untyped_storage().data_ptr()
 
 
 @functools.lru_cache(maxsize=None)

@@ -390,12 +390,9 @@ _INPLACE_ACTIVATIONS = ("relu", "relu6", "leaky_relu", "elu", "celu", "selu", "h
 def _shares_input(tr, arr):
     """Whether arr's example shares memory with a traced input's (a parameter, the frame's
     tensors): its in-place update while tracing would change what the user holds."""
-    if not arr.example.numel():
-        return arr.source is not None
-    ptr = arr.example.untyped_storage().data_ptr()
-    return arr.source is not None or any(
-        isinstance(a, torch.Tensor) and a.numel() and a.untyped_storage().data_ptr() == ptr
-        for _, _, a in tr.inputs)
+    from .interp import _storage_ptr
+    ptr = _storage_ptr(arr.example)
+    return arr.source is not None or ptr is None or any(_storage_ptr(a) == ptr for _, _, a in tr.inputs)
 
 
 def _check_unshared(tr, arr, what):
