@@ -2671,6 +2671,45 @@ def test_fc_compile_a_graph_break_runs_each_extern_once_on_the_first_call():
             torch.testing.assert_close(bn.running_var, ref.running_var)
 
 
+@pytest.mark.parametrize("make,shape", [
+    (lambda: nn.BatchNorm1d(6), (5, 6)), (lambda: nn.BatchNorm1d(6), (5, 6, 7)),
+    (lambda: nn.BatchNorm2d(6), (2, 6, 4, 5)), (lambda: nn.BatchNorm3d(6, affine=False), (2, 6, 3, 4, 5)),
+    (lambda: nn.BatchNorm2d(6).double(), (2, 6, 4, 5)),
+    (lambda: nn.BatchNorm2d(6, track_running_stats=False), (2, 6, 4, 5)), (lambda: nn.BatchNorm2d(6).half(), (2, 6, 4, 5))])
+def test_fc_compile_batch_norm_in_eval_mode_fuses(make, shape):
+    """BatchNorm in eval mode, float32/float64, is traced as its per-channel scale and shift (it was
+    one extern call), so BN + ReLU(inplace=True) is one kernel over x; without running statistics
+    or in float16 it stays torch's op. A switch to training mode (guarded) updates the statistics
+    as eager does."""
+    torch.manual_seed(0)
+    bn = make().eval()
+    if bn.running_mean is not None:
+        bn.running_mean.normal_()
+        bn.running_var.uniform_(0.5, 2)
+    if bn.weight is not None:
+        bn.weight.data.normal_()
+        bn.bias.data.normal_()
+    seq = nn.Sequential(bn, nn.ReLU(inplace=True))
+    ref = copy.deepcopy(seq)
+    dt = bn.running_mean.dtype if bn.running_mean is not None else torch.float32
+    lowered = dt in (torch.float32, torch.float64) and bn.running_mean is not None
+    f = fastcompile.compile(seq)
+    with torch.no_grad():
+        ex = fastcompile.explain(seq)(torch.randn(*shape).to(dt))
+        assert ex.graph_count == 1 and ex.graph_break_count == 0, ex
+        assert ("sqrt" in str(ex)) == lowered, ex
+        for mode in ("eval", "eval", "train", "eval"):
+            seq.train(mode == "train")
+            ref.train(mode == "train")
+            x = torch.randn(*shape).to(dt)
+            e, c = ref(x.clone()), f(x.clone())
+            assert e.dtype == c.dtype
+            torch.testing.assert_close(c, e)
+            if bn.running_mean is not None:
+                torch.testing.assert_close(bn.running_mean, ref[0].running_mean)
+                assert bn.num_batches_tracked.item() == ref[0].num_batches_tracked.item()
+
+
 def _set_data(x, y):
     x.data = y * 2
     return x + 1

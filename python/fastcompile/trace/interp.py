@@ -1596,6 +1596,19 @@ class Tracer:
         if self.fx is not None and type(mod) not in _inline_torch_modules() and \
                 (type(mod).__module__ or "").startswith("torch."):
             return self.fx_module_call(mod_var, args, kwargs)
+        if self.fx is None and type(mod) in _batch_norms() and not mod.training and mod_var.source is not None \
+                and mod.running_mean is not None and mod.running_var is not None and len(args) == 1 and not kwargs \
+                and isinstance(_unlazy(args[0]), ArrayVar) and _unlazy(args[0]).kind == "torch" \
+                and _unlazy(args[0]).ndim >= 2 and _unlazy(args[0]).example.dtype in (torch.float32, torch.float64) \
+                and all(t is None or t.dtype == _unlazy(args[0]).example.dtype
+                        for t in (mod.running_mean, mod.running_var, mod.weight, mod.bias)):
+            # eval mode (guarded), float32/float64 throughout (the dtypes are guarded): a
+            # per-channel scale and shift, traced, so it fuses with the ops around it (torch's
+            # CPU kernel computes half in float32). Training mode updates its statistics: one
+            # extern call
+            from .torch_ops import batch_norm_eval
+            return self.inline(batch_norm_eval.__code__, batch_norm_eval.__globals__, (), (), {},
+                               [mod_var] + list(args), {})
         if type(mod) in _inline_torch_modules():
             # torch's own forward, inlined so its ops fuse (nn.GELU -> the core's gelu)
             return self.inline(fwd.__code__, fwd.__globals__, (), tuple(self.wrap(d, None) for d in
@@ -2065,6 +2078,12 @@ def _storage_ptr(t):
     if not isinstance(t, torch.Tensor) or t.layout != torch.strided or not t.numel():
         return None
     return t.untyped_storage().data_ptr()
+
+
+@functools.lru_cache(maxsize=None)
+def _batch_norms():
+    nn = torch.nn
+    return frozenset((nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d))
 
 
 @functools.lru_cache(maxsize=None)

@@ -387,6 +387,18 @@ _INPLACE_ACTIVATIONS = ("relu", "relu6", "leaky_relu", "elu", "celu", "selu", "h
                         "hardsigmoid", "silu", "mish", "threshold")
 
 
+def batch_norm_eval(bn, x):
+    """nn.BatchNorm1d/2d/3d in eval mode, traced in line by Tracer.module_call (the core route)
+    so that it fuses with what comes before and after it (ReLU, a residual add). torch's CPU
+    kernel's order: alpha = weight / sqrt(var + eps), beta = bias - mean * alpha, x * alpha + beta."""
+    alpha = 1 / torch.sqrt(bn.running_var + bn.eps)
+    if bn.weight is not None:
+        alpha = alpha * bn.weight
+    beta = -(bn.running_mean * alpha) if bn.bias is None else bn.bias - bn.running_mean * alpha
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return x * alpha.view(shape) + beta.view(shape)
+
+
 def _shares_input(tr, arr):
     """Whether arr's example shares memory with a traced input's (a parameter, the frame's
     tensors): its in-place update while tracing would change what the user holds."""
