@@ -23,19 +23,6 @@ def _roots(src, out):
     out.add(src)
 
 
-def _host_array(x):
-    """The NumPy array of a traced example (an array, or a CPU tensor), or None."""
-    if isinstance(x, np.ndarray):
-        return x if x.size else None
-    torch = sys.modules.get("torch")
-    if torch is None or type(x) is not torch.Tensor or x.dtype == torch.bfloat16 or not x.numel():
-        return None                         # bfloat16: the core had a float32 copy
-    try:
-        return x.detach().numpy()
-    except (RuntimeError, TypeError):
-        return None
-
-
 def _view_bases(tracer, outputs):
     """Tensor outputs that view a tensor input (x[1:], x.t()) or another output (a, a.t()), as
     their examples' memory tells at the trace: {output index: (the input's source, whether to
@@ -43,9 +30,14 @@ def _view_bases(tracer, outputs):
     output whose memory holds the others'}. At each call such an output is made a torch view of
     that tensor (_torch_view), so it shares its version counter and storage as eager's view
     does; torch.from_numpy would make a tensor of its own over the same memory."""
-    ins = [(src, _host_array(arr), arr.requires_grad) for src, kind, arr in tracer.inputs
+    from .interp import _host_of       # None for bfloat16: the core had a float32 copy
+
+    def host(x):
+        h = _host_of(x)
+        return h if h is not None and h.size else None
+    ins = [(src, host(arr), arr.requires_grad) for src, kind, arr in tracer.inputs
            if kind == "torch" and src is not None]
-    exs = {k: _host_array(v.example) for k, v in enumerate(outputs) if v.kind == "torch"}
+    exs = {k: host(v.example) for k, v in enumerate(outputs) if v.kind == "torch"}
     exs = {k: a for k, a in exs.items() if a is not None}
     bases, left = {}, []
     for k, a in exs.items():
@@ -104,19 +96,13 @@ def _torch_view(t, r):
     t's version counter and has t as its _base, as eager's view does, so autograd sees an in-place
     update through it. torch.from_numpy(r) where r is no such view (another dtype, outside t)."""
     isz = r.itemsize
-    off, rem = divmod(r.__array_interface__["data"][0] - t.data_ptr(), isz)
-    if rem or r.size == 0 or str(t.dtype)[6:] != r.dtype.name:      # "torch.float32"
-        return _from_numpy(r)
-    strides = []
-    for st in r.strides:
-        if st < 0 or st % isz:
-            return _from_numpy(r)
-        strides.append(st // isz)
-    start = t.storage_offset() + off
-    end = start + sum((n - 1) * st for n, st in zip(r.shape, strides)) + 1
-    if start < 0 or end * isz > t.untyped_storage().nbytes():
-        return _from_numpy(r)
-    return t.as_strided(r.shape, strides, start)
+    storage = t.untyped_storage()
+    base = storage.data_ptr()
+    lo, hi = _span(r)
+    if r.size == 0 or str(t.dtype)[6:] != r.dtype.name or (lo - base) % isz \
+            or any(st < 0 or st % isz for st in r.strides) or lo < base or hi > base + storage.nbytes():
+        return _from_numpy(r)                                       # "torch.float32": float32
+    return t.as_strided(r.shape, [st // isz for st in r.strides], (lo - base) // isz)
 
 
 def _from_numpy(r):

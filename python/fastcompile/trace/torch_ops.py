@@ -432,6 +432,14 @@ def _rebind(tr, arr, what, compute):
     return arr
 
 
+def _fx_in_place(arr, result):
+    """Autograd mode: arr is now the in-place node's result (arr itself, no view of it that
+    anyone holds); aot_autograd functionalizes the node."""
+    r = _u(result)
+    arr.example, arr.fx, arr.escaped = r.example, r.fx, False
+    return arr
+
+
 def _inplace_method(tr, arr, name, args, kwargs):
     """t.add_(b), t.mul_(0.5), t.relu_(), t.clamp_(min=0), ...: in autograd mode one FX node of
     the in-place op (aot_autograd functionalizes it), where t shares no memory with an input; in
@@ -444,9 +452,7 @@ def _inplace_method(tr, arr, name, args, kwargs):
         tr.unsupported("in-place %s is not supported" % what)
     _check_unshared(tr, arr, what)
     if tr.fx is not None:
-        r = _u(tr.fx_call(_method_fn(name), [arr] + args, kwargs, method=name))
-        arr.example, arr.fx, arr.escaped = r.example, r.fx, False   # r is arr itself, no view of it
-        return arr
+        return _fx_in_place(arr, tr.fx_call(_method_fn(name), [arr] + args, kwargs, method=name))
     tr.eager(lambda t, *a, **k: getattr(t.clone(), name)(*a, **k), [arr] + args, kwargs)
     return _rebind(tr, arr, what, lambda: method(tr, arr, base, args, kwargs))
 
@@ -460,9 +466,7 @@ def _inplace_call(tr, fn, args, kwargs, pos):
         tr.unsupported("%s updates its input in place" % what)
     _check_unshared(tr, arr, what)
     if tr.fx is not None:
-        r = _u(tr.fx_call(fn, args, kwargs))
-        arr.example, arr.fx, arr.escaped = r.example, r.fx, False
-        return arr
+        return _fx_in_place(arr, tr.fx_call(fn, args, kwargs))
     args, kwargs = list(args), dict(kwargs)
     if "inplace" in kwargs:
         kwargs["inplace"] = PyVar(False)
