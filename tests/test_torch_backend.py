@@ -619,11 +619,97 @@ def test_unknown_and_unsupported_ops_do_not_fail():
         torch.testing.assert_close(a, b, **TOL)
 
 
-def test_dynamic_shapes_fall_back():
-    f = torch.compile(lambda x: (x * 2).sum(-1), backend=fbt.backend, dynamic=True)
-    for n in (3, 5, 7):
-        x = torch.randn(n, 4)
-        torch.testing.assert_close(f(x), (x * 2).sum(-1))
+def test_dynamic_shapes_compile_per_size_and_reuse_kernels():
+    """A graph with symbolic sizes (dynamic=True) is lowered once per set of concrete sizes, each
+    through the core (no runner falls back), and the kernels of the first size serve the others:
+    no kernel compiles after it. A size seen before reuses its graph."""
+    record = []
+    fn = lambda x: ((x * 2).exp() + 1).sum(-1)          # noqa: E731
+    f = torch.compile(fn, backend=functools.partial(fbt.backend, record=record), dynamic=True)
+    x = torch.randn(3, 40)
+    torch.testing.assert_close(f(x), fn(x))
+    compiles = fastcompile.stats()["compiles"]
+    for n in (5, 7, 5, 3):
+        x = torch.randn(n, 40)
+        torch.testing.assert_close(f(x), fn(x))
+    assert len(record) == 3, "one runner per set of sizes: 3, 5, 7"
+    assert [r.fallback for r in record] == [None] * 3
+    assert all(r.core_ops > 0 for r in record)
+    assert fastcompile.stats()["compiles"] == compiles, "a new size compiled kernels again"
+
+
+def test_dynamic_shapes_symint_inputs_bound_per_size():
+    """Dynamo passes a symbolic size as an input of its own (an int at each call), here used in a
+    view's shape: each size's graph takes it as a constant, the int input is dropped, and the
+    result is eager's."""
+    record = []
+
+    def fn(x):
+        y = x.view(x.shape[0] * 2, -1).sigmoid()
+        return y * y.shape[0], y.sum(0)
+    f = torch.compile(fn, backend=functools.partial(fbt.backend, record=record), dynamic=True)
+    for n in (4, 6, 10):
+        x = torch.randn(n, 8)
+        for a, b in zip(f(x), fn(x)):
+            torch.testing.assert_close(a, b)
+    assert len(record) == 3 and [r.fallback for r in record] == [None] * 3
+
+
+def test_automatic_dynamic_training_keeps_compiling():
+    """Dynamo's automatic dynamic: after one size change it recompiles the frame with a symbolic
+    batch size, and that graph serves every later call, the first size's included. Each size
+    gets its forward and backward graphs through the core; outputs and gradients match eager's
+    at every step (a smaller last batch no longer sends the rest of training to plain torch)."""
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    ref, mod = copy.deepcopy(base), copy.deepcopy(base)
+    record = []
+    cm = torch.compile(mod, backend=functools.partial(fbt.backend, record=record))
+    for n in (8, 8, 6, 8, 5):
+        x = torch.randn(n, 16)
+        out_ref, out = ref(x), cm(x)
+        torch.testing.assert_close(out, out_ref, **TOL)
+        (out_ref ** 2).mean().backward()
+        (out ** 2).mean().backward()
+        for p, q in zip(ref.parameters(), mod.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, **TOL)
+            p.grad = q.grad = None
+    # sizes 8 (static graph), then 6, 8, 5 through the symbolic graph: forward and backward each
+    assert len(record) == 8, [r.fallback for r in record]
+    assert [r.fallback for r in record] == [None] * 8
+
+
+def test_dynamic_shapes_past_the_limit_run_plain_torch(caplog):
+    """Past cache_size_limit sets of sizes, a new one runs the graph as plain torch (a warning,
+    once); the sizes compiled before keep their graphs."""
+    record = []
+    fn = lambda x: (x * 3).tanh()                          # noqa: E731
+    f = torch.compile(fn, backend=functools.partial(fbt.backend, record=record), dynamic=True)
+    with fastcompile.config.overriding(cache_size_limit=2), caplog.at_level("WARNING", logger="fastcompile"):
+        for n in (2, 3, 4, 5, 3, 6):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), fn(x))
+    assert len(record) == 2
+    assert caplog.text.count("the limit (cache_size_limit)") == 1
+
+
+def test_dynamic_shapes_build_error_runs_that_size_as_plain_torch(monkeypatch, caplog):
+    """An error building one size's graph is logged, and that size runs as plain torch (not
+    rebuilt at each call); results stay eager's."""
+    fn = lambda x: x.exp() - 1                              # noqa: E731
+    calls = []
+
+    def broken(*a, **k):
+        calls.append(1)
+        raise RuntimeError("lowering broke")
+    monkeypatch.setattr(fbt, "_compile_later", broken)
+    f = torch.compile(fn, backend=fbt.backend, dynamic=True)
+    with caplog.at_level("WARNING", logger="fastcompile"):
+        for n in (3, 3, 4):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x), fn(x))
+    assert len(calls) == 2, "a size whose build failed was built again"
+    assert caplog.text.count("lowering broke") == 2
 
 
 def test_steady_state_calls_run_the_generated_runner():

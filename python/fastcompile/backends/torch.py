@@ -21,9 +21,13 @@ sees exactly the bf16 tensors eager would) and bf16 outputs are rounded on exit.
 pointwise chains on bf16/fp16 round only where a value leaves the core, not after every op; an
 explicit conversion into a half type (.to(torch.bfloat16)) rounds where it is, as eager's does.
 
-Whole-graph fallbacks (the graph runs as plain torch, with a logged reason): symbolic shapes
-(dynamic=True or automatic dynamic), non-CPU tensors, and a complex/quantized/float8 tensor that
-would have to enter the core.
+Symbolic sizes (dynamic=True, mark_dynamic, Dynamo's automatic dynamic after a size change): the
+graph is lowered once per set of concrete sizes, at the call that brings it (``_PerSize``); the
+kernels take their sizes at launch, so a new size compiles none.
+
+Whole-graph fallbacks (the graph runs as plain torch, with a logged reason): tensors on several
+CUDA devices or on a device other than the CPU and CUDA, and a complex/quantized/float8 tensor
+that would have to enter the core.
 """
 import functools
 import logging
@@ -2421,6 +2425,9 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
         later = functools.partial(_compile_later, gm, fake_mode, fakes, mode, record)
         return torch._dynamo.disable(_Deferred(gm, delay, later),
                                      reason="fastcompile: a graph whose compile waits for a later call")
+    varying = _varying_inputs(gm, example_inputs)
+    if varying:
+        return _PerSize(gm, varying, mode, record)     # Dynamo disables its frames (as any backend's result)
     try:
         return _compile(gm, example_inputs, mode, record)
     except Exception as e:
@@ -2431,6 +2438,115 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
         log.warning("fastcompile: graph runs as plain torch: %s: %s", type(e).__name__,
                     str(e).split("\n")[0][:300])
         return gm
+
+
+def _symbolic(v):
+    """Whether v is a SymInt/SymFloat/SymBool, or a tensor with a symbolic size or stride."""
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(v, torch.Tensor):
+        try:
+            return any(not isinstance(n, int) for n in (*v.shape, *v.stride()))
+        except RuntimeError:            # a sparse tensor has no strides
+            return any(not isinstance(n, int) for n in v.shape)
+    return False
+
+
+def _varying_inputs(gm, example_inputs):
+    """The positions of the graph inputs whose sizes Dynamo left symbolic (dynamic=True,
+    mark_dynamic, or automatic dynamic after a size changed), in its placeholders' example values
+    or in the example inputs themselves (a SymInt input: a symbolic size passed on its own).
+    Empty for a static graph."""
+    metas = [n.meta.get("example_value", n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(metas) != len(example_inputs):
+        metas = [None] * len(example_inputs)
+    return tuple(i for i, (m, e) in enumerate(zip(metas, example_inputs)) if _symbolic(m) or _symbolic(e))
+
+
+class _PerSize:
+    """A graph with symbolic sizes, compiled once per set of concrete sizes. Our kernels take
+    their sizes at launch (a kernel compiled for one size serves every size), but the lowering
+    reads static shapes: so each new set of sizes of the varying inputs (their sizes and strides,
+    the values of the SymInt inputs) gets aot_autograd's static graphs and our lowering of them,
+    built at the call that brings it (milliseconds to a few tenths of a second; no kernel
+    compiles again). Past cache_size_limit sets, a new one runs Dynamo's graph as plain torch,
+    with a warning once; an error building one is logged and that size runs as plain torch."""
+
+    def __init__(self, gm, varying, mode, record):
+        self.gm = gm
+        self.varying = varying          # positions of the inputs the key reads
+        self.mode = mode
+        self.record = record
+        self.compiled = {}              # key -> the compiled graph (or gm, for plain torch)
+        self.lock = threading.Lock()
+
+    def key(self, args):
+        """The set of sizes args bring: each varying tensor's sizes and strides, each other varying
+        input's value (a size). Made at the first call (a generated function: per-call cost)."""
+        parts = []
+        for i in self.varying:
+            a = args[i]
+            if isinstance(a, torch.Tensor):
+                parts.append("a[%d].shape, a[%d].stride()" % (i, i) if a.layout == torch.strided
+                             else "a[%d].shape" % i)
+            else:
+                parts.append("a[%d]" % i)
+        self.key = eval("lambda a: (%s,)" % ", ".join(parts))       # noqa: S307 (our own text)
+        return self.key(args)
+
+    def __call__(self, *args):
+        key = self.key(args)            # Dynamo's guards keep each input's kind (and dtype, device)
+        fn = self.compiled.get(key)
+        if fn is None:
+            with self.lock:
+                fn = self.compiled.get(key)
+                if fn is None:
+                    fn = self.compiled[key] = self._build(args)
+        return fn(*args)
+
+    def _build(self, args):
+        limit = config.get("cache_size_limit")
+        n = len(self.compiled)
+        if n >= limit:
+            if n == limit:
+                log.warning("fastcompile: a graph with symbolic sizes was compiled for %d sets of sizes, the "
+                            "limit (cache_size_limit); new sizes run it as plain torch", limit)
+            return self.gm
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+        tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        try:
+            gm = _bind_inputs(self.gm, {i: a for i, a in enumerate(args) if not isinstance(a, torch.Tensor)})
+            fn = _compile_later(gm, fake_mode, [fake_mode.from_tensor(args[i], static_shapes=True) for i in tensors],
+                                self.mode, self.record)
+            if len(tensors) == len(args):
+                return fn
+            pick = eval("lambda fn: lambda *a: fn(%s)" % "".join("a[%d], " % i for i in tensors))  # noqa: S307
+            return pick(fn)
+        except Exception as e:          # never fail a call: this size runs as plain torch
+            if not config.get("suppress_errors"):
+                raise
+            log.warning("fastcompile: a graph with symbolic sizes runs as plain torch for sizes %s: %s: %s",
+                        self.key(args), type(e).__name__, str(e).split("\n")[0][:300])
+            return self.gm
+
+
+def _bind_inputs(gm, values):
+    """A copy of gm whose inputs at the positions in values (position -> a Python int, float or
+    bool: a symbolic size's value for one call) are those constants in the code; the copy takes
+    the other inputs only. gm itself if values is empty."""
+    if not values:
+        return gm
+    graph = torch.fx.Graph()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    # graph_copy skips the nodes env maps already: the bound inputs' uses read the constants
+    rv, out_node = graph.graph_copy(gm.graph, {placeholders[i]: v for i, v in values.items()},
+                                    return_output_node=True)
+    graph.output(rv, type_expr=out_node.type)
+    out = torch.fx.GraphModule(gm, graph)
+    out.meta.update(getattr(gm, "meta", {}))
+    return out
 
 
 def _deferrable(example_inputs):
