@@ -407,8 +407,10 @@ place_pointwise(FcSpec *s, int i)
  * buffers, operands, order
  * ---------------------------------------------------------------------- */
 
+/* kind FC_SLOT_INPUT: contig, zlast and perm from the input's key;
+ * FC_SLOT_ALLOC: contig 1, zlast 0, perm 0, then alloc_layout */
 static int
-add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig, int zlast)
+add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig, int zlast, uint64_t perm)
 {
     FcSlot *sl;
     const FcSNode *sn = &s->sn[node];
@@ -425,7 +427,68 @@ add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig, int zlast)
     memcpy(sl->dims, sn->dims, sn->ndim * sizeof(int));
     sl->contig = contig;
     sl->zlast = zlast;
+    sl->perm = perm;
     return s->nslots++;
+}
+
+/* The layout of a buffer the segment allocates: dense in the segment's
+ * alloc_perm order where its value is in_order, else C order. */
+static void
+alloc_layout(const FcSpec *s, FcSlot *sl)
+{
+    if (s->alloc_perm != 0 && s->sn[sl->node].in_order) {
+        sl->perm = s->alloc_perm;
+        sl->contig = 0;
+    }
+}
+
+/* The memory order of the segment's allocated buffers (s->alloc_perm): that
+ * of its inputs, as NumPy's (order 'K') and torch's elementwise results follow
+ * theirs, so a kernel over channels_last tensors or a transposed matrix walks
+ * every operand in memory order (and can run flat) and its result keeps the
+ * layout the next op (a channels_last convolution) wants. An input dense in
+ * another order sets it; it stays C order (0) where inputs of that rank
+ * disagree: two orders, or one without size-1 dims that is C-contiguous or
+ * strided. CUDA inputs carry no order (their metas' perm is 0). */
+static void
+alloc_order(FcSpec *s)
+{
+    uint64_t perm = 0;
+    int nd = 0;
+    for (int k = 0; k < s->ninputs; k++) {
+        const FcMeta *m = &s->metas[k];
+        if (m->perm != 0 && (perm == 0 || m->ndim > nd)) {
+            perm = m->perm;
+            nd = m->ndim;
+        }
+    }
+    for (int k = 0; k < s->ninputs && perm != 0; k++) {
+        const FcMeta *m = &s->metas[k];
+        if (m->ndim == nd && m->perm != perm && (m->perm != 0 || m->ones == 0)) {
+            perm = 0;
+        }
+    }
+    s->alloc_perm = perm;
+    s->alloc_perm_nd = perm != 0 ? nd : 0;
+    if (perm == 0) {
+        return;
+    }
+    /* in_order: a value of that rank computed from such an input (nodes are
+     * in topological order), as torch's result of an op follows its
+     * channels_last operand; one computed from C-ordered values only (a
+     * broadcast of two per-channel tensors) stays C order, as torch's does */
+    for (int k = 0; k < s->ninputs; k++) {
+        s->sn[s->inputs[k]].in_order = s->metas[k].perm == perm;
+    }
+    for (int i = 0; i < s->g->nnodes; i++) {
+        const FcNode *nd_i = &s->g->nodes[i];
+        if (!computed(s, i) || s->sn[i].ndim != nd) {
+            continue;
+        }
+        for (int j = 0; j < nd_i->nin && !s->sn[i].in_order; j++) {
+            s->sn[i].in_order = s->sn[nd_i->in[j]].in_order;
+        }
+    }
 }
 
 static int
@@ -510,9 +573,10 @@ finish(FcSpec *s)
     for (int i = 0; i < g->nnodes; i++) {
         if (computed(s, i) && s->sn[i].materialize) {
             int leaves = 0;
-            if ((s->sn[i].slot = add_slot(s, FC_SLOT_ALLOC, i, -1, 1, 0)) < 0) {
+            if ((s->sn[i].slot = add_slot(s, FC_SLOT_ALLOC, i, -1, 1, 0, 0)) < 0) {
                 goto cleanup;
             }
+            alloc_layout(s, &s->slots[s->sn[i].slot]);
             for (int o = 0; o < s->noutputs; o++) {
                 leaves |= s->outputs[o] == i;
             }
@@ -551,21 +615,39 @@ finish(FcSpec *s)
                 }
             }
         }
-        /* flat: pointwise, every operand dense over F or a scalar */
+        /* flat: pointwise, every operand a scalar or dense over F in one
+         * memory order (C, or the same perm: element i of each is then the
+         * same element of F) */
         K->flat = K->mask == 0;
+        int have_order = 0;
+        uint64_t order = 0;
         for (int o = 0; K->flat && o < K->nops; o++) {
             const FcSlot *sl = &s->slots[K->ops[o].slot];
             if (all_ones(sl->dims, sl->ndim)) {
                 continue;
             }
-            if (!sl->contig || !same_shape(sl->dims, sl->ndim, K->F, K->nd)) {
+            if ((!sl->contig && sl->perm == 0) || !same_shape(sl->dims, sl->ndim, K->F, K->nd)
+                    || (have_order && sl->perm != order)) {
                 K->flat = 0;
             }
+            order = sl->perm;
+            have_order = 1;
             for (int d = 0; K->flat && d < K->nd; d++) {
                 int sd = d - (K->nd - sl->ndim);
                 if (K->F[d] != 0 && (sd < 0 || sl->dims[sd] != K->F[d])) {
                     K->flat = 0;
                 }
+            }
+        }
+        /* loop order: a strided pointwise kernel walks its first output in
+         * memory order (the others share its layout, being the segment's
+         * allocations of one rank) */
+        K->loop_perm = 0;
+        for (int o = 0; K->mask == 0 && !K->flat && o < K->nops; o++) {
+            const FcSlot *sl = &s->slots[K->ops[o].slot];
+            if (K->ops[o].is_out) {
+                K->loop_perm = sl->ndim == K->nd ? sl->perm : 0;
+                break;
             }
         }
         /* reduction levels */
@@ -611,9 +693,11 @@ fc_fuse(FcSpec *s)
         s->sn[i].kernel = -1;
         s->sn[i].slot = -1;
     }
+    alloc_order(s);
     for (int k = 0; k < s->ninputs; k++) {
         int v = s->inputs[k];
-        if ((s->sn[v].slot = add_slot(s, FC_SLOT_INPUT, v, k, s->metas[k].contig, s->metas[k].zlast)) < 0) {
+        const FcMeta *m = &s->metas[k];
+        if ((s->sn[v].slot = add_slot(s, FC_SLOT_INPUT, v, k, m->contig, m->zlast, m->perm)) < 0) {
             return -1;
         }
     }

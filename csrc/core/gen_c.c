@@ -49,7 +49,8 @@ typedef enum {
 
 /* input operand o is broadcast along the walked dim: it has no such dim, a
  * size-1 one in the key, or one the key says has stride 0. A guess the
- * run-time stride check confirms. */
+ * run-time stride check confirms. A kernel with a loop_perm (pointwise, every
+ * dim outer) walks the innermost dim of that order. */
 static int
 operand_bcast_along(const Gen *G, int o, Walk w)
 {
@@ -58,6 +59,9 @@ operand_bcast_along(const Gen *G, int o, Walk w)
     int d = K->nd - 1, sd;
     if (K->ops[o].is_out) {
         return 0;
+    }
+    if (K->loop_perm != 0 && w != WALK_INNER) {
+        d = FC_PERM_DIM(K->loop_perm, K->nd - 1);
     }
     while (w != WALK_POINTWISE && d >= 0 && ((K->mask >> d) & 1u) != (w == WALK_INNER)) {
         d--;
@@ -409,6 +413,8 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
     LINE(G, "for (int64_t j0 = %s; j0 < %s;) {", lo, hi);
     G->e.depth++;
     LINE(G, "const int64_t len = fc_run_length(%s, %s, idx, %s - j0);", nd, shape, hi);
+    LINE(G, "int64_t off[%d];", K->nops);
+    LINE(G, "fc_offsets(%s, idx, %s, %d, off);", nd, stride, K->nops);
     for (int o = 0; o < K->nops; o++) {
         const char *st;
         if (!use[o]) {
@@ -417,12 +423,12 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
         st = fc_expr_storetype(s->slots[K->ops[o].slot].dtype);
         if (inner) {
             /* the row's outer offset, then the run's inner offset */
-            LINE(G, "%s%s *restrict p%d = %s + ob%d + fc_offset(%s, idx, %s[%d]);",
-                 K->ops[o].is_out ? "" : "const ", st, o, G->e.opname[o], o, nd, stride, o);
+            LINE(G, "%s%s *restrict p%d = %s + ob%d + off[%d];",
+                 K->ops[o].is_out ? "" : "const ", st, o, G->e.opname[o], o, o);
         }
         else {
-            LINE(G, "%s%s *restrict p%d = %s + fc_offset(%s, idx, %s[%d]);",
-                 K->ops[o].is_out ? "" : "const ", st, o, G->e.opname[o], nd, stride, o);
+            LINE(G, "%s%s *restrict p%d = %s + off[%d];",
+                 K->ops[o].is_out ? "" : "const ", st, o, G->e.opname[o], o);
         }
         LINE(G, "const int64_t s%d = %s[%d][%s - 1];", o, stride, o, nd);
     }

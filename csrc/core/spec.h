@@ -28,6 +28,8 @@ typedef struct {
     int keepform;        /* OUTER values: 1 if shaped like F with 1s at reduced dims */
     int level;           /* reductions finished before it can be computed */
     int materialize;     /* written to its slot by its kernel */
+    int in_order;        /* of rank alloc_perm_nd and computed from a segment input laid
+                          * out in alloc_perm (fuse.c): its buffer is laid out so too */
 } FcSNode;
 
 /* a runtime array */
@@ -38,8 +40,10 @@ typedef struct {
     int input;           /* FC_SLOT_INPUT: position among the segment inputs */
     int dtype, ndim;
     int dims[FC_MAXDIM];
-    int contig;          /* C-contiguous (inputs: from the key; allocs: always) */
+    int contig;          /* C-contiguous (inputs: from the key; allocs: unless perm) */
     int zlast;           /* inputs: the last dim is broadcast by a zero stride (from the key) */
+    uint64_t perm;       /* dense in another memory order (FcMeta's perm; allocs: the
+                          * segment's alloc_perm where the rank matches), 0: none */
 } FcSlot;
 
 typedef struct {
@@ -58,6 +62,9 @@ typedef struct {
     FcOperand ops[FC_MAXOPS]; int nops;
     int flat;            /* pointwise, every operand contiguous over F or a scalar */
     int nphases;         /* highest reduction level */
+    uint64_t loop_perm;  /* a strided pointwise kernel whose output is dense in another
+                          * memory order (its slot's perm, over F): the launch nests
+                          * its loops in that order, innermost last; 0: F's order */
 } FcKernelIR;
 
 typedef struct {
@@ -69,7 +76,15 @@ typedef struct {
  * torch's x.expand(n, k)); pointwise runs then read it once instead of
  * falling to the strided loop. dev: 0 for a CPU (NumPy) array, d + 1 for a
  * tensor on CUDA device d. */
-typedef struct { int dtype, ndim; uint32_t ones; int contig, zlast, dev; } FcMeta;
+typedef struct { int dtype, ndim; uint32_t ones; int contig, zlast, dev; uint64_t perm; } FcMeta;
+
+/* perm: a CPU array dense in another memory order than C, which the core's
+ * results then keep (fuse.c, alloc_order): its dims from the outermost in
+ * memory to the innermost, 4 bits each from the lowest (FC_PERM_DIM); 0 for
+ * any other array (C-contiguous, strided, on CUDA). plan.c's dense_perm
+ * gives torch's channels_last order only. A permutation of rank >= 2 that is
+ * not the identity never encodes to 0. */
+#define FC_PERM_DIM(perm, i) ((int)(((perm) >> (4 * (i))) & 15u))
 
 typedef struct {
     const FcGraph *g;
@@ -86,6 +101,9 @@ typedef struct {
     FcSlot *slots; int nslots, capslots;
     FcKernelIR *kernels; int nkernels, capkernels;
     int *order;               /* kernel execution order */
+    /* the memory order of the buffers the segment allocates with rank
+     * alloc_perm_nd (0: C order for all): its inputs' (fuse.c, alloc_order) */
+    uint64_t alloc_perm; int alloc_perm_nd;
 } FcSpec;
 
 /* shape.c: dtypes and symbolic shapes for every segment node.

@@ -89,6 +89,46 @@ dtype_of(PyArrayObject *a)
     }
 }
 
+/* FcMeta's perm of a (see spec.h): torch's channels_last order, (N, H, W, C)
+ * in memory for (N, C, H, W) (and its rank-5 form, channels_last_3d), where
+ * a is dense in it and not C-contiguous; 0 otherwise. Only that order: the
+ * one convolutions want, which the core then keeps in their neighbours'
+ * results. A transposed view (attention's (B, S, H, D) read as (B, H, S, D),
+ * a matrix's .T) stays 0: its results stay C order, as an explicit copy of
+ * it (.contiguous()) wants. Size-1 dims may sit anywhere in memory. */
+static uint64_t
+dense_perm(PyArrayObject *a)
+{
+    const int nd = PyArray_NDIM(a);
+    const npy_intp *dims = PyArray_DIMS(a), *st = PyArray_STRIDES(a);
+    npy_intp want = PyArray_ITEMSIZE(a);
+    int order[FC_MAXDIM];
+    uint64_t code = 0;
+
+    if (nd < 4 || nd > 5 || PyArray_IS_C_CONTIGUOUS(a) || PyArray_SIZE(a) == 0) {
+        return 0;
+    }
+    order[0] = 0;                      /* N, H, W, [D,] C: dims 0, 2, ..., nd - 1, 1 */
+    for (int i = 1; i < nd - 1; i++) {
+        order[i] = i + 1;
+    }
+    order[nd - 1] = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        int d = order[i];
+        if (dims[d] == 1) {
+            continue;
+        }
+        if (st[d] != want) {
+            return 0;
+        }
+        want *= dims[d];
+    }
+    for (int i = 0; i < nd; i++) {
+        code |= (uint64_t)order[i] << (4 * i);
+    }
+    return code;
+}
+
 int
 fc_plan_meta(PyObject *obj, FcMeta *m)
 {
@@ -117,6 +157,7 @@ fc_plan_meta(PyObject *obj, FcMeta *m)
     }
     m->contig = PyArray_IS_C_CONTIGUOUS(a) ? 1 : 0;
     m->zlast = !m->contig && nd > 0 && PyArray_DIM(a, nd - 1) > 1 && PyArray_STRIDE(a, nd - 1) == 0;
+    m->perm = dense_perm(a);
     return 0;
 }
 
@@ -399,11 +440,14 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         goto error;
     }
     memcpy(p->metas, metas, seg->ninputs * sizeof(FcMeta));
+    for (int k = 0; dev > 0 && k < seg->ninputs; k++) {
+        p->metas[k].perm = 0;           /* CUDA buffers are allocated in C order */
+    }
     if (spec_init(s, g, seg, p->metas) < 0) {
         goto error;
     }
 
-    if (fc_shape_infer(s, metas) < 0 || fc_fuse(s) < 0) {
+    if (fc_shape_infer(s, p->metas) < 0 || fc_fuse(s) < 0) {
         goto error;
     }
     if (plan_rt.c.verify && fc_spec_verify(s) < 0) {
@@ -488,12 +532,21 @@ fc_plan_render_cuda(const FcGraph *g, const FcSegment *seg, const FcMeta *metas,
     PyObject *list = NULL;
     char *dump = NULL;
     char ghash[24];
+    FcMeta *cuda_metas = PyMem_Malloc((seg->ninputs + 1) * sizeof(FcMeta));   /* owned */
 
     memset(s, 0, sizeof(*s));
-    if (spec_init(s, g, seg, metas) < 0) {
+    if (cuda_metas == NULL) {
+        PyErr_NoMemory();
         goto error;
     }
-    if (fc_shape_infer(s, metas) < 0 || fc_fuse(s) < 0 || (dump = fc_spec_dump(s)) == NULL) {
+    memcpy(cuda_metas, metas, seg->ninputs * sizeof(FcMeta));
+    for (int k = 0; k < seg->ninputs; k++) {
+        cuda_metas[k].perm = 0;         /* as fc_plan_build's for a device */
+    }
+    if (spec_init(s, g, seg, cuda_metas) < 0) {
+        goto error;
+    }
+    if (fc_shape_infer(s, cuda_metas) < 0 || fc_fuse(s) < 0 || (dump = fc_spec_dump(s)) == NULL) {
         goto error;
     }
     snprintf(ghash, sizeof(ghash), "%016llx", (unsigned long long)fc_fnv1a(dump));
@@ -526,6 +579,7 @@ cleanup:
     PyMem_Free(dump);
     s->metas = NULL;
     fc_spec_free(s);
+    PyMem_Free(cuda_metas);
     return list;
 }
 
@@ -773,6 +827,11 @@ fill_launch(const FcKernelIR *K, const Operand *ops, const int64_t *sizes, fc_la
         }
         else {
             outer[nouter++] = d;
+        }
+    }
+    if (K->loop_perm != 0) {       /* pointwise (every dim outer): its output's memory order */
+        for (int i = 0; i < K->nd; i++) {
+            outer[i] = FC_PERM_DIM(K->loop_perm, i);
         }
     }
     L->nops = K->nops;
@@ -1037,6 +1096,34 @@ cleanup:
     return rc;
 }
 
+/* A new array for slot sl of the given shape: C order, or dense in the
+ * slot's perm order (a C-order block of the dims in that order, seen
+ * through a transposed view). New reference, or NULL + exception. */
+static PyArrayObject *
+alloc_slot(const FcSlot *sl, const npy_intp *shape)
+{
+    npy_intp pshape[FC_MAXDIM], inv[FC_MAXDIM];
+    PyArray_Dims axes = {inv, sl->ndim};
+    PyObject *block, *view;
+    const int typenum = fc_plan_typenum(sl->dtype);
+
+    if (sl->perm == 0) {
+        return (PyArrayObject *)fc_alloc_empty(sl->ndim, shape, typenum, fc_dtypes[sl->dtype].size);
+    }
+    for (int i = 0; i < sl->ndim; i++) {
+        int d = FC_PERM_DIM(sl->perm, i);
+        pshape[i] = shape[d];
+        inv[d] = i;
+    }
+    block = fc_alloc_empty(sl->ndim, pshape, typenum, fc_dtypes[sl->dtype].size);   /* new */
+    if (block == NULL) {
+        return NULL;
+    }
+    view = PyArray_Transpose((PyArrayObject *)block, &axes);   /* new; holds block as its base */
+    Py_DECREF(block);
+    return (PyArrayObject *)view;
+}
+
 int
 fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry, FcDevMemo *memo)
 {
@@ -1084,8 +1171,7 @@ fc_plan_run(FcPlan *p, PyObject **vals, int autotune, int dry, FcDevMemo *memo)
                 PyErr_SetString(PyExc_TypeError, "fastcompile: bfloat16 results need torch tensors");
                 goto cleanup;
             }
-            arrs[i] = (PyArrayObject *)fc_alloc_empty(sl->ndim, shape, fc_plan_typenum(sl->dtype),
-                                                          fc_dtypes[sl->dtype].size);
+            arrs[i] = alloc_slot(sl, shape);
             if (arrs[i] == NULL) {
                 goto cleanup;
             }

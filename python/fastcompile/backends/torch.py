@@ -198,22 +198,52 @@ def _to_torch(arr, tshape, dtype):
     return t
 
 
-def _layout(meta, strides):
-    """The strides a tensor must be given to match eager's layout, or None when it already has
-    them. ``strides``: the element strides the core's array will have (C order for a kernel's
-    result, a view extern's spec), or None for an extern's own tensor, laid out by torch as in
-    eager (``_Lowering.strides_of``)."""
+def _layout(meta, strides, checked=False):
+    """Eager's layout (shape, strides) for a value the core hands to torch, where it may come
+    otherwise; None where it cannot differ in a way that matters. ``strides``: the element strides
+    the lowering expects the core's array to have (C order for a kernel's result, a view extern's
+    spec), or None for an extern's or input's own tensor, laid out by torch as in eager
+    (``_Lowering.strides_of``). checked: the core may also allocate results in the memory order
+    of its inputs (channels_last, a transposed matrix: plan.c's perm), which the lowering cannot
+    predict, so eager's layout is given even where it matches ``strides``. Either way the
+    generated code compares strides at each call and copies only where they differ
+    (``_restride``). An expanded tensor reads the same in any layout: None."""
     if strides is None or not isinstance(meta, torch.Tensor):
         return None
     shape, stride = tuple(meta.shape), tuple(meta.stride())
     if any(st == 0 for n, st in zip(shape, stride) if n > 1):
         return None                         # an expanded tensor: any layout reads the same
-    want = tuple(st for n, st in zip(shape, stride) if n > 1)
-    have = tuple(st for n, st in zip(shape, strides) if n > 1) if len(strides) == len(shape) else None
-    return None if want == have else (shape, stride)
+    if not checked and len(strides) == len(shape) and _same_strides(strides, (shape, stride)):
+        return None
+    return (shape, stride)
 
 
-def _restride(t, layout, dtype=None):
+def _dense_other_order(meta):
+    """Whether FX value ``meta`` is a tensor the core would carry its memory order into its
+    results from (plan.c's dense_perm): channels_last (rank 4) or channels_last_3d (rank 5), and
+    not contiguous."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() not in (4, 5) or meta.layout != torch.strided:
+        return False
+    fmt = torch.channels_last if meta.dim() == 4 else torch.channels_last_3d
+    try:
+        return meta.numel() > 0 and not meta.is_contiguous() and meta.is_contiguous(memory_format=fmt)
+    except Exception:           # symbolic sizes: not lowered anyway
+        return False
+
+
+def _same_strides(have, layout):
+    """Whether strides ``have`` lay a tensor of layout[0]'s shape out as layout[1] does (the
+    strides of size-1 dims do not matter)."""
+    return all(a == b for n, a, b in zip(layout[0], have, layout[1]) if n != 1)
+
+
+def _restride(t, layout, dtype=None, copy=False):
+    """t laid out as ``layout`` (_layout), converted to dtype: t itself where it already is
+    (copy: a new tensor all the same), else a copy."""
+    if _same_strides(t.stride(), layout):
+        if dtype is not None and t.dtype != dtype:
+            return t.to(dtype)
+        return t.clone() if copy else t
     out = torch.empty_strided(layout[0], layout[1], dtype=dtype or t.dtype, device=t.device)
     out.copy_(t)
     return out
@@ -323,6 +353,15 @@ class _Lowering:
         self.passed = set()        # CPU: core nodes of inputs only externs read, passed as torch tensors
         self.view_strides = {}     # core node of a view extern made from a spec -> its element strides
         self.copied = set()        # FX copies (clone, contiguous, _to_copy) lowered to their source's value
+        # whether the core may lay a kernel's result out in another memory order than C (the
+        # graph holds a dense tensor in another order: channels_last, a transposed matrix), so
+        # that its layout is checked at each call (_layout)
+        self.relayout = self.device is None and any(
+            _dense_other_order(_meta(n)) for n in gm.graph.nodes)
+
+    def layout(self, meta, value, tshape):
+        """_layout of core value ``value`` (at torch shape tshape), read as FX value ``meta``."""
+        return _layout(meta, self.strides_of(value, tshape), self.relayout)
 
     # -- inputs ------------------------------------------------------------------------------
     def _input(self, dtype, ndim, kind, payload, shape=None, strides=None):
@@ -481,8 +520,7 @@ class _Lowering:
             v = self.env[a]
             if isinstance(v, _Rec):
                 values.append(v.value)
-                layout = "tensor" if v.value.node in self.passed else \
-                    _layout(_meta(a), self.strides_of(v.value, v.tshape))
+                layout = "tensor" if v.value.node in self.passed else self.layout(_meta(a), v.value, v.tshape)
                 specs.append((a, v.tshape, v.dtype, layout))
         consts = {a: self.env[a] for a in cluster.inputs if not isinstance(self.env[a], _Rec)}
         for m in outs:
@@ -760,7 +798,8 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
             lines.append("%s = t if t is not None and t.shape == s%d and t.dtype is d%d else _to_torch(a%d, s%d, d%d)"
                          % (var, j, j, j, j, j))
         if layout is not None:
-            lines.append("%s = _restride(%s, l%d)" % (var, var, j))
+            glob["w%d" % j] = layout[1]
+            lines.append("if %s.stride() != w%d:\n        %s = _restride(%s, l%d)" % (var, j, var, var, j))
         if j in fresh:      # a copy in torch: an output views it (_fresh_inputs)
             lines.append("%s = %s.clone()" % (var, var))
     collapsed, need = _view_chains(members, outs, views)
@@ -2038,8 +2077,7 @@ class FxGraphRunner:
                 return ("py", v)
             copy = v.value.node in L.input_values or not v.exact
             core_values.append(v.value)
-            return ("core", len(core_values) - 1, v.tshape, v.dtype, copy,
-                    _layout(_meta(o), L.strides_of(v.value, v.tshape)))
+            return ("core", len(core_values) - 1, v.tshape, v.dtype, copy, L.layout(_meta(o), v.value, v.tshape))
 
         views, hidden = _output_views(outs, placeholders)
         every = outs + hidden
@@ -2202,7 +2240,12 @@ class FxGraphRunner:
                 same = "a" if self.device is not None else "from_numpy(a)"     # on CUDA: a tensor
                 lines.append("o%d = %s if a.shape == s%d else _to_torch(a, s%d, d%d)" % (n, same, n, n, n))
                 if layout is not None:
-                    lines.append("o%d = _restride(o%d, l%d, d%d)" % (n, n, n, n))
+                    glob["w%d" % n] = layout[1]
+                    if copy:
+                        lines.append("o%d = _restride(o%d, l%d, d%d, True)" % (n, n, n, n))
+                    else:
+                        lines.append("if o%d.stride() != w%d or o%d.dtype != d%d:\n        o%d = _restride(o%d, l%d, d%d)"
+                                     % (n, n, n, n, n, n, n, n))
                 else:
                     lines.append("if o%d.dtype != d%d:\n        o%d = o%d.to(d%d)" % (n, n, n, n, n))
                     if copy:

@@ -150,6 +150,35 @@ fc_offset(int nd, const int64_t *idx, const int64_t *stride)
     return off;
 }
 
+/* element offsets of idx under each of the first nops operands' strides:
+ * every pointer of a strided run at once. Short runs (channels_last's
+ * C = 16, a row of 32) pay this per run: the 2-d space (most strided
+ * launches collapse to it) is inline, others one call (one call per
+ * operand and per run made a channels_last kernel of C = 16 2x eager's). */
+FC_OUTLINE void
+fc_offsets_nd(int nd, const int64_t *idx, const int64_t (*stride)[FC_LAUNCH_MAXDIM], int nops, int64_t *off)
+{
+    for (int q = 0; q < nops; q++) {
+        int64_t o = 0;
+        for (int d = 0; d < nd; d++) {
+            o += idx[d] * stride[q][d];
+        }
+        off[q] = o;
+    }
+}
+
+static inline void
+fc_offsets(int nd, const int64_t *idx, const int64_t (*stride)[FC_LAUNCH_MAXDIM], int nops, int64_t *off)
+{
+    if (nd == 2) {
+        for (int q = 0; q < nops; q++) {
+            off[q] = idx[0] * stride[q][0] + idx[1] * stride[q][1];
+        }
+        return;
+    }
+    fc_offsets_nd(nd, idx, stride, nops, off);
+}
+
 /* elements left in the innermost dim from idx, at most `left` */
 static inline int64_t
 fc_run_length(int nd, const int64_t *shape, const int64_t *idx, int64_t left)
@@ -158,15 +187,30 @@ fc_run_length(int nd, const int64_t *shape, const int64_t *idx, int64_t left)
     return run < left ? run : left;
 }
 
-/* move idx forward by n (n never crosses more than the innermost dim's end) */
+/* move idx forward by n (n never crosses more than the innermost dim's end);
+ * the 2-d space inline, as fc_offsets */
 FC_OUTLINE void
-fc_advance(int nd, const int64_t *shape, int64_t *idx, int64_t n)
+fc_advance_nd(int nd, const int64_t *shape, int64_t *idx, int64_t n)
 {
     idx[nd - 1] += n;
     for (int d = nd - 1; d > 0 && idx[d] >= shape[d]; d--) {
         idx[d] = 0;
         idx[d - 1]++;
     }
+}
+
+static inline void
+fc_advance(int nd, const int64_t *shape, int64_t *idx, int64_t n)
+{
+    if (nd == 2) {
+        idx[1] += n;
+        if (idx[1] >= shape[1]) {
+            idx[1] = 0;
+            idx[0]++;
+        }
+        return;
+    }
+    fc_advance_nd(nd, shape, idx, n);
 }
 
 static inline void

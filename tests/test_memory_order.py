@@ -1,0 +1,230 @@
+"""Results in their inputs' memory order (plan.c dense_perm, fuse.c alloc_order): a segment
+whose rank-4/5 inputs are dense in torch's channels_last order allocates its results of that
+rank in that order, walks its strided kernels in it (loop_perm) and runs flat where every
+operand shares it; inputs that disagree keep C order. The order is a plan-key component.
+Tolerances: elementwise float32 math against NumPy, rtol 1e-6 (assert_close_np's default)."""
+import numpy as np
+import pytest
+
+import fastcompile
+from fastcompile.graph import Graph
+
+from conftest import assert_close_np
+
+
+def channels_last(shape, rng, dtype=np.float32):
+    """A C-ordered (N, H, W, C) block seen as (N, C, H, W): torch's channels_last."""
+    n, c = shape[0], shape[1]
+    rest = shape[2:]
+    block = rng.standard_normal((n,) + rest + (c,)).astype(dtype)
+    axes = (0, len(shape) - 1) + tuple(range(1, len(shape) - 1))
+    return block.transpose(axes)
+
+
+def is_channels_last(a):
+    axes = (0,) + tuple(range(2, a.ndim)) + (1,)
+    return a.transpose(axes).flags.c_contiguous and not a.flags.c_contiguous
+
+
+def scale_shift_relu():
+    g = Graph()
+    x, s, b, r = g.input("float32", 4), g.input("float32", 3), g.input("float32", 3), g.input("float32", 4)
+    y = g.call("add", g.call("add", g.call("mul", x, s), b), r)
+    g.output(g.call("relu", y), g.call("exp", x))
+    return g.compile()
+
+
+def flat(f):
+    return [" [flat]" in k.fused for k in f.kernels]
+
+
+@pytest.mark.parametrize("c", [3, 16, 64])
+def test_channels_last_results_keep_the_order(c):
+    rng = np.random.default_rng(c)
+    x, r = channels_last((2, c, 5, 7), rng), channels_last((2, c, 5, 7), rng)
+    s, b = rng.standard_normal((c, 1, 1), dtype=np.float32), rng.standard_normal((c, 1, 1), dtype=np.float32)
+    x[0, 1, 2, 3] = np.nan
+    f = scale_shift_relu()
+    y, e = f(x, s, b, r)
+    assert_close_np(y, np.maximum(x * s + b + r, 0))
+    assert_close_np(e, np.exp(x), kind="transcendental")
+    assert is_channels_last(y) and is_channels_last(e)
+    # exp reads x alone (flat, in memory order); the broadcast scale walks (N, H, W, C)
+    assert f.nplans == 1 and len(f.kernels) >= 1
+
+
+def test_channels_last_flat_kernel_and_3d():
+    rng = np.random.default_rng(0)
+    g = Graph()
+    x, y = g.input("float32", 5), g.input("float32", 5)
+    g.output(g.call("mul", g.call("sin", x), y))
+    f = g.compile()
+    a, b = channels_last((2, 4, 3, 5, 6), rng), channels_last((2, 4, 3, 5, 6), rng)
+    (out,) = f(a, b)
+    assert_close_np(out, np.sin(a.astype(np.float64)) * b, dtype=np.float32, kind="transcendental")
+    assert is_channels_last(out)
+    assert flat(f) == [True], [k.fused for k in f.kernels]
+
+
+@pytest.mark.parametrize("other", ["c_order", "strided"])
+def test_disagreeing_inputs_keep_c_order(other):
+    """A full-size input of the same rank in C order (or strided) beside a channels_last one:
+    the results stay C order, as before (no order wins)."""
+    rng = np.random.default_rng(1)
+    a = channels_last((2, 8, 4, 4), rng)
+    b = rng.standard_normal((2, 8, 4, 4), dtype=np.float32)
+    if other == "strided":
+        b = rng.standard_normal((2, 8, 4, 8), dtype=np.float32)[..., ::2]
+    g = Graph()
+    x, y = g.input("float32", 4), g.input("float32", 4)
+    g.output(g.call("add", x, y))
+    (out,) = g.compile()(a, b)
+    assert_close_np(out, a + b)
+    assert out.flags.c_contiguous
+
+
+def test_other_dense_orders_keep_c_order():
+    """Only channels_last carries over: a transposed matrix or an attention-style transposed
+    rank-4 view gives C-ordered results, as an explicit copy of it wants."""
+    rng = np.random.default_rng(2)
+    g = Graph()
+    x = g.input("float32", 2)
+    g.output(g.call("exp", x))
+    (out,) = g.compile()(rng.standard_normal((30, 20), dtype=np.float32).T)
+    assert out.flags.c_contiguous
+    g = Graph()
+    x = g.input("float32", 4)
+    g.output(g.call("exp", x))
+    a = rng.standard_normal((2, 5, 3, 4), dtype=np.float32).transpose(0, 2, 1, 3)
+    (out,) = g.compile()(a)
+    assert_close_np(out, np.exp(a), kind="transcendental")
+    assert out.flags.c_contiguous
+
+
+def test_size_one_dims_and_reductions():
+    """Size-1 dims may sit anywhere in a channels_last block (N = 1, W = 1); a keepdims
+    reduction of a channels_last input is right whatever its layout."""
+    rng = np.random.default_rng(3)
+    for shape in [(1, 6, 4, 5), (3, 6, 4, 1)]:
+        a = channels_last(shape, rng)
+        g = Graph()
+        x = g.input("float32", 4)
+        m = g.call("mean", x, axis=(2, 3), keepdims=True)
+        g.output(g.call("sub", x, m), m)
+        d, mm = g.compile()(a, )
+        assert_close_np(mm, a.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+        assert_close_np(d, a - a.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_memory_order_is_a_plan_key_component(tmp_path):
+    """Same shape, same dtype, both not C-contiguous: a strided input and a channels_last one
+    select different plans (flipping the order misses)."""
+    old = fastcompile.config.get("cache_dir")
+    fastcompile.config.set(cache_dir=str(tmp_path))
+    try:
+        g = Graph()
+        x = g.input("float32", 4)
+        g.output(g.call("exp", x))
+        f = g.compile()
+        rng = np.random.default_rng(4)
+        strided = rng.standard_normal((2, 3, 4, 10), dtype=np.float32)[..., ::2]
+        f(strided)
+        assert f.nplans == 1
+        cl = channels_last((2, 3, 4, 5), rng)
+        (out,) = f(cl)
+        assert f.nplans == 2, "flipping the memory order must build a new plan"
+        assert is_channels_last(out)
+        assert_close_np(out, np.exp(cl), kind="transcendental")
+    finally:
+        fastcompile.config.set(cache_dir=old)
+        fastcompile.cache_clear(disk=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch: channels_last tensors through both frontends keep eager's layouts
+# ----------------------------------------------------------------------------------------------
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed: the torch frontends are not tested")
+
+
+@pytest.mark.parametrize("frontend", ["backend", "fc.compile"])
+def test_torch_channels_last_outputs_have_eager_strides(frontend):
+    """Every output has eager's strides: channels_last where eager's is (the core's own result,
+    no copy), C order where eager's is (.contiguous(): the backend copies it back to eager's
+    layout at each call, _layout's check), and values as eager's."""
+    torch = _torch()
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 6, 5).contiguous(memory_format=torch.channels_last)
+    s, b = torch.randn(16, 1, 1), torch.randn(16, 1, 1)
+
+    def fn(x):
+        y = torch.relu(x * s + b)
+        return y, (y * 2).contiguous(), y.sum((2, 3), keepdim=True), torch.sigmoid(x) + y
+    if frontend == "backend":
+        from fastcompile.backends import torch as fbt
+        torch._dynamo.reset()
+        cf = torch.compile(fn, backend=fbt.backend, dynamic=False)
+    else:
+        cf = fastcompile.compile(fn)
+    for _ in range(2):
+        outs, refs = cf(x), fn(x)
+        for o, r in zip(outs, refs):
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+            if frontend == "backend":
+                nontrivial = [d for d in range(o.dim()) if o.shape[d] > 1]
+                assert [o.stride(d) for d in nontrivial] == [r.stride(d) for d in nontrivial], (o.stride(), r.stride())
+    assert outs[0].is_contiguous(memory_format=torch.channels_last) and not outs[0].is_contiguous()
+    assert outs[1].is_contiguous() or frontend == "fc.compile"
+
+
+def test_torch_channels_last_cnn_matches_eager():
+    """A ResNet-style block in channels_last (convolutions, BatchNorm in eval, in-place ReLU, a
+    residual add) through both frontends: eager's values and output layout."""
+    torch = _torch()
+    nn = torch.nn
+    from fastcompile.backends import torch as fbt
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            y = torch.relu_(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y))
+            y += x
+            return torch.relu_(y)
+
+    m = nn.Sequential(Block(16), Block(16)).eval().to(memory_format=torch.channels_last)
+    for bn in (m[0].b1, m[0].b2, m[1].b1, m[1].b2):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        ref = m(x)
+        for cf in (torch.compile(m, backend=fbt.backend, dynamic=False), fastcompile.compile(m)):
+            for _ in range(2):
+                out = cf(x)
+                torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+                assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_values_not_computed_from_channels_last_inputs_stay_c_order():
+    """In a segment with a channels_last input, a full-size value computed from broadcast
+    per-channel and per-pixel inputs only is C-ordered (as torch lays it out), while one computed
+    from the channels_last input keeps that order."""
+    rng = np.random.default_rng(5)
+    a = channels_last((2, 6, 4, 5), rng)
+    m = rng.standard_normal((1, 6, 1, 1), dtype=np.float32)
+    q = rng.standard_normal((2, 1, 4, 5), dtype=np.float32)
+    g = Graph()
+    x, mm, qq = g.input("float32", 4), g.input("float32", 4), g.input("float32", 4)
+    g.output(g.call("mul", mm, qq), g.call("add", x, mm))
+    outer, shifted = g.compile()(a, m, q)
+    assert_close_np(outer, m * q)
+    assert_close_np(shifted, a + m)
+    assert outer.flags.c_contiguous and is_channels_last(shifted)
