@@ -228,3 +228,80 @@ def test_values_not_computed_from_channels_last_inputs_stay_c_order():
     assert_close_np(outer, m * q)
     assert_close_np(shifted, a + m)
     assert outer.flags.c_contiguous and is_channels_last(shifted)
+
+
+def _resnet_pair(torch, c=16):
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
+
+        def forward(self, x):
+            y = torch.relu(self.b1(self.c1(x)))
+            y = self.b2(self.c2(y)) + x
+            return torch.relu(y)
+
+    m = nn.Sequential(Block(), Block(), nn.MaxPool2d(2))
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+    return m
+
+
+def test_inference_convolutions_run_channels_last(monkeypatch):
+    """torch.compile(backend=fastcompile) of an NCHW CNN in inference: the graph input a
+    convolution reads is made channels_last once on entry, every convolution gets channels_last
+    input and weight (oneDNN's fast path), the kernels between them keep that order (the residual
+    add reads the converted input), and the one output comes back in eager's NCHW layout (the only
+    relayout copy per call). Values as eager's."""
+    torch = _torch()
+    import functools
+    from fastcompile.backends import torch as fbt
+    torch.manual_seed(0)
+    m = _resnet_pair(torch).eval()
+    x = torch.randn(2, 16, 8, 8)
+    copies = []
+    real = fbt._restride
+    monkeypatch.setattr(fbt, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
+    record = []
+    torch._dynamo.reset()
+    cf = torch.compile(m, backend=functools.partial(fbt.backend, record=record), dynamic=False)
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(3):
+            out = cf(x)
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+            assert out.stride() == ref.stride()
+    (runner,) = record
+    assert runner.channels_last and runner.fallback is None and len(runner._cl_args) == 1
+    assert copies == [(2, 16, 4, 4)] * 3, copies
+    # not even a channels_last input's own copy goes back: the first convolution reads it as is
+    xc = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(cf(xc), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_training_graphs_keep_eager_layouts():
+    """Forward and backward graphs of a training step do not run convolutions channels_last
+    (their saved activations would come back to eager's layout one copy each): gradients as
+    eager's."""
+    torch = _torch()
+    import copy
+    import functools
+    from fastcompile.backends import torch as fbt
+    torch.manual_seed(0)
+    base = _resnet_pair(torch, c=8).train()
+    ref, mod = copy.deepcopy(base), copy.deepcopy(base)
+    record = []
+    torch._dynamo.reset()
+    cf = torch.compile(mod, backend=functools.partial(fbt.backend, record=record), dynamic=False)
+    x = torch.randn(2, 8, 8, 8)
+    cf(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    for p, q in zip(ref.parameters(), mod.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
+    assert record and not any(r.channels_last for r in record)

@@ -1345,11 +1345,11 @@ def test_batch_compile_backward_ahead_failing_falls_back_to_lazy(monkeypatch, ca
     real = fbt.fx_to_graph
     calls = []
 
-    def flaky(gm, inputs, mode="default"):
+    def flaky(gm, inputs, mode="default", **kw):
         calls.append(1)
         if len(calls) == 2:                      # the first backward graph
             raise RuntimeError("backward lowering broke")
-        return real(gm, inputs, mode=mode)
+        return real(gm, inputs, mode=mode, **kw)
     monkeypatch.setattr(fbt, "fx_to_graph", flaky)
     torch.manual_seed(0)
     m = MLP().train()
