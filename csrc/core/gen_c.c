@@ -414,7 +414,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
     G->e.depth++;
     LINE(G, "const int64_t len = fc_run_length(%s, %s, idx, %s - j0);", nd, shape, hi);
     LINE(G, "int64_t off[%d];", K->nops);
-    LINE(G, "fc_offsets(%s, idx, %s, %d, off);", nd, stride, K->nops);
+    LINE(G, "fc_offsets%s(%s, idx, %s, %d, off);", inner ? "" : "_run", nd, stride, K->nops);
     for (int o = 0; o < K->nops; o++) {
         const char *st;
         if (!use[o]) {
@@ -497,7 +497,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
     }
     memset(G->bcast, 0, sizeof(G->bcast));
     LINE(G, "j0 += len;");
-    LINE(G, "fc_advance(%s, %s, idx, len);", nd, shape);
+    LINE(G, "fc_advance%s(%s, %s, idx, len);", inner ? "" : "_run", nd, shape);
     CLOSE(G);
     CLOSE(G);
     rc = 0;
