@@ -305,3 +305,26 @@ def test_training_graphs_keep_eager_layouts():
     for p, q in zip(ref.parameters(), mod.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
     assert record and not any(r.channels_last for r in record)
+
+
+@pytest.mark.parametrize("rows,length,dtype", [(256, 16, "float32"), (70, 3, "float64"), (257, 16, "float32"),
+                                               (96, 40, "int32"), (64, 63, "float32"), (512, 1, "float32")])
+def test_short_rows_with_a_broadcast_row(rows, length, dtype):
+    """A pointwise launch of short rows where an input is the same row for every row (a bias, a
+    channels_last per-channel scale) runs as longer rows over a repeated copy of that row
+    (plan.c, tile_short_rows); rows that no tile size divides (257) and rows of 64 or more run
+    as they are. Values as NumPy's, every case."""
+    rng = np.random.default_rng(rows + length)
+    x = (rng.standard_normal((rows, length)) * 10).astype(dtype)
+    b = (rng.standard_normal((length,)) * 10).astype(dtype)
+    y = (rng.standard_normal((rows, length)) * 10).astype(dtype)
+    if dtype != "int32":
+        x[3 % rows, 0] = np.nan
+    g = Graph()
+    xx, bb, yy = g.input(dtype, 2), g.input(dtype, 1), g.input(dtype, 2)
+    g.output(g.call("add", g.call("mul", xx, bb), yy), g.call("sub", bb, xx))
+    f = g.compile()
+    for _ in range(2):
+        s, d = f(x, b, y)
+        assert_close_np(s, x * b + y)
+        assert_close_np(d, b - x)

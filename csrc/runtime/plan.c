@@ -879,6 +879,69 @@ fill_launch(const FcKernelIR *K, const Operand *ops, const int64_t *sizes, fc_la
     }
 }
 
+/* Short rows. A pointwise launch that collapses to (rows, len) with len
+ * short, every operand unit-stride along the row, and each operand either
+ * dense over rows (stride len) or the same row for all (stride 0: channels_last's
+ * per-channel scale of a BatchNorm, whose rows are the C channels) pays each
+ * run's setup for len elements. Such a launch runs as (rows / k, k * len):
+ * each stride-0 input is read from a copy of its row repeated k times
+ * (tiles[q], raw-malloc'd; the caller frees them), so runs are about
+ * FC_TILE_ELEMS long. On 2 Zen 4 cores, a 16-channel channels_last
+ * scale-and-add on (8, 16, 32, 32) went from 58 to 31 us (eager: 45). Returns 1 if it
+ * retiled L, 0 if not (out of memory: the launch runs as it was). */
+#define FC_SHORT_ROW 64
+#define FC_TILE_ELEMS 256
+static int
+tile_short_rows(const FcKernelIR *K, fc_launch *L, const int64_t *elsize, char **tiles)
+{
+    const int64_t rows = L->oshape[0], len = L->oshape[1];
+    int64_t k;
+    int bcast = 0;
+
+    if (K->mask != 0 || K->flat || L->nd_outer != 2 || len < 1 || len >= FC_SHORT_ROW || rows < 2) {
+        return 0;
+    }
+    for (int q = 0; q < L->nops; q++) {
+        if (L->ostride[q][1] != 1 || (L->ostride[q][0] != len && L->ostride[q][0] != 0)
+                || (K->ops[q].is_out && L->ostride[q][0] == 0)) {
+            return 0;
+        }
+        bcast |= L->ostride[q][0] == 0;
+    }
+    for (k = FC_TILE_ELEMS / len; k > 1 && rows % k != 0; k--) {
+    }
+    if (!bcast || k < 2) {
+        return 0;
+    }
+    for (int q = 0; q < L->nops; q++) {
+        if (L->ostride[q][0] != 0) {
+            continue;
+        }
+        tiles[q] = PyMem_RawMalloc((size_t)(k * len * elsize[q]));
+        if (tiles[q] == NULL) {
+            for (int r = 0; r < q; r++) {
+                PyMem_RawFree(tiles[r]);
+                tiles[r] = NULL;
+            }
+            return 0;
+        }
+    }
+    for (int q = 0; q < L->nops; q++) {
+        if (tiles[q] != NULL) {
+            for (int64_t r = 0; r < k; r++) {
+                memcpy(tiles[q] + r * len * elsize[q], L->ptr[q], (size_t)(len * elsize[q]));
+            }
+            L->ptr[q] = tiles[q];
+        }
+        else {
+            L->ostride[q][0] = k * len;
+        }
+    }
+    L->oshape[0] = rows / k;
+    L->oshape[1] = k * len;
+    return 1;
+}
+
 /* Runs kernel o of p over arrs. autotune: time the settings tune.c offers for
  * a launch shape not seen before and use the fastest from then on. */
 static int
@@ -891,7 +954,8 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
     fc_launch L;
     Operand ops[FC_MAXOPS];
     int64_t elsize[FC_MAXOPS], bw = 0;
-    int err;
+    char *tiles[FC_MAXOPS] = {NULL};     /* owned: tile_short_rows' row copies */
+    int err, rc = 0;
 
     for (int q = 0; q < K->nops; q++) {
         PyArrayObject *a = arrs[K->ops[q].slot];
@@ -904,13 +968,14 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
     fill_launch(K, ops, sizes, &L, elsize);
     L.nthreads = plan_rt.c.num_threads;
     L.serial_below = plan_rt.c.serial_below;
-    if (!K->flat) {
-        bw = K->mask == 0 ? column_block(&L) : 0;
-    }
     /* nothing to compute, unless a reduction with no identity must raise
      * over an empty axis (np.max(np.ones((0, 0)), axis=0) raises) */
     if (L.n_outer == 0 && !(K->mask != 0 && L.n_inner == 0)) {
         return 0;
+    }
+    tile_short_rows(K, &L, elsize, tiles);
+    if (!K->flat) {
+        bw = K->mask == 0 ? column_block(&L) : 0;
     }
     /* whether the launch is big enough to let other threads in while it runs:
      * decided before a tuned setting changes serial_below (1 thread: never) */
@@ -921,7 +986,8 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
             TuneCtx ctx = {pk->loaded.fn, &L, elsize};
             err = fc_tune_run(&pk->tune, &L, plan_rt.c.num_threads, bw, tune_launch, &ctx);
             if (err < 0) {
-                return -1;
+                rc = -1;
+                goto cleanup;
             }
             goto done;      /* the fastest setting ran last: its outputs stand */
         }
@@ -940,9 +1006,13 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
 done:
     if (err) {
         raise_kernel_error(s, k, err);
-        return -1;
+        rc = -1;
     }
-    return 0;
+cleanup:
+    for (int q = 0; q < K->nops; q++) {
+        PyMem_RawFree(tiles[q]);
+    }
+    return rc;
 }
 
 #define FC_STACK_SLOTS 64
