@@ -36,6 +36,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import fastcompile                                             # noqa: E402
 from fastcompile.backends.torch import backend as fc_backend   # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from models import paired                                      # noqa: E402  (the same bootstrap as models.py)
+
 CONFIGS = ("eager", "fastcompile", "fc.compile", "inductor")
 
 
@@ -70,13 +73,6 @@ def make(cfg, m):
     return torch.compile(m, backend=fc_backend if cfg == "fastcompile" else "inductor", dynamic=False)
 
 
-def ratios(num, den, resamples=2000):
-    r = [a / b for a, b in zip(num, den)]
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(r, k=len(r))) for _ in range(resamples))
-    return statistics.median(r), meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
-
-
 def bench(c, channels_last, iters):
     import time
     torch.manual_seed(0)
@@ -107,7 +103,7 @@ def bench(c, channels_last, iters):
     rows = []
     for cfg in CONFIGS:
         rows.append((c, "channels_last" if channels_last else "NCHW", cfg, statistics.median(ts[cfg]) * 1e3,
-                     ratios(ts["eager"], ts[cfg]), ratios(ts["inductor"], ts[cfg]), ok[cfg]))
+                     paired(ts["eager"], ts[cfg]), paired(ts["inductor"], ts[cfg]), ok[cfg]))
     return rows
 
 

@@ -54,30 +54,21 @@ def run_case(name, make_model, make_x, sizes, train, cycles):
         for n in sizes:
             step(run, xs[n])
         first = time.perf_counter() - t0
-        ratios, times = [], []
+        eager, times = [], []
         for _ in range(cycles):
             for n in sizes:
                 t0 = time.perf_counter()
                 ref_step(ref, xs[n])
-                te = time.perf_counter() - t0
+                eager.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 step(run, xs[n])
-                tc = time.perf_counter() - t0
-                ratios.append(te / tc)
-                times.append(tc)
+                times.append(time.perf_counter() - t0)
         graphs = counters["stats"]["unique_graphs"] if cfg != "fc.compile" else "-"
         rows.append((name, "train" if train else "infer", cfg, first, graphs,
-                     statistics.median(times) * 1e3) + bootstrap(ratios))
+                     statistics.median(times) * 1e3) + M.paired(eager, times))
         torch._dynamo.reset()
         fastcompile.reset()
     return rows
-
-
-def bootstrap(ratios, resamples=2000):
-    import random
-    rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
-    return statistics.median(ratios), meds[int(0.025 * resamples)], meds[int(0.975 * resamples) - 1]
 
 
 def main(argv=None):

@@ -178,30 +178,42 @@ def test_torch_channels_last_outputs_have_eager_strides(frontend):
     assert outs[1].is_contiguous() or frontend == "fc.compile"
 
 
-def test_torch_channels_last_cnn_matches_eager():
-    """A ResNet-style block in channels_last (convolutions, BatchNorm in eval, in-place ReLU, a
-    residual add) through both frontends: eager's values and output layout."""
-    torch = _torch()
+def _resnet_pair(torch, c=16, inplace=False):
+    """Two ResNet basic blocks (convolution, BatchNorm in eval, ReLU, convolution, BatchNorm,
+    residual add, ReLU; inplace: torch.relu_ and +=, as torchvision writes them) and a max pool,
+    with random running statistics."""
     nn = torch.nn
-    from fastcompile.backends import torch as fbt
-    torch.manual_seed(0)
 
     class Block(nn.Module):
-        def __init__(self, c):
+        def __init__(self):
             super().__init__()
             self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-            self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+            self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
 
         def forward(self, x):
-            y = torch.relu_(self.b1(self.c1(x)))
-            y = self.b2(self.c2(y))
-            y += x
-            return torch.relu_(y)
+            if inplace:
+                y = torch.relu_(self.b1(self.c1(x)))
+                y = self.b2(self.c2(y))
+                y += x
+                return torch.relu_(y)
+            y = torch.relu(self.b1(self.c1(x)))
+            return torch.relu(self.b2(self.c2(y)) + x)
 
-    m = nn.Sequential(Block(16), Block(16)).eval().to(memory_format=torch.channels_last)
-    for bn in (m[0].b1, m[0].b2, m[1].b1, m[1].b2):
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
+    m = nn.Sequential(Block(), Block(), nn.MaxPool2d(2))
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+    return m
+
+
+def test_torch_channels_last_cnn_matches_eager():
+    """ResNet-style blocks in channels_last (convolutions, BatchNorm in eval, in-place ReLU, a
+    residual +=) through both frontends: eager's values and output layout."""
+    torch = _torch()
+    from fastcompile.backends import torch as fbt
+    torch.manual_seed(0)
+    m = _resnet_pair(torch, inplace=True).eval().to(memory_format=torch.channels_last)
     x = torch.randn(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
     torch._dynamo.reset()
     with torch.no_grad():
@@ -228,28 +240,6 @@ def test_values_not_computed_from_channels_last_inputs_stay_c_order():
     assert_close_np(outer, m * q)
     assert_close_np(shifted, a + m)
     assert outer.flags.c_contiguous and is_channels_last(shifted)
-
-
-def _resnet_pair(torch, c=16):
-    nn = torch.nn
-
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
-            self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c)
-
-        def forward(self, x):
-            y = torch.relu(self.b1(self.c1(x)))
-            y = self.b2(self.c2(y)) + x
-            return torch.relu(y)
-
-    m = nn.Sequential(Block(), Block(), nn.MaxPool2d(2))
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.running_mean.uniform_(-1, 1)
-            mod.running_var.uniform_(0.5, 2)
-    return m
 
 
 def test_inference_convolutions_run_channels_last(monkeypatch):

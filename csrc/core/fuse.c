@@ -436,7 +436,7 @@ add_slot(FcSpec *s, FcSlotKind kind, int node, int input, int contig, int zlast,
 static void
 alloc_layout(const FcSpec *s, FcSlot *sl)
 {
-    if (s->alloc_perm != 0 && s->sn[sl->node].in_order) {
+    if (s->sn[sl->node].in_order) {
         sl->perm = s->alloc_perm;
         sl->contig = 0;
     }
@@ -469,7 +469,6 @@ alloc_order(FcSpec *s)
         }
     }
     s->alloc_perm = perm;
-    s->alloc_perm_nd = perm != 0 ? nd : 0;
     if (perm == 0) {
         return;
     }

@@ -28,7 +28,7 @@ typedef struct {
     int keepform;        /* OUTER values: 1 if shaped like F with 1s at reduced dims */
     int level;           /* reductions finished before it can be computed */
     int materialize;     /* written to its slot by its kernel */
-    int in_order;        /* of rank alloc_perm_nd and computed from a segment input laid
+    int in_order;        /* of alloc_perm's rank and computed from a segment input laid
                           * out in alloc_perm (fuse.c): its buffer is laid out so too */
 } FcSNode;
 
@@ -101,9 +101,9 @@ typedef struct {
     FcSlot *slots; int nslots, capslots;
     FcKernelIR *kernels; int nkernels, capkernels;
     int *order;               /* kernel execution order */
-    /* the memory order of the buffers the segment allocates with rank
-     * alloc_perm_nd (0: C order for all): its inputs' (fuse.c, alloc_order) */
-    uint64_t alloc_perm; int alloc_perm_nd;
+    /* the memory order of the buffers the segment allocates for in_order
+     * values (0: C order for all): its inputs' (fuse.c, alloc_order) */
+    uint64_t alloc_perm;
 } FcSpec;
 
 /* shape.c: dtypes and symbolic shapes for every segment node.

@@ -204,8 +204,7 @@ def _layout(meta, strides, checked=False):
     the lowering expects the core's array to have (C order for a kernel's result, a view extern's
     spec), or None for an extern's or input's own tensor, laid out by torch as in eager
     (``_Lowering.strides_of``). checked: the core may also allocate results in the memory order
-    of its inputs (channels_last, a transposed matrix: plan.c's perm), which the lowering cannot
-    predict, so eager's layout is given even where it matches ``strides``. Either way the
+    of its inputs (channels_last: plan.c's perm), which the lowering cannot predict, so eager's layout is given even where it matches ``strides``. Either way the
     generated code compares strides at each call and copies only where they differ
     (``_restride``). An expanded tensor reads the same in any layout: None."""
     if strides is None or not isinstance(meta, torch.Tensor):
@@ -353,11 +352,6 @@ class _Lowering:
         self.passed = set()        # CPU: core nodes of inputs only externs read, passed as torch tensors
         self.view_strides = {}     # core node of a view extern made from a spec -> its element strides
         self.copied = set()        # FX copies (clone, contiguous, _to_copy) lowered to their source's value
-        # whether the core may lay a kernel's result out in another memory order than C (the
-        # graph holds a dense tensor in another order: channels_last, a transposed matrix), so
-        # that its layout is checked at each call (_layout)
-        self.relayout = self.device is None and any(
-            _dense_other_order(_meta(n)) for n in gm.graph.nodes)
         # channels_last convolutions (inference graphs on the CPU, _wants_channels_last): each
         # convolution's input and weight are made channels_last in its extern, so that its result
         # is, and the core keeps that order through the pointwise work after it; a rank-4 input
@@ -366,7 +360,11 @@ class _Lowering:
         # eager's layout (outputs come back in it); extern arguments are not restrided (their
         # values do not depend on the layout) unless the cluster interprets strides.
         self.channels_last = channels_last and self.device is None
-        self.relayout = self.relayout or self.channels_last
+        # whether a kernel's result may come in another memory order than C (channels_last
+        # convolutions, or a channels_last tensor in the graph), so that its layout is checked
+        # at each call (_layout)
+        self.relayout = self.channels_last or (self.device is None and any(
+            _dense_other_order(_meta(n)) for n in gm.graph.nodes))
         self.cl_args = set()       # "arg" indexes made channels_last on entry
 
     def layout(self, meta, value, tshape):
@@ -2564,7 +2562,7 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
                                      reason="fastcompile: a graph whose compile waits for a later call")
     varying = _varying_inputs(gm, example_inputs)
     if varying:
-        return _PerSize(gm, varying, mode, record)     # Dynamo disables its frames (as any backend's result)
+        return _PerSize(gm, varying, example_inputs, mode, record)     # Dynamo disables its frames
     try:
         return _compile(gm, example_inputs, mode, record)
     except Exception as e:
@@ -2609,30 +2607,27 @@ class _PerSize:
     compiles again). Past cache_size_limit sets, a new one runs Dynamo's graph as plain torch,
     with a warning once; an error building one is logged and that size runs as plain torch."""
 
-    def __init__(self, gm, varying, mode, record):
+    def __init__(self, gm, varying, example_inputs, mode, record):
         self.gm = gm
-        self.varying = varying          # positions of the inputs the key reads
         self.mode = mode
         self.record = record
         self.compiled = {}              # key -> the compiled graph (or gm, for plain torch)
         self.lock = threading.Lock()
-
-    def key(self, args):
-        """The set of sizes args bring: each varying tensor's sizes and strides, each other varying
-        input's value (a size). Made at the first call (a generated function: per-call cost)."""
+        # key(args): the set of sizes a call brings, each varying tensor's sizes and strides and
+        # each other varying input's value (a size); generated, as it runs at every call.
+        # Dynamo's guards keep each input's kind (and dtype, device) what the examples show.
         parts = []
-        for i in self.varying:
-            a = args[i]
-            if isinstance(a, torch.Tensor):
-                parts.append("a[%d].shape, a[%d].stride()" % (i, i) if a.layout == torch.strided
+        for i in varying:
+            e = example_inputs[i]
+            if isinstance(e, torch.Tensor):
+                parts.append("a[%d].shape, a[%d].stride()" % (i, i) if e.layout == torch.strided
                              else "a[%d].shape" % i)
             else:
                 parts.append("a[%d]" % i)
         self.key = eval("lambda a: (%s,)" % ", ".join(parts))       # noqa: S307 (our own text)
-        return self.key(args)
 
     def __call__(self, *args):
-        key = self.key(args)            # Dynamo's guards keep each input's kind (and dtype, device)
+        key = self.key(args)
         fn = self.compiled.get(key)
         if fn is None:
             with self.lock:
@@ -2691,8 +2686,7 @@ def _deferrable(example_inputs):
     shape. A SymInt input (Dynamo passes the symbolic sizes of a dynamic graph as inputs of
     their own) means aot_autograd may add guards, which only Dynamo's compile of the frame can
     install."""
-    return all(isinstance(t, torch.Tensor) and not any(isinstance(n, torch.SymInt) for n in (*t.shape, *t.stride()))
-               for t in example_inputs)
+    return all(isinstance(t, torch.Tensor) and not _symbolic(t) for t in example_inputs)
 
 
 def _fakes(example_inputs):
