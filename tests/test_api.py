@@ -1220,6 +1220,29 @@ def test_async_compile_first_calls_of_many_graphs_build_in_one_batch(async_on, h
     assert all(len(c.kernels) == 1 for c in builds)
 
 
+def test_first_call_compiles_every_segment_in_one_batch():
+    """A graph with kernels on both sides of an extern (a matmul): its first call compiles them
+    in one batch, side by side (one compiler per core). Before, each segment's kernels compiled
+    when the call reached it, one segment after another; the MLP's first call took two compiler
+    rounds. The dry run that finds the later segments' layouts uses the trace's extern results."""
+    salt = np.random.rand()                   # kernels of this run's own: compiled now
+
+    def f(x, w):
+        y = np.tanh(x * (1.5 + salt) + 0.25)
+        z = y @ w
+        return np.exp(-z) * (3.0 + salt) - z
+    x, w = np.random.rand(64, 32), np.random.rand(32, 48)
+    with fastcompile.config.overriding(specialize_float=True):
+        cf = fastcompile.compile(f)
+        before = fastcompile.stats()
+        np.testing.assert_allclose(cf(x, w), f(x, w), rtol=1e-12)
+        after = fastcompile.stats()
+        np.testing.assert_allclose(cf(x * 2, w), f(x * 2, w), rtol=1e-12)
+    assert after["compiles"] - before["compiles"] == 2
+    assert after["compile_batches"] - before["compile_batches"] == 1
+    assert fastcompile.stats()["compiles"] == after["compiles"]     # the second call: none
+
+
 def test_one_array_under_two_sources_at_trace_is_two_inputs():
     """A resume function traced while two of its values were one array (z = pick(x, y)
     returned y) read both from one source: once they differed, y's uses got z's values. Also

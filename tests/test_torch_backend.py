@@ -1202,6 +1202,30 @@ def test_fastcompile_compile_runs_an_extern_with_side_effects_once_at_the_first_
         config.set(async_compile=old)
 
 
+def test_fastcompile_compile_first_call_compiles_every_segment_in_one_batch():
+    """fastcompile.compile's core route on the benchmark MLP's shape (Linear, GELU + LayerNorm,
+    Linear, SiLU, Linear): the kernels between the matmuls compile in one batch at the first
+    call, with the trace's matmul results standing in for the dry run. The values are eager's."""
+    import fastcompile
+    from fastcompile import config
+    torch.manual_seed(0)
+    salt = float(torch.rand(()))      # kernels of this run's own: compiled now
+    mod = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32),
+                        nn.SiLU(), nn.Linear(32, 8)).eval()
+
+    def f(x):
+        return mod(x * (1.0 + salt))
+    with torch.no_grad(), config.overriding(specialize_float=True):
+        cf = fastcompile.compile(f)
+        x = torch.randn(12, 16)
+        before = fastcompile.stats()
+        torch.testing.assert_close(cf(x), f(x), **TOL)
+        after = fastcompile.stats()
+        torch.testing.assert_close(cf(x + 1), f(x + 1), **TOL)
+    assert after["compiles"] - before["compiles"] >= 2
+    assert after["compile_batches"] - before["compile_batches"] == 1
+
+
 def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch(monkeypatch, caplog):
     """async_delay_calls: the call that lowers the graph (aot_autograd, the lowering) meets an
     error: it is logged once, that call and every later one run Dynamo's graph as plain torch."""

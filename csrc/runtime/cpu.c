@@ -140,6 +140,7 @@ static struct {
     /* counters, never reset (tests diff them) */
     long long compiles, disk_hits, memory_hits;   /* compiles: kernels compiled */
     long long compiler_runs;                      /* compiler processes run for kernels */
+    long long compile_batches;                    /* fc_cpu_load_many calls that compiled */
 } rt;
 
 /* ---------------------------------------------------------------------------
@@ -2112,7 +2113,11 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     /* every job is finished, failed or not, so the kernels that did compile
      * are usable (outs[i]) even when another one failed; a kernel twice in
      * the batch shares its job */
-    for (int j = 0; j < njobs; j++) {
+    for (int j = 0, counted = 0; j < njobs; j++) {
+        if (jobs[j].compiled && !counted) {
+            rt.compile_batches++;
+            counted = 1;
+        }
         if (job_finish(&jobs[j], &made[j]) < 0) {
             if (et == NULL) {
                 PyErr_Fetch(&et, &ev, &etb);
@@ -2177,9 +2182,9 @@ FC_INTERNAL PyObject *
 fc_cpu_stats(void)
 {
     const char *dir = rt.cache_dir ? rt.cache_dir : rt.cache_req;
-    return Py_BuildValue("{sLsLsLsLsz}", "compiles", rt.compiles, "compiler_runs",
-                         rt.compiler_runs, "disk_hits", rt.disk_hits, "memory_hits",
-                         rt.memory_hits, "cache_dir", dir);
+    return Py_BuildValue("{sLsLsLsLsLsz}", "compiles", rt.compiles, "compiler_runs",
+                         rt.compiler_runs, "compile_batches", rt.compile_batches, "disk_hits",
+                         rt.disk_hits, "memory_hits", rt.memory_hits, "cache_dir", dir);
 }
 
 /* The table forgets its entries but they are not freed and their .so files

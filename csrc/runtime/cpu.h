@@ -36,7 +36,9 @@ FC_INTERNAL int fc_cpu_load_many(int n, const char *const *sources, const char *
                                  int may_bundle, FcLoaded *outs);
 
 /* Counters: compiles (kernels compiled), compiler_runs (compiler processes: a
- * bundle of kernels takes one), disk_hits, memory_hits.
+ * bundle of kernels takes one), compile_batches (batches that compiled: the
+ * kernels of one batch compile side by side, one compiler per core),
+ * disk_hits, memory_hits.
  * Returns a new reference to a dict. */
 FC_INTERNAL PyObject *fc_cpu_stats(void);
 /* Forget loaded kernels' table entries (not unloading them) and, if

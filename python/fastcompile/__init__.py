@@ -30,7 +30,8 @@ def cache_clear(disk=True):
 
 def stats():
     """Counters: ``compiles`` (kernels compiled), ``compiler_runs`` (compiler processes; one run
-    compiles several kernels when a batch has more than there are cores), ``disk_hits``,
+    compiles several kernels when a batch has more than there are cores), ``compile_batches``
+    (batches that compiled something: one batch's kernels compile side by side), ``disk_hits``,
     ``memory_hits``; the pool's ``pool_hits``, ``pool_misses``, ``pool_cached_bytes``,
     ``pool_cap_bytes``; ``views_made`` (view externs made in C) and ``views_by_function``
     (view externs whose argument came in another layout than traced: their function ran)."""

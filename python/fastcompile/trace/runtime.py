@@ -242,6 +242,8 @@ def build(tracer, vars_, user_stack=()):
             for j in torch_inputs:
                 arrays[j] = arrays[j].detach().numpy()
             # the first call (sync): the trace ran every extern on these inputs already
+            if got is not None:
+                _load_all(c, tuple(arrays), got[1])
             try:
                 outs = c(*arrays) if got is None else c._call_with(tuple(arrays), got[1])
             except ValueError as e:
@@ -385,6 +387,22 @@ def _work():
                 first.done.set()
 
 
+def _load_all(compiled, arrays, stand_ins):
+    """The sync first call: compiles the kernels of every segment of compiled in one batch,
+    one compiler per core, before the call runs them. Without it each segment's kernels
+    compile when the call reaches it (its input layouts are known only then), one segment
+    after another: the MLP's two kernels (GELU+LayerNorm between two matmuls, then SiLU) took
+    two compiler rounds. The trace's extern results stand in for the externs, so the dry
+    run (Compiled._prebuild) knows every segment's layouts. A failure here is left to the
+    call, which builds what it needs and raises as it would have."""
+    try:
+        compiled._prebuild(arrays, stand_ins)
+        type(compiled)._load_pending((compiled,))
+    except Exception as e:
+        log.debug("fastcompile: first-call batch compile failed (%s: %s); the call compiles "
+                  "its kernels", type(e).__name__, e)
+
+
 def _build(batch):
     """One batch of _work: prebuild every item, then compile their kernels in one go. Empties
     the list: nothing of it (the first calls' input arrays) outlives the build."""
@@ -523,6 +541,8 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     from .. import _C
     pos = tuple(slots.index(src.slot) for src, _ in inputs)
     compiled = state["compiled"] = state["compiled"] or graph.compile()
+    if first is not None and not first.background and first.inputs is not None:
+        _load_all(compiled, tuple(first.inputs), first.stand_ins)    # the first call is next
     # Sync: the Compiled itself, so the first call runs the externs again (NumPy arrays in,
     # arrays out: pure NumPy calls). Async: a Python wrapper until the kernels first run
     picks = []
