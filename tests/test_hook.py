@@ -11,6 +11,7 @@ import operator
 import sys
 import threading
 import traceback
+import warnings
 import types
 import weakref
 
@@ -416,18 +417,44 @@ def test_callable_target_error_reruns_the_frame_as_plain_python():
     """A callable target (a compiled graph, free of side effects) that raises makes the
     frame run as plain Python: Python's own result, or Python's own exception with a
     traceback naming the user's line."""
+    made = []
+
+    def entry(frame, n):
+        made.append(_C.CacheEntry(_C.Guards([]), raising_target, slots=(0,)))
+        return made[-1]
+    rec = Recorder(entry, only=add.__code__)
+    h = _C.Hooked(add, rec)
+    # where Python ran and the graph did not (at Python's speed from then on), the first call
+    # warns, naming the function, its file and line, and the graph's error; later ones count
+    with pytest.warns(RuntimeWarning, match=r"compiled graph of add \(.*test_hook.py:\d+\) raised "
+                      r"ArithmeticError: target says 7, where the function ran as plain Python") as got:
+        assert [h(7), h(1), h(7)] == [9, 3, 9]        # the target raised: the frame ran
+    assert len([w for w in got if "compiled graph" in str(w.message)]) == 1
+    assert len(rec.calls) == 1                        # the entry stays
+    assert made[0].fallbacks == 3
+    made.clear()
+    rec = Recorder(entry, only=raising_add.__code__)
+    h = _C.Hooked(raising_add, rec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                # Python raised too: the user's error, no warning
+        for _ in range(2):
+            with pytest.raises(ArithmeticError, match="user code says 7") as ei:
+                h(7)
+            last = traceback.extract_tb(ei.value.__traceback__)[-1]
+            assert last.name == "raising_add"
+            assert last.lineno == raising_add.__code__.co_firstlineno + 2
+    assert made[0].fallbacks == 0
+
+
+def test_callable_target_fallback_warning_as_error_raises_it():
+    """With warnings turned into errors, the fallback's warning is raised from the call (after
+    the frame ran as plain Python), as any warning would be."""
     rec = Recorder(entry_for([], raising_target, slots=(0,)), only=add.__code__)
     h = _C.Hooked(add, rec)
-    assert [h(7), h(1)] == [9, 3]                     # the target raised: the frame ran
-    assert len(rec.calls) == 1                        # the entry stays
-    rec = Recorder(entry_for([], raising_target, slots=(0,)), only=raising_add.__code__)
-    h = _C.Hooked(raising_add, rec)
-    for _ in range(2):
-        with pytest.raises(ArithmeticError, match="user code says 7") as ei:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="compiled graph of add"):
             h(7)
-        last = traceback.extract_tb(ei.value.__traceback__)[-1]
-        assert last.name == "raising_add"
-        assert last.lineno == raising_add.__code__.co_firstlineno + 2
 
 
 def test_callable_target_base_exception_propagates():

@@ -15,6 +15,7 @@
 Every test skips with a reason where torch is not importable (CI runs a Python without it).
 """
 import copy
+import warnings
 import functools
 import gc
 import importlib.metadata
@@ -2560,6 +2561,34 @@ def test_fc_compile_a_network_with_in_place_activations_is_one_graph():
         oc_.zero_grad()
         for pe, pc in zip(ref.parameters(), m.parameters()):
             torch.testing.assert_close(pc, pe)
+
+
+def test_fc_compile_a_module_called_under_no_grad_then_trained_compiles_for_autograd():
+    """A model called under no_grad first (a warm-up, an evaluation), then trained: the no_grad
+    graph holds its parameters as data, so it is guarded on grad mode, and a call with grad on
+    traces an autograd-mode graph. Without the guard that call ran the no_grad graph, which
+    raised (.numpy() of a tensor that requires grad), and the frame ran as plain Python at every
+    training step (now a RuntimeWarning, an error in this suite)."""
+    torch.manual_seed(0)
+    # parameters read only by externs (Linear's matmuls); a LayerNorm's, read by the core,
+    # brought the guard with them
+    m = nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 3), nn.GELU())
+    ref = copy.deepcopy(m)
+    f = fastcompile.compile(m)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for step in range(3):
+            x = torch.randn(5, 6)
+            with torch.no_grad():
+                torch.testing.assert_close(f(x), ref(x))
+            out = f(x)
+            assert out.requires_grad
+            out.square().sum().backward()
+            ref(x).square().sum().backward()
+            for pe, pc in zip(ref.parameters(), m.parameters()):
+                torch.testing.assert_close(pc.grad, pe.grad, msg="step %d" % step)
+    ex = fastcompile.explain(m)(torch.randn(5, 6))        # grad on: the autograd-mode graph
+    assert ex.graph_count == 1 and ex.graph_break_count == 0, ex
 
 
 @pytest.mark.parametrize("name,fn", [

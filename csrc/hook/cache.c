@@ -211,6 +211,8 @@ static PyMemberDef Entry_members[] = {
     {"name", T_OBJECT, offsetof(FcHookEntry, name), READONLY, "label for explain(), or None"},
     {"info", T_OBJECT, offsetof(FcHookEntry, info), READONLY, "whatever the frontend keeps for reports, or None"},
     {"hits", T_PYSSIZET, offsetof(FcHookEntry, hits), READONLY, "number of guard hits"},
+    {"fallbacks", T_PYSSIZET, offsetof(FcHookEntry, fallbacks), READONLY,
+     "calls whose callable target raised where the frame, run as plain Python, did not"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -349,6 +349,19 @@ cleanup:
     return res;
 }
 
+/* The warning of a frame whose compiled graph raised `err` where plain Python
+ * ran (its first such call). code, err: borrowed. 0, or -1 with the exception
+ * set (warnings turned into errors). */
+static int
+warn_fallback(PyCodeObject *code, PyObject *err)
+{
+    return PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                            "fastcompile: the compiled graph of %U (%U:%d) raised %s: %S, where the "
+                            "function ran as plain Python; calls that meet this run as plain Python "
+                            "(at its speed)", code->co_qualname, code->co_filename, code->co_firstlineno,
+                            err != NULL ? Py_TYPE(err)->tp_name : "an error", err != NULL ? err : Py_None);
+}
+
 /* Runs entry `e` in place of `frame` and releases the frame. e: stolen. */
 static PyObject *
 run_entry(PyThreadState *tstate, FcFrame *frame, FcHookEntry *e, const FcHookView *v)
@@ -365,10 +378,22 @@ run_entry(PyThreadState *tstate, FcFrame *frame, FcHookEntry *e, const FcHookVie
             /* The compiled graph raised (shapes that do not broadcast, ...). It has no
              * side effects, so the frame runs as plain Python instead: the exception,
              * its message and its traceback (the user's line) are Python's own, and
-             * a case the core refuses but Python accepts still gets its result. */
-            PyErr_Clear();
+             * a case the core refuses but Python accepts still gets its result. That
+             * last case runs at Python's speed: the first such call warns. */
+            PyObject *et, *ev, *etb;      /* owned: the graph's error, for the warning */
+            PyCodeObject *code = (PyCodeObject *)Py_NewRef(FC_FRAME_CODE(frame));
+            PyErr_Fetch(&et, &ev, &etb);
+            PyErr_NormalizeException(&et, &ev, &etb);
+            res = eval_default(tstate, frame, 0);
+            if (res != NULL && ++e->fallbacks == 1 && warn_fallback(code, ev) < 0) {
+                Py_CLEAR(res);
+            }
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(etb);
+            Py_DECREF(code);
             Py_DECREF(e);
-            return eval_default(tstate, frame, 0);
+            return res;
         }
     }
     Py_DECREF(e);

@@ -65,6 +65,7 @@ typedef struct {
     PyObject *name;             /* owned str or None */
     PyObject *info;             /* owned: the frontend's report data (trace.EntryInfo) or None */
     Py_ssize_t hits;
+    Py_ssize_t fallbacks;       /* calls whose callable target raised and plain Python did not */
     Py_ssize_t *slot_index;     /* PyMem; one per slot */
     Py_ssize_t nslots;
     int is_code;

@@ -232,11 +232,17 @@ class Tracer:
             self.guard(source, "id", value)
             return PyVar(value, source)
         if torch is not None and isinstance(value, torch.nn.Module):
-            if self.fx is None and torch.is_grad_enabled() and any(p.requires_grad for p in value.parameters()):
-                # it trains: traced for autograd from the start, before anything of it runs
-                # eagerly here (a BatchNorm ahead of the first parameter updated its running
-                # statistics once in this attempt and again in the autograd trace)
-                raise NeedAutograd()
+            if self.fx is None and any(p.requires_grad for p in value.parameters()):
+                if torch.is_grad_enabled():
+                    # it trains: traced for autograd from the start, before anything of it runs
+                    # eagerly here (a BatchNorm ahead of the first parameter updated its running
+                    # statistics once in this attempt and again in the autograd trace)
+                    raise NeedAutograd()
+                # traced under no_grad, its parameters data: only while grad stays off. Without
+                # this guard a call with grad on ran this graph, which raised (.numpy() of a
+                # tensor that requires grad), and the frame ran as plain Python at every call:
+                # a model called once under no_grad (a warm-up, an evaluation) then trained eagerly
+                self.guard(S.CallSource(torch.is_grad_enabled), "eq", False)
             self.guard(source, "id", value)
             if source is not None:
                 self.guard(S.DictAttrSource(source, "training"), "eq", bool(value.training))

@@ -110,6 +110,11 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     if core_op is None or not isinstance(example, torch.Tensor) or kwargs:
         return tr.extern(fn, args, kwargs, example, "torch")
     want = _np(tr, example.dtype)
+    if core_op == "pow" and want.kind in "iu" and isinstance(_u(args[1]), ArrayVar):
+        # an integer tensor exponent may be negative (or become so in the base's dtype): torch
+        # gives 1, +-1 or 0 where NumPy's pow, the core's, raises; the core's raised at run time
+        # and the frame ran as plain Python at every call. torch's own pow, as an extern
+        return tr.extern(fn, args, kwargs, example, "torch")
     if core_op in COMPARE:
         exs = [tr.example_of(a) for a in args]      # a ScalarVar's type only: not specialized
         common = _np(tr, torch.result_type(*exs))
