@@ -148,11 +148,6 @@ def _strip1(shape):
     return shape[i:]
 
 
-# torch dtypes an extern cluster's result keeps as its NumPy array (bfloat16 is widened)
-_SAME_IN_NUMPY = frozenset((torch.float16, torch.float32, torch.float64, torch.int8, torch.int16, torch.int32,
-                            torch.int64, torch.uint8, torch.bool))
-
-
 def _meta(node):
     m = getattr(node, "meta", None)
     if not isinstance(m, dict):
@@ -308,14 +303,6 @@ class _RecordingGraph:
         self.shape = {}         # node -> its core shape where the lowering knows it (reduction inputs:
                                 # the core knows an extern-made value's rank only at run time)
         self.replays = []       # per extern, in the graph's order: (fn, the FX nodes it returns or None)
-        self.known = {}         # node of an extern result -> the core dtype it will have (the core
-                                # learns an extern's dtype only at run time): _Lowering.cast skips
-                                # casting it to that dtype, which was a copy kernel wherever the
-                                # readers' shape is larger (a weight viewed (1, G, C/G, 1))
-
-    def dtype_of(self, value):
-        """The core dtype ``value`` has, or will have at run time where the lowering knows it."""
-        return value.dtype if value.dtype is not None else self.known.get(value.node)
 
     def input(self, dtype, ndim):
         return self.g.input(dtype, ndim)
@@ -454,7 +441,7 @@ class _Lowering:
         name = _core_dtype(dtype)
         if name is None:
             raise _NotLowered("dtype %s" % dtype)
-        if self.g.dtype_of(value) != name:
+        if value.dtype != name:
             shape = self.g.shape.get(value.node)
             value = self.g.call("cast", value, dtype=name)
             if shape is not None:
@@ -574,8 +561,6 @@ class _Lowering:
             self.extern_values.add(v.node)
             meta = _meta(m)
             shape = _static_shape(meta)
-            if meta.dtype in _SAME_IN_NUMPY:     # bfloat16 comes widened to float32
-                self.g.known[v.node] = _core_dtype(meta.dtype)
             self.env[m] = _Rec(v, shape, shape, meta.dtype)
             self.g.leaf_shape[v.node] = shape
             self.g.leaf_strides[v.node] = _meta_strides(meta)
@@ -1653,12 +1638,6 @@ def _push_view(L, node, r, new):
             # each call): left to a cluster
             raise _NotLowered("view %s -> %s: no strided view of its own, not only for core ops" % (r.tshape, new))
         w = G.extern(view, base, pure=True, view=spec)
-        if G.dtype_of(base) is not None and G.made.get(base.node, ("?",))[0] != "call":
-            # a view of an input or an extern's result: its base's dtype. (A kernel's value viewed
-            # where it is stored keeps its cast: a graph output (a softmax saved for the
-            # backward, transposed) is then a kernel's C-ordered copy, not a strided view
-            # restrided by torch at each call)
-            G.known[w.node] = G.dtype_of(base)
         G.view_of[w.node] = (base, fns)
         G.leaf_shape[w.node] = new
         new_of[v.node] = w
