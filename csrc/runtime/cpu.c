@@ -2113,11 +2113,9 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
     /* every job is finished, failed or not, so the kernels that did compile
      * are usable (outs[i]) even when another one failed; a kernel twice in
      * the batch shares its job */
-    for (int j = 0, counted = 0; j < njobs; j++) {
-        if (jobs[j].compiled && !counted) {
-            rt.compile_batches++;
-            counted = 1;
-        }
+    int compiled = 0;                         /* did this batch compile anything */
+    for (int j = 0; j < njobs; j++) {
+        compiled |= jobs[j].compiled;
         if (job_finish(&jobs[j], &made[j]) < 0) {
             if (et == NULL) {
                 PyErr_Fetch(&et, &ev, &etb);
@@ -2127,6 +2125,7 @@ fc_cpu_load_many(int n, const char *const *sources, const char *const *symbols, 
             }
         }
     }
+    rt.compile_batches += compiled;
     for (int i = 0; i < n; i++) {
         if (found[i] == NULL) {
             found[i] = made[job_of[i]];
