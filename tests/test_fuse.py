@@ -274,6 +274,42 @@ def test_broadcast_pointwise_is_one_kernel():
     assert_close(out, (x + b) * s)
 
 
+def test_cheap_broadcast_operand_is_computed_by_its_reader():
+    """A cast of a broadcast operand ((7,) read at (5, 7)) was a kernel of its own shape writing
+    a buffer the reader's kernel read back; cheap ops of buffers only (cast, neg, add, sub, mul)
+    that one other kernel's full-size values read are now computed there, at every point."""
+    def fn(g, x, b, s):
+        w = g.call("neg", g.call("cast", b, dtype="float64"))
+        return g.call("mul", g.call("add", x, w), g.call("cast", s, dtype="float64"))
+    c = build(fn, ("float64", 2), ("float32", 1), ("float32", 2))
+    x, b, s = randn((5, 7), np.float64), randn((7,), np.float32, 1), randn((5, 1), np.float32, 2)
+    (out,) = c(x, b, s)
+    assert nkernels(c) == 1, c.fused[0]
+    assert_close(out, (x - b.astype(np.float64)) * s.astype(np.float64))
+
+
+def test_broadcast_operand_kept_where_recomputing_it_is_not_cheap_or_not_alone():
+    """Not moved into the reader: an expensive op (exp, computed once per element of its own
+    shape, as the never-recompute rule wants), a cast that is also an output (written once, at
+    its own shape), and a cast read by a reduction's per-row values (OUTER)."""
+    def fn(g, x, b, c32):
+        e = g.call("exp", b)
+        cb = g.call("cast", c32, dtype="float64")
+        rows = g.call("add", g.call("sum", g.call("mul", x, e), axis=1), g.call("cast", c32, dtype="float64"))
+        return g.call("mul", x, cb), cb, rows
+    c = build(fn, ("float64", 2), ("float64", 1), ("float32", 1))
+    x, b, c32 = randn((5, 5), np.float64), randn((5,), np.float64, 1), randn((5,), np.float32, 2)
+    out, cb, rows = c(x, b, c32)
+    assert_close(out, x * c32.astype(np.float64))
+    assert_close(cb, c32.astype(np.float64))
+    assert_close(rows, (x * np.exp(b)).sum(axis=1) + c32.astype(np.float64))
+    fused = c.fused[0]
+    exp_kernel = [blk for blk in re.split(r"(?m)^(?=kernel \d+:)", fused) if "exp(" in blk]
+    assert len(exp_kernel) == 1 and "sum(" not in exp_kernel[0], fused     # exp at its own shape
+    out_cast = [blk for blk in re.split(r"(?m)^(?=kernel \d+:)", fused) if "-> output" in blk or "-> buffer" in blk]
+    assert any(re.search(r"= cast\(", blk) and "mul(" not in blk for blk in out_cast), fused
+
+
 def test_shared_subexpression_computed_once():
     # exp(x) feeds three consumers and two outputs: evaluated once per element
     def fn(g, x):

@@ -2563,6 +2563,31 @@ def test_fc_compile_a_network_with_in_place_activations_is_one_graph():
             torch.testing.assert_close(pc, pe)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_group_norm_casts_of_broadcast_views_run_in_their_readers(dtype):
+    """GroupNorm + SiLU (inference, aot's decomposition): the weight and bias viewed (1, G, C/G, 1)
+    and the scale and shift viewed (N, C, 1, 1) by an extern are cast to their own dtype before
+    the core reads them (the core learns an extern's dtype only at run time). Each cast was a
+    copy kernel of the view's shape (5 kernels); the fuser now computes such cheap casts in the
+    kernel that reads them broadcast: 3 kernels, none of them a copy."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.GroupNorm(8, 32), nn.SiLU()).eval().to(dtype)
+    with torch.no_grad():
+        m[0].weight.normal_()
+        m[0].bias.normal_()
+    x = torch.randn(2, 32, 6, 6, dtype=dtype)
+    record = []
+    f = compile_fc(m, record=record)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(f(x), m(x), **TOL)
+    kernels = [k for r in record for k in r.kernels]
+    copies = [k.fused for k in kernels if all(line.split("=")[1].strip().startswith("cast(")
+                                               for line in k.fused.splitlines()[1:] if "=" in line)]
+    assert not copies, copies
+    assert len({k.name for k in kernels}) == 3, [k.fused for k in kernels]
+
+
 def test_fc_compile_a_module_called_under_no_grad_then_trained_compiles_for_autograd():
     """A model called under no_grad first (a warm-up, an evaluation), then trained: the no_grad
     graph holds its parameters as data, so it is guarded on grad mode, and a call with grad on

@@ -404,6 +404,245 @@ place_pointwise(FcSpec *s, int i)
 }
 
 /* ------------------------------------------------------------------------
+ * sinking: cheap broadcast operands computed where they are read
+ * ---------------------------------------------------------------------- */
+
+/* ops cheap enough to compute again at every point of a reader's space */
+static int
+cheap_op(int op)
+{
+    return op == FC_OP_CAST || op == FC_OP_NEG || op == FC_OP_ADD || op == FC_OP_SUB || op == FC_OP_MUL;
+}
+
+/* insert node v into kernel k's members, keeping them in node order */
+static int
+kernel_insert_node(FcSpec *s, int k, int v)
+{
+    FcKernelIR *K = &s->kernels[k];
+    int p = K->nnodes;
+    if (grow((void **)&K->nodes, &K->capnodes, K->nnodes + 1, sizeof(int)) < 0) {
+        return -1;
+    }
+    while (p > 0 && K->nodes[p - 1] > v) {
+        p--;
+    }
+    memmove(K->nodes + p + 1, K->nodes + p, (size_t)(K->nnodes - p) * sizeof(int));
+    K->nodes[p] = v;
+    K->nnodes++;
+    s->sn[v].kernel = k;
+    return 0;
+}
+
+/* Drops the kernels left without nodes, renumbering the others and their
+ * dependencies (a kernel emptied by sink_kernels was read only by the
+ * kernels its nodes moved to: their dependency on it goes too). */
+static int
+drop_empty_kernels(FcSpec *s)
+{
+    int *remap = PyMem_Malloc((s->nkernels + 1) * sizeof(int));   /* owned here */
+    int n = 0;
+    if (remap == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int k = 0; k < s->nkernels; k++) {
+        remap[k] = s->kernels[k].nnodes > 0 ? n++ : -1;
+    }
+    for (int k = 0; k < s->nkernels; k++) {
+        FcKernelIR *K = &s->kernels[k];
+        if (remap[k] < 0) {
+            PyMem_Free(K->nodes);
+            PyMem_Free(K->deps);
+            continue;
+        }
+        int nd = 0;
+        for (int d = 0; d < K->ndeps; d++) {
+            if (remap[K->deps[d]] >= 0) {
+                K->deps[nd++] = remap[K->deps[d]];
+            }
+        }
+        K->ndeps = nd;
+        if (remap[k] != k) {
+            s->kernels[remap[k]] = *K;
+        }
+    }
+    for (int i = 0; i < s->g->nnodes; i++) {
+        if (s->sn[i].kernel >= 0) {
+            s->sn[i].kernel = remap[s->sn[i].kernel];
+        }
+    }
+    s->nkernels = n;
+    PyMem_Free(remap);
+    return 0;
+}
+
+/* operand bound of kernel kd with the nodes v of `tgt` == kd added (as
+ * operand_bound: every node may be an output, every distinct buffer an input) */
+static int
+group_bound(const FcSpec *s, int kd, const int *tgt)
+{
+    const FcGraph *g = s->g;
+    const FcKernelIR *K = &s->kernels[kd];
+    int bufs[FC_MAXOPS + 4], nb = 0, nn = K->nnodes;
+    for (int v = 0; v < g->nnodes; v++) {
+        int member = (computed(s, v) && s->sn[v].kernel == kd) || tgt[v] == kd;
+        if (!member) {
+            continue;
+        }
+        nn += tgt[v] == kd;
+        for (int j = 0; j < g->nodes[v].nin; j++) {
+            int u = g->nodes[v].in[j], dup = 0;
+            if (g->nodes[u].op == FC_OP_CONST || (computed(s, u) && s->sn[u].kernel == kd) || tgt[u] == kd) {
+                continue;
+            }
+            for (int b = 0; b < nb; b++) {
+                dup |= bufs[b] == u;
+            }
+            if (!dup) {
+                if (nb == FC_MAXOPS + 2) {
+                    return FC_MAXOPS + 1;
+                }
+                bufs[nb++] = u;
+            }
+        }
+    }
+    return nn > FC_MAX_KERNEL_NODES ? FC_MAXOPS + 1 : nn + nb;
+}
+
+/* A pointwise kernel's cheap values (cast, neg, add, sub, mul) that only
+ * the FULL values of one other kernel read, directly or through each other,
+ * and that read only buffers or each other, move into that kernel: it
+ * computes them at every point of its space from the same buffers
+ * (broadcast), instead of a launch of their own writing a buffer it reads
+ * back. They are the small operands a larger kernel reads broadcast
+ * (GroupNorm's weight and bias viewed (1, G, C/G, 1), its per-channel scale
+ * and shift (N, C, 1, 1): extern results the core casts to their own dtype,
+ * since it learns theirs only at run time), which the placement above,
+ * walking producers before readers, put in kernels of their own shape. A
+ * segment output never moves (it is written once, at its own shape), nor
+ * does anything costlier than those five ops (never computed twice). A
+ * kernel left empty is dropped. */
+static int
+sink_kernels(FcSpec *s)
+{
+    const FcGraph *g = s->g;
+    int n = g->nnodes, moved = 0, rc = -1;
+    int *tgt = PyMem_Malloc((n + 1) * sizeof(int));     /* owned here: node -> kernel it moves to, or -1 */
+    char *out = PyMem_Calloc(n + 1, 1);                 /* owned here: segment outputs */
+    if (tgt == NULL || out == NULL) {
+        PyErr_NoMemory();
+        goto cleanup;
+    }
+    for (int o = 0; o < s->noutputs; o++) {
+        out[s->outputs[o]] = 1;
+    }
+    /* candidates: cheap, not an output, in a pointwise kernel; the target is
+     * the kernel of the first reader outside it (checked below) */
+    for (int v = 0; v < n; v++) {
+        tgt[v] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (!computed(s, i)) {
+            continue;
+        }
+        for (int j = 0; j < g->nodes[i].nin; j++) {
+            int v = g->nodes[i].in[j], kv;
+            if (!computed(s, v) || out[v] || !cheap_op(g->nodes[v].op)) {
+                continue;
+            }
+            kv = s->sn[v].kernel;
+            if (s->kernels[kv].mask == 0 && s->sn[i].kernel != kv && tgt[v] == -1) {
+                tgt[v] = s->sn[i].kernel;
+            }
+        }
+    }
+    /* readers inside the kernel move along: from the last node back, a node
+     * read only inside its kernel takes its readers' target */
+    for (int v = n - 1; v >= 0; v--) {
+        if (!computed(s, v) || out[v] || !cheap_op(g->nodes[v].op) || tgt[v] != -1 ||
+                s->kernels[s->sn[v].kernel].mask != 0) {
+            continue;
+        }
+        for (int i = v + 1; i < n && tgt[v] == -1; i++) {
+            for (int j = 0; computed(s, i) && j < g->nodes[i].nin; j++) {
+                if (g->nodes[i].in[j] == v && s->sn[i].kernel == s->sn[v].kernel && tgt[i] >= 0) {
+                    tgt[v] = tgt[i];
+                    break;
+                }
+            }
+        }
+    }
+    /* to a fixed point: every reader of a moving node is a FULL value of the
+     * target or moves there too; every computed input moves there too */
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < n; i++) {
+            if (!computed(s, i)) {
+                continue;
+            }
+            for (int j = 0; j < g->nodes[i].nin; j++) {
+                int v = g->nodes[i].in[j];
+                if (!computed(s, v)) {
+                    continue;
+                }
+                /* i reads v: if v moves, i must be in (or move to) v's target as a FULL value */
+                int where = tgt[i] >= 0 ? tgt[i] : s->sn[i].kernel;
+                int full = tgt[i] >= 0 || s->sn[i].kind == FC_VK_FULL;
+                if (tgt[v] >= 0 && (where != tgt[v] || !full)) {
+                    tgt[v] = -1;
+                    changed = 1;
+                }
+                /* if i moves, v must be a buffer or move with it */
+                if (tgt[i] >= 0 && tgt[v] != tgt[i]) {
+                    tgt[i] = -1;
+                    changed = 1;
+                }
+            }
+        }
+    }
+    /* move each target's group if the target kernel has room for it */
+    for (int kd = 0; kd < s->nkernels; kd++) {
+        int any = 0;
+        for (int v = 0; v < n && !any; v++) {
+            any = tgt[v] == kd;
+        }
+        if (!any) {
+            continue;
+        }
+        if (group_bound(s, kd, tgt) > FC_MAXOPS) {
+            for (int v = 0; v < n; v++) {
+                tgt[v] = tgt[v] == kd ? -1 : tgt[v];
+            }
+            continue;
+        }
+        for (int v = 0; v < n; v++) {
+            if (tgt[v] != kd) {
+                continue;
+            }
+            FcKernelIR *K = &s->kernels[s->sn[v].kernel];
+            int m = 0;
+            while (K->nodes[m] != v) {
+                m++;
+            }
+            memmove(K->nodes + m, K->nodes + m + 1, (size_t)(K->nnodes - m - 1) * sizeof(int));
+            K->nnodes--;
+            if (kernel_insert_node(s, kd, v) < 0) {
+                goto cleanup;
+            }
+            s->sn[v].kind = FC_VK_FULL;
+            s->sn[v].keepform = 1;
+            tgt[v] = -1;
+            moved++;
+        }
+    }
+    rc = moved ? drop_empty_kernels(s) : 0;
+cleanup:
+    PyMem_Free(tgt);
+    PyMem_Free(out);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
  * buffers, operands, order
  * ---------------------------------------------------------------------- */
 
@@ -713,6 +952,9 @@ fc_fuse(FcSpec *s)
         else if (place_pointwise(s, i) < 0) {
             return -1;
         }
+    }
+    if (sink_kernels(s) < 0) {
+        return -1;
     }
     return finish(s);
 }
