@@ -310,6 +310,57 @@ def test_broadcast_operand_kept_where_recomputing_it_is_not_cheap_or_not_alone()
     assert any(re.search(r"= cast\(", blk) and "mul(" not in blk for blk in out_cast), fused
 
 
+def test_cheap_operand_moves_into_a_reduction_kernel_and_kernels_renumber():
+    """Casts moving into reduction kernels (read by a level-0 prologue and by a level-1 value
+    after a max), the kernels they leave dropped and the rest renumbered in order: the softmax-
+    weighted sum is one kernel (2 before), and a two-reduction chain's casts join its first."""
+    def softmax_weighted(g, x, b):
+        cb = g.call("neg", g.call("cast", b, dtype="float64"))
+        e = g.call("exp", g.call("sub", x, g.call("amax", x, axis=1, keepdim=True)))
+        return g.call("sum", g.call("mul", e, cb), axis=1)
+    c = build(softmax_weighted, ("float64", 2), ("float32", 1))
+    x, b = randn((6, 7), np.float64), randn((7,), np.float32, 1)
+    (out,) = c(x, b)
+    assert nkernels(c) == 1, c.fused[0]
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    assert_close(out, (e * -b.astype(np.float64)).sum(axis=1))
+
+    def chain(g, x, a, b, w):
+        t = g.call("sum", g.call("mul", x, g.call("cast", a, dtype="float64")), axis=1, keepdim=True)
+        u = g.call("mul", g.call("sub", x, t), g.call("cast", b, dtype="float64"))
+        v = g.call("sum", g.call("mul", u, u), axis=0)
+        return g.call("mul", v, g.call("cast", w, dtype="float64"))
+    c = build(chain, ("float64", 2), ("float32", 1), ("float32", 1), ("float32", 1))
+    x = randn((5, 7), np.float64)
+    a, b, w = (randn((7,), np.float32, k) for k in (1, 2, 3))
+    (out,) = c(x, a, b, w)
+    A, B, W = (z.astype(np.float64) for z in (a, b, w))
+    u = (x - (x * A).sum(axis=1, keepdims=True)) * B
+    assert_close(out, (u * u).sum(axis=0) * W, rtol=1e-12)
+    # the casts of a and b (one kernel of their own before) run in the row-sum kernel that reads
+    # them; the cast of w, read by the column sum's per-column result (OUTER), keeps its kernel
+    assert nkernels(c) == 3, c.fused[0]
+    kernels = re.split(r"(?m)^(?=kernel \d+:)", c.fused[0])[1:]
+    (rows,) = [k for k in kernels if "reduce axes {1}" in k]
+    assert rows.count("= cast(") == 2, c.fused[0]
+    assert [k.count("= cast(") for k in kernels if "reduce" not in k] == [1], c.fused[0]
+
+
+def test_cheap_operand_leaves_a_kernel_that_keeps_its_other_values():
+    """The cast moves to its reader; the exp beside it (an output) stays in the kernel they shared."""
+    def fn(g, x, b):
+        return g.call("mul", x, g.call("cast", b, dtype="float32")), g.call("exp", b)
+    c = build(fn, ("float32", 2), ("float64", 1))
+    x, b = randn((5, 7), np.float32), randn((7,), np.float64, 1)
+    y, e = c(x, b)
+    assert_close(y, x * b.astype(np.float32))
+    assert_close(e, np.exp(b))
+    kernels = re.split(r"(?m)^(?=kernel \d+:)", c.fused[0])[1:]
+    assert len(kernels) == 2, c.fused[0]
+    (small,) = [k for k in kernels if "exp(" in k]
+    assert "cast(" not in small and "mul(" not in small, c.fused[0]
+
+
 def test_shared_subexpression_computed_once():
     # exp(x) feeds three consumers and two outputs: evaluated once per element
     def fn(g, x):

@@ -435,7 +435,9 @@ kernel_insert_node(FcSpec *s, int k, int v)
 
 /* Drops the kernels left without nodes, renumbering the others and their
  * dependencies (a kernel emptied by sink_kernels was read only by the
- * kernels its nodes moved to: their dependency on it goes too). */
+ * kernels its nodes moved to: their dependency on it goes too; a kernel
+ * that kept nodes keeps its readers' dependencies, needed or not, which
+ * only constrains the order). */
 static int
 drop_empty_kernels(FcSpec *s)
 {
@@ -470,6 +472,9 @@ drop_empty_kernels(FcSpec *s)
         if (s->sn[i].kernel >= 0) {
             s->sn[i].kernel = remap[s->sn[i].kernel];
         }
+    }
+    if (n < s->nkernels) {     /* the slots past n hold moved or freed arrays: none of them */
+        memset(&s->kernels[n], 0, (size_t)(s->nkernels - n) * sizeof(FcKernelIR));
     }
     s->nkernels = n;
     PyMem_Free(remap);
@@ -510,8 +515,9 @@ group_bound(const FcSpec *s, int kd, const int *tgt)
 }
 
 /* A pointwise kernel's cheap values (cast, neg, add, sub, mul) that only
- * the FULL values of one other kernel read, directly or through each other,
- * and that read only buffers or each other, move into that kernel: it
+ * the FULL values of one other kernel read, directly or through each other
+ * within their kernel, and that read only buffers or each other, move into
+ * that kernel (a chain through a third kernel stays where it is): it
  * computes them at every point of its space from the same buffers
  * (broadcast), instead of a launch of their own writing a buffer it reads
  * back. They are the small operands a larger kernel reads broadcast
@@ -556,19 +562,17 @@ sink_kernels(FcSpec *s)
             }
         }
     }
-    /* readers inside the kernel move along: from the last node back, a node
-     * read only inside its kernel takes its readers' target */
-    for (int v = n - 1; v >= 0; v--) {
-        if (!computed(s, v) || out[v] || !cheap_op(g->nodes[v].op) || tgt[v] != -1 ||
-                s->kernels[s->sn[v].kernel].mask != 0) {
+    /* values read inside their kernel take a moving reader's target: from
+     * the last node back, so a reader's target is known before its inputs' */
+    for (int i = n - 1; i >= 0; i--) {
+        if (!computed(s, i) || tgt[i] < 0) {
             continue;
         }
-        for (int i = v + 1; i < n && tgt[v] == -1; i++) {
-            for (int j = 0; computed(s, i) && j < g->nodes[i].nin; j++) {
-                if (g->nodes[i].in[j] == v && s->sn[i].kernel == s->sn[v].kernel && tgt[i] >= 0) {
-                    tgt[v] = tgt[i];
-                    break;
-                }
+        for (int j = 0; j < g->nodes[i].nin; j++) {
+            int v = g->nodes[i].in[j];
+            if (computed(s, v) && !out[v] && cheap_op(g->nodes[v].op) && tgt[v] == -1 &&
+                    s->sn[v].kernel == s->sn[i].kernel) {
+                tgt[v] = tgt[i];
             }
         }
     }
@@ -576,7 +580,7 @@ sink_kernels(FcSpec *s)
      * target or moves there too; every computed input moves there too */
     for (int changed = 1; changed;) {
         changed = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = n - 1; i >= 0; i--) {     /* readers first: a chain read by an OUTER value unwinds in one pass */
             if (!computed(s, i)) {
                 continue;
             }
