@@ -111,6 +111,23 @@ def _status_kb(field):
     return 0
 
 
+def cpu_name():
+    """The CPU's model name, vendor, family and model (Linux: /proc/cpuinfo), so that figures from
+    machines of different kinds are not compared by mistake; the platform's name elsewhere."""
+    import platform
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+    except OSError:
+        return platform.processor() or platform.machine()
+    first = {}
+    for line in text.splitlines():
+        key, _, val = line.partition(":")
+        first.setdefault(key.strip(), val.strip())
+    return "%s (%s, family %s model %s)" % (first.get("model name", "?"), first.get("vendor_id", "?"),
+                                           first.get("cpu family", "?"), first.get("model", "?"))
+
+
 def peak_reset():
     """Start a peak-memory window: reset the kernel's high-water mark of this process (Linux:
     writing 5 to /proc/self/clear_refs) and return the resident size now (MB)."""
@@ -324,6 +341,7 @@ def main(args):
     print("torch %s, %d threads, %s, OMP_WAIT_POLICY %s" % (
         torch.__version__, torch.get_num_threads(), "quick" if args.quick else "small" if args.small else "full",
         OMP_POLICY_AT_LOAD))
+    print("cpu: %s" % cpu_name())
     prewarm()
     rows = []
     for name, make, x in cases:
