@@ -196,6 +196,23 @@ readable(const FcSpec *s, int k, int v, FcValKind ck, int ckeep)
     return matches_outer(K, vs->dims, vs->ndim, 0);
 }
 
+/* adds buffer u to bufs (capacity FC_MAXOPS + 4) unless there; -1 past
+ * FC_MAXOPS + 2 buffers (more than any kernel may take) */
+static int
+note_buf(int *bufs, int *nb, int u)
+{
+    for (int b = 0; b < *nb; b++) {
+        if (bufs[b] == u) {
+            return 0;
+        }
+    }
+    if (*nb == FC_MAXOPS + 2) {
+        return -1;
+    }
+    bufs[(*nb)++] = u;
+    return 0;
+}
+
 /* at most how many operands kernel k has with node i in it: every node may
  * become an output, and every distinct buffer it reads is an input */
 static int
@@ -207,18 +224,12 @@ operand_bound(const FcSpec *s, int k, int i)
         int v = m < K->nnodes ? K->nodes[m] : i;
         const FcNode *n = &s->g->nodes[v];
         for (int j = 0; j < n->nin; j++) {
-            int u = n->in[j], dup = 0;
+            int u = n->in[j];
             if (s->g->nodes[u].op == FC_OP_CONST || (computed(s, u) && s->sn[u].kernel == k)) {
                 continue;
             }
-            for (int b = 0; b < nb; b++) {
-                dup |= bufs[b] == u;
-            }
-            if (!dup) {
-                if (nb == FC_MAXOPS + 2) {
-                    return FC_MAXOPS + 1;
-                }
-                bufs[nb++] = u;
+            if (note_buf(bufs, &nb, u) < 0) {
+                return FC_MAXOPS + 1;
             }
         }
     }
@@ -496,18 +507,12 @@ group_bound(const FcSpec *s, int kd, const int *tgt)
         }
         nn += tgt[v] == kd;
         for (int j = 0; j < g->nodes[v].nin; j++) {
-            int u = g->nodes[v].in[j], dup = 0;
+            int u = g->nodes[v].in[j];
             if (g->nodes[u].op == FC_OP_CONST || (computed(s, u) && s->sn[u].kernel == kd) || tgt[u] == kd) {
                 continue;
             }
-            for (int b = 0; b < nb; b++) {
-                dup |= bufs[b] == u;
-            }
-            if (!dup) {
-                if (nb == FC_MAXOPS + 2) {
-                    return FC_MAXOPS + 1;
-                }
-                bufs[nb++] = u;
+            if (note_buf(bufs, &nb, u) < 0) {
+                return FC_MAXOPS + 1;
             }
         }
     }
