@@ -66,10 +66,19 @@ def kernel_of(build, dname, nd, nin):
     return k
 
 
+def float_accumulators(src):
+    """the kernel text with its float64 accumulators (sums) made float32: what the double
+    arithmetic and its conversions cost (the results differ in the last bits)"""
+    src = re.sub(r"\bdouble (acc\d+)", r"float \1", src)
+    src = re.sub(r"(acc\d+ \+= )\(double\)", r"\1", src)
+    return re.sub(r"__shared__ double", "__shared__ float", src)
+
+
 def variants(reduction, sms, n, V, rows, per_thread):
-    """(label, macros, threads, grid) to try, the runtime's default first (one trip a thread, a
-    block a row: csrc/runtime/cuda.c grid_of); "8 blocks of 256/SM" and "32/SM" are the grids
-    it used before (one wave looping over the data)"""
+    """(label, macros, threads, grid[, transform of the kernel text]) to try, the runtime's
+    default first (one trip a thread, a block a row: csrc/runtime/cuda.c grid_of); "8 blocks of
+    256/SM" and "32/SM" are the grids it used before (one wave looping over the data); "what-if"
+    rows change the kernel's arithmetic, to learn what a part of it costs"""
     if not reduction:
         out = [("default: 256 threads, 2 vectors, grid one trip", {}, 256, -(-n // (256 * per_thread)))]
         for t in (128, 256, 512):
@@ -80,7 +89,9 @@ def variants(reduction, sms, n, V, rows, per_thread):
                     out.append(("%d threads, %d vector%s, grid %s" % (t, u, "s" if u > 1 else "", gl),
                                 {"FC_CU_THREADS": t, "FC_CU_VEC_UNROLL": u}, t, grid))
         return out
-    out = [("default: 256 threads, 16 a thread, 4 blocks/SM, grid a block per row", {}, 256, rows)]
+    out = [("default: 256 threads, 16 a thread, 4 blocks/SM, grid a block per row", {}, 256, rows),
+           ("what-if, not the runtime's arithmetic: float accumulators (default launch)",
+            {}, 256, rows, float_accumulators)]
     for t, rc in ((128, 32), (256, 16), (512, 8), (1024, 4)):
         if rc % V:
             continue
@@ -156,11 +167,12 @@ def main():
                                              bounds=bounds.group(1) or "")
             nbytes = (nin + 1) * n * size
             ref = None
-            for label, macros, threads, grid in variants(reduction, sms, n, V, rows, k["per_thread"]):
+            for label, macros, threads, grid, *xform in variants(reduction, sms, n, V, rows, k["per_thread"]):
                 opts = ["--std=c++17", "--fmad=false", "-I" + inc, "-DFC_CU_INDEX=32"] + \
                     ["-D%s=%d" % kv for kv in macros.items()]
                 try:
-                    fn = cp.RawModule(code=src, options=tuple(opts)).get_function("fc_tune")
+                    code = xform[0](src) if xform else src
+                    fn = cp.RawModule(code=code, options=tuple(opts)).get_function("fc_tune")
                 except Exception as e:      # noqa: BLE001 (a variant that does not compile: say so, go on)
                     print("| %s | %s | | does not compile: %s | | |" % (name, label, str(e).splitlines()[0][:80]))
                     continue

@@ -1,6 +1,7 @@
-"""Derive the constants of float32 gelu and exp in python/fastcompile/include/fc_math.h.
+"""Derive the constants of float32 gelu (python/fastcompile/include/fc_math_common.h, CPU and
+CUDA) and exp (fc_math.h, CPU).
 
-    python3 tools/fit_math.py          # prints the two #define blocks fc_math.h holds
+    python3 tools/fit_math.py          # prints the two #define blocks those headers hold
 
 gelu:
 

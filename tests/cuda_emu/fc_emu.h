@@ -46,6 +46,7 @@ static const fc_emu_api *fc_emu;
 #define blockDim (*fc_emu->bdim)
 #define gridDim (*fc_emu->gdim)
 #define __syncthreads() fc_emu->block_sync()
+#define FC_RCP_APPROX(q) (1.0f / (q))  /* the device's rcp.approx (1 ULP); exact here */
 
 template <typename T>
 static T

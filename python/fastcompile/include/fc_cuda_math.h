@@ -10,7 +10,7 @@
  * device math library (available in NVRTC without includes) instead.
  * Most helpers are one text with the CPU's, in fc_math_common.h (NVRTC gets
  * it from memory with this header); here are the types, the bit casts and
- * the helpers that differ (gelu, float min/max). */
+ * the helpers that differ (float64 gelu, float min/max). */
 
 #define FC_DEV static __device__ __forceinline__
 
@@ -54,16 +54,33 @@ typedef unsigned long long uint64_t;
 FC_DEV uint32_t fc__f32_bits(float x) { return __float_as_uint(x); }
 FC_DEV float fc__bits_f32(uint32_t u) { return __uint_as_float(u); }
 
-/* ---- gelu (the other activations: fc_math_common.h) ----------------------- */
-/* gelu: 0.5x * erfc(-x/sqrt2), no cancellation for x << 0. The CPU header
- * has its own polynomial because libm's erfcf is slow there; CUDA's erfcf
- * is a few FMAs. gelu(-inf) is NaN, as torch. */
-FC_DEV float fc_gelu_f32(float x) { return 0.5f * x * erfcf(-0.70710678118654752f * x); }
-FC_DEV double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
-/* gelu_grad: Phi(x) + x phi(x), the derivative of gelu (its backward) */
-FC_DEV float fc_gelu_grad_f32(float x) {
-    return 0.5f * erfcf(-0.70710678118654752f * x) + x * (expf(-0.5f * x * x) * 0.398942280401432678f);
+/* ---- gelu in float64 (float32: fc_math_common.h's, which uses FC__FMAF) --
+ * 0.5x * erfc(-x/sqrt2), no cancellation for x << 0; gelu(-inf) is NaN, as
+ * torch. gelu_grad: Phi(x) + x phi(x), the derivative of gelu (its backward). */
+#define FC__FMAF(a, b, c) fmaf((a), (b), (c))
+/* p / q for gelu's P / Q: p, q and p / q normal floats far from the range's
+ * ends, where div.rn's fast path (the approximate reciprocal, refined, and
+ * one correction of the quotient) is the correctly rounded result. Written
+ * out, without div.rn's range check (FCHK) and the branch to its slow path
+ * around each element, which kept ptxas from interleaving elements. Checked
+ * on every c in [0, 14.5] (gelu's clamp), with the reciprocal exact and one
+ * float either way: always p / q rounded to nearest. */
+#ifndef FC_RCP_APPROX                /* (tests/cuda_emu's CPU emulation defines its own) */
+FC_DEV float fc__rcp_approx(float q) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(q));   /* one MUFU.RCP */
+    return y;
 }
+#define FC_RCP_APPROX(q) fc__rcp_approx(q)
+#endif
+FC_DEV float fc__div_normal(float p, float q) {
+    const float y0 = FC_RCP_APPROX(q);
+    const float y = fmaf(y0, fmaf(-q, y0, 1.0f), y0);
+    const float q0 = p * y;
+    return fmaf(y, fmaf(-q, q0, p), q0);
+}
+#define FC__DIVF(p, q) fc__div_normal((p), (q))
+FC_DEV double fc_gelu_f64(double x) { return 0.5 * x * erfc(-0.70710678118654752 * x); }
 FC_DEV double fc_gelu_grad_f64(double x) {
     return 0.5 * erfc(-0.70710678118654752 * x) + x * (exp(-0.5 * x * x) * 0.398942280401432678);
 }

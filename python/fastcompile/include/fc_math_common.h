@@ -11,9 +11,12 @@
  *   FC_CMP_T         what an exact comparison returns (int, bool)
  *   FC_SET_ERR(err)  sets the kernel's int error flag *err to 1
  *   FC_EXPF(x)       float32 exp (CPU: fc_math.h's inline fc__expf; CUDA: expf)
+ *   FC__FMAF(a,b,c)  fmaf where the target fuses (CUDA always), else a * b + c
+ *   FC__DIVF(p,q)    p / q correctly rounded, for normal p, q and p / q
  *   int8_t..uint64_t, INT*_MIN, INFINITY, fc__f32_bits, fc__bits_f32, and
  *   libm's float functions (logf, fmod, ...) under their C names. */
-#if !defined(FC_FN) || !defined(FC_BOOL_T) || !defined(FC_CMP_T) || !defined(FC_SET_ERR) || !defined(FC_EXPF)
+#if !defined(FC_FN) || !defined(FC_BOOL_T) || !defined(FC_CMP_T) || !defined(FC_SET_ERR) || !defined(FC_EXPF) || \
+    !defined(FC__FMAF) || !defined(FC__DIVF)
 #error "fc_math_common.h is included by fc_math.h or fc_cuda_math.h"
 #endif
 
@@ -47,7 +50,156 @@ FC_FN double fc_hypot_f64(double a, double b) { return FC_HYPOT_F64(a, b); }
 FC_FN float fc_rsqrt_f32(float x) { return 1.0f / sqrtf(x); }
 FC_FN double fc_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
 
-/* ---- activations (gelu is the includer's) ----------------------------------
+/* ---- float32 gelu and gelu_grad without erfcf, CPU and CUDA alike ---------
+ * libmvec's erfcf costs ~1.1 ns per element, which made gelu compute-bound
+ * at 1e7 elements. On CUDA, 0.5x erfcf(-x/sqrt2) is ~50 instructions and 3
+ * MUFU ops (2 reciprocals, an exp2): bfloat16 gelu was compute-bound at 65%
+ * of an H100's copy bandwidth. This form is ~30 instructions there and one
+ * reciprocal (the IEEE division P / Q), and with FMA its results are the
+ * CPU's bit for bit.
+ * On the CPU it is inline and vectorizes to 31 SIMD ops, 16 of
+ * them multiplies or FMAs: the loop is bound by the FMA pipes (not by
+ * latency: Estrin's scheme for the polynomials made it slower), so every
+ * multiply counts. With c = |x| (clamped, below) and a = c / sqrt2:
+ *     -erfc(a) / 2 = P(c) / Q(c) * exp(-c^2 / 2)
+ * where P / Q (P of degree 3, Q monic of degree 4, both with positive
+ * coefficients up to P's sign, so Horner never cancels for c >= 0) is a
+ * rational fit of -erfcx(a) / 2 on c in [0, 14.5] whose relative error is
+ * weighted by 1 / (1 + 4c^2): 1.4e-8 at c = 0, where rounding alone takes
+ * most of the tolerance of 4 + 2x^2 ULP, and let grow with c, 8 times as
+ * fast as that tolerance (tools/fit_math.py derives every constant here).
+ * - exp: with c2 = c^2 (rounded), n = round(-c2 / 2 log2 e) and
+ *   r' = c2 + 2 n ln2 = -2 r, r in [-ln2/2, ln2/2]; e^r = 1 + r' S(r') with
+ *   S of degree 4 (relative error 9e-8). n sits in the low bits of the
+ *   rounding constant's sum nb, so shifting nb's bits left by 23 gives n in
+ *   the exponent field: one integer add scales e^r in [0.7, 1.42] by 2^n, no
+ *   multiply. The float error of 2 ln2 reaches r as n * 1.9e-9, below the
+ *   rounding of c2 itself where n is large.
+ * - No branch and nothing computed conditionally: GCC vectorizes a
+ *   conditionally computed exp only with AVX-512 masks (each op then waits
+ *   for the mask; 20% slower on Zen 4), and not at all with AVX2 (the loop
+ *   stayed scalar: 8x slower). Instead every input is made safe (the one
+ *   select, below, picks between two computed values):
+ *   c = min(|x|, 14.5) in integer bits (NaN -> 14.5), so c2 <= 210.25,
+ *   n >= -152; where n < -125 (c > 13.19) the add would leave the normal
+ *   range, and e^r 2^n is zeroed instead (a compare and a zero-masked add):
+ *   gelu(x) there is below 0.6 FLT_MIN and becomes -0 (torch's float
+ *   gelu is 0 for every x < -5.54).
+ * - The factor |x| is taken from min(x, 1e30) (signed integer min of the
+ *   bits, so only x > 1e30 and positive NaNs are clamped), and the -1/2 of
+ *   -|x| erfc / 2 sits in P's coefficients (an exact power-of-2 scaling):
+ *   x = +inf gives 1e30 * -0 + inf = inf (torch's vectorized gelu gives
+ *   NaN, its scalar one inf), x = -inf gives inf * -0 = NaN, as torch, and a
+ *   NaN x is NaN through the product or the relu term.
+ * - relu keeping the sign of zero is an unsigned min of the bits with
+ *   0x80000000: -0 wherever the sign bit is set. Written with <=: GCC turns
+ *   "< 0x80000000u" into a sign test and a blend, two ops instead of one.
+ * Checked on every float with |x| < 16 against double erfc, with FMA and
+ * without: within 4 + 2x^2 ULP or FLT_MIN (c^2 is rounded before exp: that
+ * is the 2x^2). In the tests' measure (floats between the result and the
+ * rounded exact value) at most 0.998 of it, 4 ULP near x = -0.063, and 0.95
+ * for |x| >= 0.5; in real-valued ULP 0.996 (x = -0.34). The rational form
+ * replaced a degree-7 polynomial in c / (c + 5 / sqrt2) and a degree-6 exp,
+ * 5 FMAs more, which broke the bound (4.5 ULP at x = -0.0648): 0.458 ->
+ * 0.341 ns per element on one Zen 4 core (AVX-512), 0.548 -> 0.377 at 256
+ * bits. */
+/* tools/fit_math.py: P / Q = -erfcx(c / sqrt2) / 2 within 1.4e-08 (1 + 4c^2) relative,
+ * 1 + r' S(r') = exp(-r' / 2) within 9.2e-08 relative */
+#define FC_GELU_P3 -3.987651169e-01f
+#define FC_GELU_P2 -3.079996586e+00f
+#define FC_GELU_P1 -9.898755074e+00f
+#define FC_GELU_P0 -1.478959465e+01f
+#define FC_GELU_Q3 7.706301212e+00f
+#define FC_GELU_Q2 2.599764252e+01f
+#define FC_GELU_Q1 4.339825439e+01f
+#define FC_GELU_Q0 2.957918930e+01f
+#define FC_GELU_S4 -2.590715594e-04f
+#define FC_GELU_S3 2.618626226e-03f
+#define FC_GELU_S2 -2.083454654e-02f
+#define FC_GELU_S1 1.249978691e-01f
+#define FC_GELU_S0 -4.999998510e-01f
+/* The part gelu and gelu_grad share, for c = min(|x|, 14.5): returns X = 2^k exp(-c^2 / 2)
+ * (2^(n + k) e^r, zero where that leaves the normal range) and sets *e = P/Q(c) X =
+ * -2^k erfc(c / sqrt2) / 2. k (a constant) moves the zeroing down k binades. */
+FC_FN float fc__gelu_tail(float c, float *e, int k) {
+    float p = FC__FMAF(c, FC_GELU_P3, FC_GELU_P2);
+    p = FC__FMAF(p, c, FC_GELU_P1);
+    p = FC__FMAF(p, c, FC_GELU_P0);
+    float q = c + FC_GELU_Q3;
+    q = FC__FMAF(q, c, FC_GELU_Q2);
+    q = FC__FMAF(q, c, FC_GELU_Q1);
+    q = FC__FMAF(q, c, FC_GELU_Q0);
+    const float pq = FC__DIVF(p, q);                                     /* -erfcx(a) / 2 */
+    const float c2 = c * c;
+    const float round = 12582912.0f;       /* 1.5 * 2^23: n lands in the low bits of nb */
+    const float nb = FC__FMAF(c2, -0.72134752044448170f, round);
+    const float n = nb - round;
+    const float rp = FC__FMAF(n, 1.38629436111989061f, c2);              /* r' = -2r */
+    float s = FC__FMAF(rp, FC_GELU_S4, FC_GELU_S3);
+    s = FC__FMAF(s, rp, FC_GELU_S2);
+    s = FC__FMAF(s, rp, FC_GELU_S1);
+    s = FC__FMAF(s, rp, FC_GELU_S0);
+    const float E = FC__FMAF(s, rp, 1.0f);                               /* e^r */
+    const uint32_t es = fc__f32_bits(E) + ((fc__f32_bits(nb) + (uint32_t)k) << 23);  /* e^r 2^(n+k) */
+    const float X = fc__bits_f32(n >= -125.0f - (float)k ? es : 0u);    /* while normal */
+    *e = pq * X;                                                         /* -2^k erfc(|x| / sqrt2) / 2 */
+    return X;
+}
+FC_FN float fc_gelu_f32(float x) {
+    const uint32_t ab = fc__f32_bits(x) & 0x7fffffffu;
+    const float c = fc__bits_f32(ab < 0x41680000u ? ab : 0x41680000u);  /* min(|x|, 14.5) */
+    const int32_t xb = (int32_t)fc__f32_bits(x);
+    const int32_t mb = xb < 0x7149F2CA ? xb : 0x7149F2CA;                /* min(x, 1e30) */
+    const float k = fc__bits_f32((uint32_t)mb & 0x7fffffffu);            /* |x|, finite at +inf */
+    float e;
+    (void)fc__gelu_tail(c, &e, 0);
+    const uint32_t xb32 = fc__f32_bits(x);
+    /* relu keeping the sign of zero, gelu(+-0) = +-0: -0 for every x with the sign bit set */
+    return FC__FMAF(k, e, fc__bits_f32(xb32 <= 0x80000000u ? xb32 : 0x80000000u));
+}
+
+/* ---- float32 gelu_grad: d gelu / dx = Phi(x) + x phi(x) (gelu's backward) --
+ * torch's decomposition computes erf(x / sqrt2) and exp(-x^2 / 2) apart: a
+ * libmvec erff call and an exp per element, which made the backward kernel of
+ * a GELU MLP compute-bound. gelu's tail gives both at once: with c = |x|,
+ * e = -erfc(c / sqrt2) / 2 and X = exp(-c^2 / 2),
+ *     Phi(x) = -e for x < 0 (= Phi(-c)), 1 + e otherwise;  phi(x) = X / sqrt(2 pi).
+ * No erf, one exp. Phi keeps gelu's accuracy (relative, in the tail too);
+ * near the root at x = -0.752 the sum cancels, as any float formula does.
+ * X and e come scaled by 16 (k = 4), and x multiplies X before the constant
+ * does (X / sqrt(2 pi) alone would be subnormal there): x phi(x) is up to
+ * 5.8 X, so X must stay normal 3 binades further down than in gelu, or
+ * results just above FLT_MIN come out 0 (x = -13.3: -2e-38); results below
+ * FLT_MIN (x < -13.4) may be 0.
+ * x = +-inf and NaN give NaN (x * 0 or NaN), as torch's decomposition. */
+FC_FN float fc_gelu_grad_f32(float x) {
+    const uint32_t xb = fc__f32_bits(x);
+    const uint32_t ab = xb & 0x7fffffffu;
+    const float c = fc__bits_f32(ab < 0x41680000u ? ab : 0x41680000u);  /* min(|x|, 14.5) */
+    float e16;
+    const float X16 = fc__gelu_tail(c, &e16, 4);
+    const float e = e16 * 0.0625f;                                       /* exact */
+    const float Phi = xb >> 31 ? -e : 1.0f + e;
+    return FC__FMAF(x * X16, 0.398942280401432678f / 16.0f, Phi);
+}
+
+#undef FC_GELU_P3
+#undef FC_GELU_P2
+#undef FC_GELU_P1
+#undef FC_GELU_P0
+#undef FC_GELU_Q3
+#undef FC_GELU_Q2
+#undef FC_GELU_Q1
+#undef FC_GELU_Q0
+#undef FC_GELU_S4
+#undef FC_GELU_S3
+#undef FC_GELU_S2
+#undef FC_GELU_S1
+#undef FC_GELU_S0
+#undef FC__FMAF
+#undef FC__DIVF
+
+/* ---- activations (float32 gelu: above; float64: the includer's) ------------------------------
  * x * sigmoid(y) with one division: e = exp(-|y|) never overflows, and y < 0
  * gives x*e / (1+e), so results are accurate down to the subnormals and
  * sigmoid is exactly 0/1 in the limits (no NaN for finite y). */
