@@ -95,6 +95,10 @@ def test_column_reduction_that_also_writes_full_size_values(shape):
                         .astype(np.float32), rtol=1e-5, atol=1e-5)
     assert any("_cols(" in k.source for k in f.kernels)          # the column-block version exists
     assert not any("_cols(" in k.source for k in f2.kernels)     # a second sweep: rows only
+    for col in [k.source for k in f.kernels if "_cols(" in k.source]:    # (a plan per layout)
+        # rows ahead prefetched: g and x for reading, y (stored in the sweep) for writing
+        ahead = re.findall(r"__builtin_prefetch\(p\d+ \+ \(i \+ FC_COLS_AHEAD\) \* s\d+ \+ b, ([01])\)", col)
+        assert sorted(ahead) == ["0", "0", "1"], col
 
 
 
@@ -151,6 +155,12 @@ def test_layernorm_backward_reads_row_statistics_once_per_run():
     # column blocks take them with outer stride 0 (a non-zero operand mask), read once per row
     assert re.search(r"fc_use_cols\(L, 0x0*[1-9a-f][0-9a-f]*ULL\)", col), col
     assert re.search(r"= p\d+\[i \* s\d+\];", col), col
+    # the block's rows FC_COLS_AHEAD ahead are prefetched (a row apart is more than a page,
+    # which the hardware prefetchers do not cross), the streamed operands (x, gy) but not
+    # mean and rstd, read once per row
+    ahead = re.findall(r"__builtin_prefetch\(p(\d+) \+ \(i \+ FC_COLS_AHEAD\) \* s\d+ \+ b, 0\)", col)
+    streamed = {m for m in re.findall(r"= p(\d+)\[i \* s\d+ \+ b\];", col)}
+    assert ahead and set(ahead) == streamed and len(ahead) == 2, col
 
 
 # ---------------------------------------------------------------------------

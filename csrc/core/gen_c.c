@@ -954,6 +954,19 @@ emit_cols(Gen *G, const char *name)
     }
     LINE(G, "for (int64_t i = 0; i < len; i++) {");
     G->e.depth++;
+    /* the rows ahead, each of its cache lines: a stride of a row (kilobytes)
+     * is past what the hardware prefetchers follow (a page) */
+    LINE(G, "if (i + FC_COLS_AHEAD < len) {");
+    G->e.depth++;
+    for (int o = 0; o < K->nops; o++) {
+        if (use[o] && !G->bcast[o]) {
+            int esz = fc_dtypes[s->slots[K->ops[o].slot].dtype].size;
+            LINE(G, "for (int64_t b = 0; b < nb; b += %d) {", 64 / esz);
+            LINE(G, "    __builtin_prefetch(p%d + (i + FC_COLS_AHEAD) * s%d + b, %d);", o, o, K->ops[o].is_out);
+            LINE(G, "}");
+        }
+    }
+    CLOSE(G);
     LINE(G, "#pragma omp simd");
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;

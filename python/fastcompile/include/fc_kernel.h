@@ -238,6 +238,9 @@ fc_use_split(const fc_launch *L)
  * zero: the operands the kernel reads as broadcast along the block (bit o:
  * outer stride 0 there); every other one must be adjacent (stride 1). */
 #define FC_COLS 64
+#ifndef FC_COLS_AHEAD
+#define FC_COLS_AHEAD 4     /* rows prefetched ahead of the one a block computes */
+#endif
 static inline int
 fc_use_cols(const fc_launch *L, uint64_t zero)
 {
