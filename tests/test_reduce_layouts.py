@@ -70,7 +70,7 @@ def test_column_reduction_with_prologue_and_epilogue():
 def test_column_reduction_that_also_writes_full_size_values(shape):
     """A backward's shape: y = g * x is an output and is also summed over the batch (a weight's
     gradient): the column-block version stores y in the reduction's sweep. z = x - mean(x, 0)
-    needs the reduction first (a second sweep, so the row order only). Both against NumPy, in
+    needs the reduction first (a second walk of each block's rows). Both against NumPy, in
     both layouts of x."""
     rng = np.random.default_rng(len(shape))
     gx = rng.standard_normal(shape).astype(np.float32)
@@ -94,12 +94,100 @@ def test_column_reduction_that_also_writes_full_size_values(shape):
         assert_close_np(got_z, (x.astype(np.float64) - x.astype(np.float64).mean(0, keepdims=True))
                         .astype(np.float32), rtol=1e-5, atol=1e-5)
     assert any("_cols(" in k.source for k in f.kernels)          # the column-block version exists
-    assert not any("_cols(" in k.source for k in f2.kernels)     # a second sweep: rows only
+    # z needs the mean first: column blocks with two walks of the rows (the mean's, then z's)
+    assert all("_cols(" in k.source and "final sweep" in k.source for k in f2.kernels)
     for col in [k.source for k in f.kernels if "_cols(" in k.source]:    # (a plan per layout)
         # rows ahead prefetched: g and x for reading, y (stored in the sweep) for writing
         ahead = re.findall(r"__builtin_prefetch\(p\d+ \+ \(i \+ FC_COLS_AHEAD\) \* s\d+ \+ b, ([01])\)", col)
         assert sorted(ahead) == ["0", "0", "1"], col
 
+
+
+MULTI_SHAPES = [(512, 300), (9, 1000), (3, 70, 130), (1000, 8), (70, 3, 40)]
+
+
+@pytest.mark.parametrize("shape", MULTI_SHAPES)
+def test_column_blocks_with_several_sweeps(shape):
+    """Reductions over the batch whose results feed more reductions and full-size results,
+    as BatchNorm's training forward and backward over (N, C): column blocks walk each
+    block's rows once per reduction level, then once more for the results. Softmax over
+    axis 0 adds max's NaN flag. Against NumPy in float64, with a NaN and an inf, in C and F
+    order (F order: the rows' version) and with axes (0, 1) of a 3-d input."""
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    gy = rng.standard_normal(shape).astype(np.float32)
+    x.flat[13] = np.nan
+    x.flat[-5] = np.inf
+    axes = (0, 1) if len(shape) == 3 and shape[1] == 3 else 0
+    n = int(np.prod([shape[a] for a in np.atleast_1d(axes)]))
+
+    g = Graph()                                   # BatchNorm forward: mean, var, normalize
+    a = g.input("float32", len(shape))
+    d = g.call("sub", a, g.call("mean", a, axis=axes, keepdim=True))
+    var = g.call("mean", g.call("mul", d, d), axis=axes, keepdim=True)
+    rstd = g.call("rsqrt", g.call("add", var, 1e-5))
+    g.output(g.call("mul", d, rstd), rstd)
+    fwd = g.compile()
+
+    g = Graph()                                   # its backward: dx from gy, xhat, rstd
+    xh, gr, rs = (g.input("float32", len(shape)) for _ in range(3))
+    m1 = g.call("mean", gr, axis=axes, keepdim=True)
+    m2 = g.call("mean", g.call("mul", gr, xh), axis=axes, keepdim=True)
+    g.output(g.call("mul", g.call("sub", g.call("sub", gr, m1), g.call("mul", xh, m2)), rs),
+             g.call("sum", gr, axis=axes))
+    bwd = g.compile()
+
+    g = Graph()                                   # softmax over the batch
+    a = g.input("float32", len(shape))
+    g.output(g.call("softmax", a, axis=0))
+    smax = g.compile()
+
+    x64 = x.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        d64 = x64 - x64.mean(axis=axes, keepdims=True)
+        r64 = 1 / np.sqrt((d64 * d64).mean(axis=axes, keepdims=True) + 1e-5)
+        want_z = d64 * r64
+        e = np.exp(x64 - x64.max(axis=0, keepdims=True))
+        want_s = e / e.sum(axis=0, keepdims=True)
+    xh64 = np.where(np.isfinite(want_z), want_z, 0.5)
+    rs64 = np.where(np.isfinite(r64), r64, 2.0) * np.ones(shape)
+    g64 = gy.astype(np.float64)
+    want_dx = (g64 - g64.mean(axis=axes, keepdims=True)
+               - xh64 * (g64 * xh64).mean(axis=axes, keepdims=True)) * rs64
+    for order in ("C", "F"):
+        xs = np.asarray(x, order=order)
+        z, r = fwd(xs)
+        assert_close_np(z, want_z.astype(np.float32), rtol=1e-4, atol=1e-5)
+        assert_close_np(r, r64.astype(np.float32), rtol=1e-4, atol=1e-6)
+        (sm,) = smax(xs)
+        assert_close_np(sm, want_s.astype(np.float32), rtol=1e-5, atol=1e-7)
+        dx, db = bwd(*(np.asarray(v.astype(np.float32), order=order) for v in (xh64, gy, rs64)))
+        assert_close_np(dx, want_dx.astype(np.float32), rtol=1e-4, atol=1e-5)
+        assert_close_np(db, g64.sum(axis=axes).astype(np.float32), rtol=1e-5, atol=1e-4)
+    for f, sweeps in ((fwd, 2), (bwd, 1), (smax, 2)):
+        cols = [k.source for k in f.kernels if "_cols(" in k.source]    # (a plan per layout)
+        assert cols
+        for k in cols:
+            body = k[k.index("_cols("):k.index("_body(")]
+            assert body.count("/* sweep ") == sweeps and "final sweep" in body, k
+
+
+def test_several_sweeps_over_the_last_dim_of_c_order_skip_column_blocks():
+    """Softmax over the last axis of a C-ordered array reduces unit-stride rows: the several-
+    walk column-block version could never run there and is not written (compile time); an
+    F-ordered input's plan has it (its rows are strided)."""
+    g = Graph()
+    a = g.input("float32", 2)
+    g.output(g.call("softmax", a, axis=-1))
+    f = g.compile()
+    x = np.random.default_rng(5).standard_normal((40, 50)).astype(np.float32)
+    for xs in (x, np.asfortranarray(x)):
+        (got,) = f(xs)
+        e = np.exp(x.astype(np.float64) - x.max(-1, keepdims=True))
+        assert_close_np(got, (e / e.sum(-1, keepdims=True)).astype(np.float32), rtol=1e-5, atol=1e-7)
+    assert len(f.kernels) == 2
+    c_order, f_order = f.kernels
+    assert "_cols(" not in c_order.source and "_cols(" in f_order.source
 
 
 def test_layernorm_backward_reads_row_statistics_once_per_run():

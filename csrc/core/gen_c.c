@@ -810,17 +810,49 @@ emit_row(Gen *G)
     return 0;
 }
 
-/* Column blocks: one reduction level, no full-size result that needs a
- * reduction's value (those take a second sweep), and (at run time) rows
- * reduced with a stride while neighbouring outer elements sit next to each
- * other (sum over axis 0 of a C-ordered array). Each thread walks its outer
- * range FC_COLS elements at a time, the reduced index outside and the block
- * inside, so the block's loads and stores are contiguous and the
- * accumulators are arrays over b. Full-size results computed before any
- * reduction (a backward's grad * x, stored and also summed over the batch
- * for a weight's gradient) are stored in the same sweep. */
+/* Column blocks: reductions over a dim walked with a stride while
+ * neighbouring outer elements sit next to each other (a sum over axis 0 of
+ * a C-ordered array; a BatchNorm's statistics over the batch), checked at
+ * run time (fc_use_cols). Each thread walks its outer range FC_COLS elements
+ * at a time, the reduced index outside and the block inside, so the block's
+ * loads and stores are contiguous, the accumulators and OUTER values are
+ * arrays over b, and every sweep of the block walks the rows again (one per
+ * reduction level, then a final one for full-size results that need a
+ * reduction's value, as a row's sweeps do; a block of a few thousand rows
+ * is still in cache for the next). With one level and no such result,
+ * full-size results computed before any reduction (a backward's grad * x,
+ * stored and also summed over the batch for a weight's gradient) are
+ * stored in the reduction's sweep: one walk. Arg reductions stay with rows
+ * (first-index order). The several-walk version is written only where the
+ * key allows a layout that takes it (fc_use_cols: the reduced dims strided):
+ * the innermost dim of the kernel's space is not reduced, or an input is not
+ * C-contiguous (transposed, channels_last). A softmax or layernorm over the
+ * last dim of C-ordered arrays never runs it, and its compile would pay for
+ * the extra text. */
+static int cols_one_sweep(const Gen *G);
+
 static int
 cols_eligible(const Gen *G)
+{
+    const FcSpec *s = G->e.s;
+    const FcKernelIR *K = G->e.K;
+    int strided_layout = K->nd > 0 && !(K->mask & (1u << (K->nd - 1)));
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (fc_expr_is_red(s, v) && fc_expr_has_index(s, v)) {
+            return 0;
+        }
+    }
+    for (int o = 0; o < K->nops; o++) {
+        const FcSlot *sl = &s->slots[K->ops[o].slot];
+        strided_layout |= !K->ops[o].is_out && (!sl->contig || sl->perm != 0);
+    }
+    return K->nphases >= 1 && (strided_layout || cols_one_sweep(G));
+}
+
+/* the single-walk case above: one level, every stored FULL value at level 0 */
+static int
+cols_one_sweep(const Gen *G)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
@@ -829,8 +861,7 @@ cols_eligible(const Gen *G)
     }
     for (int m = 0; m < K->nnodes; m++) {
         int v = K->nodes[m];
-        if ((s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL && s->sn[v].level > 0) ||
-                (fc_expr_is_red(s, v) && fc_expr_has_index(s, v))) {
+        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL && s->sn[v].level > 0) {
             return 0;
         }
     }
@@ -859,82 +890,28 @@ emit_outer_level(Gen *G, int level)
     return 0;
 }
 
+/* the reductions a column-block sweep feeds (reds: level's, or all of the
+ * one-sweep case's), store: whether it writes materialized FULL values; the
+ * operands it walks into use (NULL: none wanted). need: nn + 1 bytes. */
+static void
+cols_sweep_need(Gen *G, const int *reds, int nreds, int store, char *need, char *use)
+{
+    const FcSpec *s = G->e.s;
+    memset(need, 0, s->g->nnodes + 1);
+    fc_expr_need_sweep(&G->e, reds, nreds, store, need);
+    sweep_operands(G, need, reds, nreds, store, use);
+}
+
+/* one walk of a column block over every row */
 static int
-emit_cols(Gen *G, const char *name)
+emit_cols_sweep(Gen *G, const int *reds, int nreds, int store, char *need)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
-    int reds[FC_MAX_KERNEL_REDS], nreds = 0, nn = s->g->nnodes, rc = -1, store = 0;
-    char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS];
+    int nn = s->g->nnodes;
+    char use[FC_MAXOPS];
 
-    if (need == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    G->e.cols = 1;
-    G->stash = -1;
-    for (int m = 0; m < K->nnodes; m++) {
-        int v = K->nodes[m];
-        if (fc_expr_is_red(s, v)) {
-            reds[nreds++] = v;
-            fc_expr_need_full(&G->e, s->g->nodes[v].in[0], need);
-        }
-        else if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL) {
-            fc_expr_need_full(&G->e, v, need);     /* level 0 (cols_eligible): stored below */
-            store = 1;
-        }
-    }
-    sweep_operands(G, need, reds, nreds, store, use);
-    /* an input broadcast along the block (a row's mean in a weight gradient's
-     * sum over the batch of (x - mean) * rstd * grad) is read once per block row */
-    G->cols_zero = 0;
-    memset(G->bcast, 0, sizeof(G->bcast));
-    for (int o = 0; o < K->nops; o++) {
-        if (use[o] && operand_bcast_along(G, o, WALK_COLS)) {
-            G->bcast[o] = 1;
-            G->cols_zero |= (uint64_t)1 << o;
-        }
-    }
-    LINE(G, "static void");
-    LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
-    LINE(G, "{");
-    G->e.depth++;
-    LINE(G, "int fc_err = 0;");
-    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
-    fc_expr_emit_operand_decls(&G->e);
-    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
-    LINE(G, "for (int64_t o = lo; o < hi;) {");
-    G->e.depth++;
-    LINE(G, "int64_t nb = fc_run_length(L->nd_outer, L->oshape, oidx, hi - o);");
-    LINE(G, "nb = nb < FC_COLS ? nb : FC_COLS;");
-    for (int o = 0; o < K->nops; o++) {
-        LINE(G, "const int64_t ob%d = fc_offset(L->nd_outer, oidx, L->ostride[%d]);", o, o);
-    }
-    for (int m = 0; m < K->nnodes; m++) {
-        int v = K->nodes[m];
-        if (s->sn[v].kind == FC_VK_OUTER) {
-            LINE(G, "%s t%d[FC_COLS];", fc_expr_ctype(&G->e, fc_dtype_compute(s->sn[v].dtype)), v);
-        }
-    }
-    G->sp = SP_OUTER_POINT;
-    if (emit_outer_level(G, 0) < 0) {
-        goto cleanup;
-    }
-    for (int r = 0; r < nreds; r++) {
-        int v = reds[r];
-        char init[EXPR];
-        fc_expr_acc_init(s, v, init);
-        LINE(G, "%s acc%d[FC_COLS];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v);
-        if (fc_expr_has_nan_flag(s, v)) {
-            LINE(G, "int nan%d[FC_COLS];", v);
-        }
-        LINE(G, "for (int64_t b = 0; b < nb; b++) {");
-        LINE(G, "    acc%d[b] = %s;", v, init);
-        if (fc_expr_has_nan_flag(s, v)) {
-            LINE(G, "    nan%d[b] = 0;", v);
-        }
-        LINE(G, "}");
-    }
+    cols_sweep_need(G, reds, nreds, store, need, use);
     LINE(G, "{");
     G->e.depth++;
     LINE(G, "int64_t idx[FC_LAUNCH_MAXDIM];");
@@ -974,12 +951,12 @@ emit_cols(Gen *G, const char *name)
     memset(G->e.loaded, 0, FC_MAXOPS);
     for (int v = 0; v < nn; v++) {
         if (need[v] && fc_expr_emit_node(&G->e, v) < 0) {
-            goto cleanup;
+            return -1;
         }
     }
     for (int r = 0; r < nreds; r++) {
         if (fc_expr_feed(&G->e, reds[r], "(j0 + i)") < 0) {
-            goto cleanup;
+            return -1;
         }
     }
     for (int v = 0; store && v < nn; v++) {
@@ -994,14 +971,129 @@ emit_cols(Gen *G, const char *name)
     CLOSE(G);
     CLOSE(G);
     G->sp = SP_OUTER_POINT;
+    return 0;
+}
+
+/* a level's accumulators, one per column of the block */
+static void
+emit_cols_accs(Gen *G, const int *reds, int nreds)
+{
+    const FcSpec *s = G->e.s;
+    for (int r = 0; r < nreds; r++) {
+        int v = reds[r];
+        char init[EXPR];
+        fc_expr_acc_init(s, v, init);
+        LINE(G, "%s acc%d[FC_COLS];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v);
+        if (fc_expr_has_nan_flag(s, v)) {
+            LINE(G, "int nan%d[FC_COLS];", v);
+        }
+        LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+        LINE(G, "    acc%d[b] = %s;", v, init);
+        if (fc_expr_has_nan_flag(s, v)) {
+            LINE(G, "    nan%d[b] = 0;", v);
+        }
+        LINE(G, "}");
+    }
+}
+
+/* a level's reduction results, then its OUTER nodes, over the block */
+static int
+emit_cols_results(Gen *G, const int *reds, int nreds, int level)
+{
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;
     for (int r = 0; r < nreds; r++) {
         fc_expr_emit_red_result(&G->e, reds[r]);
     }
     CLOSE(G);
-    if (emit_outer_level(G, 1) < 0) {
+    return emit_outer_level(G, level);
+}
+
+static int
+emit_cols(Gen *G, const char *name)
+{
+    const FcSpec *s = G->e.s;
+    const FcKernelIR *K = G->e.K;
+    int reds[FC_MAX_KERNEL_REDS], nreds = 0, nn = s->g->nnodes, rc = -1;
+    const int one = cols_one_sweep(G);
+    char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS], any[FC_MAXOPS] = {0};
+
+    if (need == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    G->e.cols = 1;
+    G->stash = -1;
+    /* the operands some sweep walks; an input broadcast along the block (a
+     * row's mean in a weight gradient's sum over the batch of
+     * (x - mean) * rstd * grad) is read once per block row */
+    if (one) {
+        nreds = fc_expr_level_reds(&G->e, 1, reds);
+        cols_sweep_need(G, reds, nreds, 1, need, any);
+    }
+    else {
+        for (int level = 1; level <= K->nphases + 1; level++) {
+            int lr[FC_MAX_KERNEL_REDS], n = level <= K->nphases ? fc_expr_level_reds(&G->e, level, lr) : 0;
+            cols_sweep_need(G, lr, n, level > K->nphases, need, use);
+            for (int o = 0; o < K->nops; o++) {
+                any[o] |= use[o];
+            }
+        }
+    }
+    G->cols_zero = 0;
+    memset(G->bcast, 0, sizeof(G->bcast));
+    for (int o = 0; o < K->nops; o++) {
+        if (any[o] && operand_bcast_along(G, o, WALK_COLS)) {
+            G->bcast[o] = 1;
+            G->cols_zero |= (uint64_t)1 << o;
+        }
+    }
+    LINE(G, "static void");
+    LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
+    LINE(G, "{");
+    G->e.depth++;
+    LINE(G, "int fc_err = 0;");
+    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
+    fc_expr_emit_operand_decls(&G->e);
+    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
+    LINE(G, "for (int64_t o = lo; o < hi;) {");
+    G->e.depth++;
+    LINE(G, "int64_t nb = fc_run_length(L->nd_outer, L->oshape, oidx, hi - o);");
+    LINE(G, "nb = nb < FC_COLS ? nb : FC_COLS;");
+    for (int o = 0; o < K->nops; o++) {
+        LINE(G, "const int64_t ob%d = fc_offset(L->nd_outer, oidx, L->ostride[%d]);", o, o);
+    }
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].kind == FC_VK_OUTER) {
+            LINE(G, "%s t%d[FC_COLS];", fc_expr_ctype(&G->e, fc_dtype_compute(s->sn[v].dtype)), v);
+        }
+    }
+    G->sp = SP_OUTER_POINT;
+    if (emit_outer_level(G, 0) < 0) {
         goto cleanup;
+    }
+    if (one) {
+        emit_cols_accs(G, reds, nreds);
+        if (emit_cols_sweep(G, reds, nreds, 1, need) < 0 || emit_cols_results(G, reds, nreds, 1) < 0) {
+            goto cleanup;
+        }
+    }
+    else {
+        for (int level = 1; level <= K->nphases; level++) {
+            nreds = fc_expr_level_reds(&G->e, level, reds);
+            LINE(G, "/* sweep %d: %d reduction%s */", level, nreds, nreds == 1 ? "" : "s");
+            emit_cols_accs(G, reds, nreds);
+            if (emit_cols_sweep(G, reds, nreds, 0, need) < 0 || emit_cols_results(G, reds, nreds, level) < 0) {
+                goto cleanup;
+            }
+        }
+        if (fc_expr_has_materialized(&G->e, FC_VK_FULL)) {
+            LINE(G, "/* final sweep: write full-size results */");
+            if (emit_cols_sweep(G, NULL, 0, 1, need) < 0) {
+                goto cleanup;
+            }
+        }
     }
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;
