@@ -276,6 +276,27 @@ def _():
     np.testing.assert_array_equal(a, c)
 
 
+@case("float32 gelu and gelu_grad: the device's text is the CPU's (fc_math_common.h)")
+def _():
+    # CUDA runs the CPU's erfc (rational function times an inline exp) with fmaf and a
+    # correctly rounded P / Q, so with FMA on the CPU the two agree bit for bit (here the
+    # emulation's division is exact; the device's rcp-based one equals it on gelu's range)
+    x = np.concatenate([rng.standard_normal(4000) * 4, np.linspace(-16, 16, 3001),
+                        [0.0, -0.0, 1e-30, -1e-30, 14.5, -14.5, 40.0, -40.0]]).astype(np.float32)
+    for op in ("gelu", "gelu_grad"):
+        g = Graph()
+        u = g.input("float32", 1)
+        g.output(g.call(op, u))
+        f = g.compile()
+        (cpu,) = f(x)
+        (cu,) = f(dev(x))
+        cu = host(cu)
+        if " fma" in open("/proc/cpuinfo").read() or "fphp" in open("/proc/cpuinfo").read():
+            np.testing.assert_array_equal(cu, cpu, err_msg=op)   # -0 and +0 alike, NaN by position
+        else:           # an x86-64 without FMA: the CPU's kernel rounds each product
+            close(cu, cpu, rtol=4e-6, atol=1e-37, what=op)
+
+
 @case("errors: two kinds of argument, a foreign array for a kernel")
 def _():
     g = Graph()
