@@ -697,7 +697,11 @@ alloc_layout(const FcSpec *s, FcSlot *sl)
  * layout the next op (a channels_last convolution) wants. An input dense in
  * another order sets it; it stays C order (0) where inputs of that rank
  * disagree: two orders, or one without size-1 dims that is C-contiguous or
- * strided. CUDA inputs carry no order (their metas' perm is 0). */
+ * strided. An input broadcast along its last dim by a zero stride (zlast: an
+ * expanded view, as the gradient of a global average pool, (N, C) expanded
+ * to (N, C, H, W)) has no order of its own and does not disagree, as torch's
+ * elementwise results ignore zero strides. CUDA inputs carry no order (their
+ * metas' perm is 0). */
 static void
 alloc_order(FcSpec *s)
 {
@@ -712,7 +716,7 @@ alloc_order(FcSpec *s)
     }
     for (int k = 0; k < s->ninputs && perm != 0; k++) {
         const FcMeta *m = &s->metas[k];
-        if (m->ndim == nd && m->perm != perm && (m->perm != 0 || m->ones == 0)) {
+        if (m->ndim == nd && m->perm != perm && !m->zlast && (m->perm != 0 || m->ones == 0)) {
             perm = 0;
         }
     }
