@@ -829,7 +829,23 @@ emit_row(Gen *G)
  * C-contiguous (transposed, channels_last). A softmax or layernorm over the
  * last dim of C-ordered arrays never runs it, and its compile would pay for
  * the extra text. */
-static int cols_one_sweep(const Gen *G);
+/* the single-walk case below: one level, every stored FULL value at level 0 */
+static int
+cols_one_sweep(const Gen *G)
+{
+    const FcSpec *s = G->e.s;
+    const FcKernelIR *K = G->e.K;
+    if (K->nphases != 1) {
+        return 0;
+    }
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL && s->sn[v].level > 0) {
+            return 0;
+        }
+    }
+    return 1;
+}
 
 static int
 cols_eligible(const Gen *G)
@@ -848,24 +864,6 @@ cols_eligible(const Gen *G)
         strided_layout |= !K->ops[o].is_out && (!sl->contig || sl->perm != 0);
     }
     return K->nphases >= 1 && (strided_layout || cols_one_sweep(G));
-}
-
-/* the single-walk case above: one level, every stored FULL value at level 0 */
-static int
-cols_one_sweep(const Gen *G)
-{
-    const FcSpec *s = G->e.s;
-    const FcKernelIR *K = G->e.K;
-    if (K->nphases != 1) {
-        return 0;
-    }
-    for (int m = 0; m < K->nnodes; m++) {
-        int v = K->nodes[m];
-        if (s->sn[v].materialize && s->sn[v].kind == FC_VK_FULL && s->sn[v].level > 0) {
-            return 0;
-        }
-    }
-    return 1;
 }
 
 /* column blocks: the OUTER nodes of a level, over the block */
@@ -1009,13 +1007,25 @@ emit_cols_results(Gen *G, const int *reds, int nreds, int level)
     return emit_outer_level(G, level);
 }
 
+/* Walk w (from 0) of a column block: the reductions it feeds (reds; their
+ * count returned) and *store, whether it writes materialized FULL values.
+ * One sweep: walk 0 feeds level 1 and stores. Else walk w feeds level w + 1
+ * and the last walk (w == nphases, where a FULL value is stored) only stores. */
+static int
+cols_walk(const Gen *G, int one, int w, int *reds, int *store)
+{
+    *store = one || w == G->e.K->nphases;
+    return w < G->e.K->nphases ? fc_expr_level_reds(&G->e, w + 1, reds) : 0;
+}
+
 static int
 emit_cols(Gen *G, const char *name)
 {
     const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
-    int reds[FC_MAX_KERNEL_REDS], nreds = 0, nn = s->g->nnodes, rc = -1;
+    int reds[FC_MAX_KERNEL_REDS], nn = s->g->nnodes, rc = -1;
     const int one = cols_one_sweep(G);
+    const int nwalks = one ? 1 : K->nphases + fc_expr_has_materialized(&G->e, FC_VK_FULL);
     char *need = PyMem_Calloc(nn + 1, 1), use[FC_MAXOPS], any[FC_MAXOPS] = {0};
 
     if (need == NULL) {
@@ -1027,17 +1037,11 @@ emit_cols(Gen *G, const char *name)
     /* the operands some sweep walks; an input broadcast along the block (a
      * row's mean in a weight gradient's sum over the batch of
      * (x - mean) * rstd * grad) is read once per block row */
-    if (one) {
-        nreds = fc_expr_level_reds(&G->e, 1, reds);
-        cols_sweep_need(G, reds, nreds, 1, need, any);
-    }
-    else {
-        for (int level = 1; level <= K->nphases + 1; level++) {
-            int lr[FC_MAX_KERNEL_REDS], n = level <= K->nphases ? fc_expr_level_reds(&G->e, level, lr) : 0;
-            cols_sweep_need(G, lr, n, level > K->nphases, need, use);
-            for (int o = 0; o < K->nops; o++) {
-                any[o] |= use[o];
-            }
+    for (int w = 0; w < nwalks; w++) {
+        int store, n = cols_walk(G, one, w, reds, &store);
+        cols_sweep_need(G, reds, n, store, need, use);
+        for (int o = 0; o < K->nops; o++) {
+            any[o] |= use[o];
         }
     }
     G->cols_zero = 0;
@@ -1073,26 +1077,20 @@ emit_cols(Gen *G, const char *name)
     if (emit_outer_level(G, 0) < 0) {
         goto cleanup;
     }
-    if (one) {
-        emit_cols_accs(G, reds, nreds);
-        if (emit_cols_sweep(G, reds, nreds, 1, need) < 0 || emit_cols_results(G, reds, nreds, 1) < 0) {
-            goto cleanup;
-        }
-    }
-    else {
-        for (int level = 1; level <= K->nphases; level++) {
-            nreds = fc_expr_level_reds(&G->e, level, reds);
-            LINE(G, "/* sweep %d: %d reduction%s */", level, nreds, nreds == 1 ? "" : "s");
-            emit_cols_accs(G, reds, nreds);
-            if (emit_cols_sweep(G, reds, nreds, 0, need) < 0 || emit_cols_results(G, reds, nreds, level) < 0) {
-                goto cleanup;
-            }
-        }
-        if (fc_expr_has_materialized(&G->e, FC_VK_FULL)) {
+    for (int w = 0; w < nwalks; w++) {
+        int store, nreds = cols_walk(G, one, w, reds, &store), level = w + 1;
+        if (level > K->nphases) {
             LINE(G, "/* final sweep: write full-size results */");
-            if (emit_cols_sweep(G, NULL, 0, 1, need) < 0) {
-                goto cleanup;
-            }
+        }
+        else if (!one) {
+            LINE(G, "/* sweep %d: %d reduction%s */", level, nreds, nreds == 1 ? "" : "s");
+        }
+        if (level <= K->nphases) {
+            emit_cols_accs(G, reds, nreds);
+        }
+        if (emit_cols_sweep(G, reds, nreds, store, need) < 0 ||
+                (level <= K->nphases && emit_cols_results(G, reds, nreds, level) < 0)) {
+            goto cleanup;
         }
     }
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
