@@ -13,6 +13,7 @@
 #include "runtime/cuda.h"
 #include "runtime/devarray.h"
 #include "runtime/plan.h"
+#include "runtime/profile.h"
 
 
 
@@ -77,6 +78,9 @@ static PyMethodDef mod_methods[] = {
     {"stats", mod_stats, METH_NOARGS, "counters: compiles, disk_hits, memory_hits"},
     {"cache_clear", (PyCFunction)(void (*)(void))mod_cache_clear, METH_VARARGS | METH_KEYWORDS,
      "forget loaded kernels; with disk=True (default) also empty the disk cache"},
+    {"_profile", fc_prof_py_set, METH_VARARGS, "_profile(on, reset): record kernel, extern and call times"},
+    {"_profile_read", fc_prof_py_read, METH_NOARGS,
+     "_profile_read() -> (rows, dropped): rows (kind, name, calls, ns, elems, bytes, path, origin)"},
     {"_mxcsr", mod_mxcsr, METH_NOARGS, "the MXCSR register (tests)"},
     {"_cpu_load", fc_cpu_py_load, METH_VARARGS, "compile or load C source (tests)"},
     {"_cpu_load_many", fc_cpu_py_load_many, METH_O, "compile or load several C sources in one batch (tests)"},

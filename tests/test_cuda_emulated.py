@@ -31,4 +31,4 @@ def test_cuda_path_emulated(tmp_path):
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, os.path.join(HERE, "run_emulated.py")], env=env,
                        capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and "EMULATED OK 18" in r.stdout, r.stdout[-3000:] + r.stderr[-6000:]
+    assert r.returncode == 0 and "EMULATED OK 19" in r.stdout, r.stdout[-3000:] + r.stderr[-6000:]

@@ -294,26 +294,53 @@ def test_inference_convolutions_run_channels_last(monkeypatch):
         torch.testing.assert_close(cf(xc), ref, rtol=1e-4, atol=1e-4)
 
 
-def test_training_graphs_keep_eager_layouts():
-    """Forward and backward graphs of a training step do not run convolutions channels_last
-    (their saved activations would come back to eager's layout one copy each): gradients as
-    eager's."""
+@pytest.mark.parametrize("inplace", [False, True])
+def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace):
+    """A training step of an NCHW CNN (BatchNorm in training, residual adds, a max pool) through
+    torch.compile(backend=fastcompile): forward and backward graphs run their convolutions (and
+    the convolutions' backward) channels_last, as Inductor does on the CPU (oneDNN's
+    channels_last kernels: 2-3x faster at 32 channels). The rank-4 values the forward saves for
+    the backward come back channels_last and the backward expects them so: per step the only
+    activation-sized relayout copy is the output the user sees, and the backward's first call
+    builds no plan the batch compile had not (its layouts were predicted). Gradients, updated
+    parameters and running statistics as eager's over three SGD steps."""
     torch = _torch()
     import copy
     import functools
     from fastcompile.backends import torch as fbt
     torch.manual_seed(0)
-    base = _resnet_pair(torch, c=8).train()
+    base = _resnet_pair(torch, c=8, inplace=inplace).train()
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
+    copies = []
+    real = fbt._restride
+    monkeypatch.setattr(fbt, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
     record = []
     torch._dynamo.reset()
     cf = torch.compile(mod, backend=functools.partial(fbt.backend, record=record), dynamic=False)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(mod.parameters(), lr=0.1)
     x = torch.randn(2, 8, 8, 8)
-    cf(x).square().mean().backward()
-    ref(x).square().mean().backward()
-    for p, q in zip(ref.parameters(), mod.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
-    assert record and not any(r.channels_last for r in record)
+    for step in range(3):
+        del copies[:]
+        out = cf(x)
+        if step == 0:
+            runners = [r for r in record if r.compiled is not None]
+            plans = [r.compiled.nplans for r in runners]
+        out.square().mean().backward()
+        ref(x).square().mean().backward()
+        for p, q in zip(ref.parameters(), mod.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        for p, q in zip(ref.state_dict().values(), mod.state_dict().values()):
+            torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-4)
+        assert [c for c in copies if c[0] == 2] == [(2, 8, 4, 4)], copies
+    fw, bw = runners
+    assert fw.channels_last and bw.channels_last and fw.fallback is None and bw.fallback is None
+    assert fw.cl_outputs and bw.cl_inputs == fw.cl_outputs
+    assert [r.compiled.nplans for r in runners] == plans
 
 
 @pytest.mark.parametrize("rows,length,dtype", [(256, 16, "float32"), (70, 3, "float64"), (257, 16, "float32"),

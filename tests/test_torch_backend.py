@@ -2924,3 +2924,34 @@ def test_fc_compile_results_counted_by_size_follow_the_size():
             a = np.arange(n * 3.0).reshape(n, 3)
             he, hc = _np_split(a), h(a)
             assert np.array_equal(he[0], hc[0]) and he[1] == hc[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# fastcompile.profile() over a training step
+# ----------------------------------------------------------------------------------------------
+
+def test_profile_names_forward_and_backward_graphs():
+    """A training step under fastcompile.profile(): one call row per aot_autograd graph, labelled
+    "forward graph N (file:line)" / "backward graph N (...)" from the user's code; the kernels of
+    each graph carry its label; the matmuls are extern rows; call time covers kernels and externs."""
+    import re
+    import fastcompile
+    torch.manual_seed(0)
+    m = MLP()
+    cm = compile_fc(m)
+    x = torch.randn(16, 32)
+    for _ in range(2):
+        cm(x).square().mean().backward()
+    with fastcompile.profile() as prof:
+        for _ in range(3):
+            cm(x).square().mean().backward()
+    calls = {r.name: r for r in prof.rows if r.kind == "call"}
+    names = sorted(calls)
+    assert len(names) == 2 and all(r.calls == 3 for r in calls.values()), names
+    assert re.fullmatch(r"backward graph \d+ \(test_torch_backend\.py:\d+\)", names[0]), names
+    assert re.fullmatch(r"forward graph \d+ \(test_torch_backend\.py:\d+\)", names[1]), names
+    kernels = [r for r in prof.rows if r.kind == "kernel"]
+    assert kernels and {r.origin for r in kernels} == set(names)
+    assert any(r.kind == "extern" and "mm" in r.name and r.calls % 3 == 0 for r in prof.rows)
+    t = prof.totals()
+    assert t["call"] >= t["kernel"] + t["extern"] - 1e-3 and t["kernel"] > 0 and t["extern"] > 0

@@ -13,6 +13,7 @@
 #include "../runtime/cuda.h"
 #include "../runtime/devarray.h"
 #include "../runtime/plan.h"
+#include "../runtime/profile.h"
 #include "api.h"
 #include "objects.h"
 
@@ -28,6 +29,8 @@ typedef struct {
     PyObject *externs;        /* owned list */
     PyObject *views;          /* owned list beside externs: None or bytes (FcViewSpec) */
     PyObject *origin;         /* owned str */
+    PyObject *label;          /* owned str or NULL: names the graph in profile() (else origin) */
+    FcProfRef *prof;          /* owned: profile() rows, per node (externs), then the call's, the compiles' */
     PyObject *kernels;        /* owned list of kernel records */
     int *level;               /* per node */
     unsigned char *any_arg;   /* per graph input: only externs read it, so it may be any object */
@@ -348,6 +351,8 @@ fc_api_compiled_new(GraphObject *graph)
     c->externs = NULL;
     c->views = NULL;
     c->origin = NULL;
+    c->label = NULL;
+    c->prof = NULL;
     c->kernels = NULL;
     c->level = NULL;
     c->any_arg = NULL;
@@ -367,6 +372,11 @@ fc_api_compiled_new(GraphObject *graph)
     c->views = PyList_GetSlice(graph->views, 0, PyList_GET_SIZE(graph->views));
     c->origin = fc_api_caller_origin();
     c->kernels = PyList_New(0);
+    c->prof = PyMem_Calloc(c->g.nnodes + 2, sizeof(FcProfRef));
+    if (c->prof == NULL) {
+        Py_DECREF(c);
+        return PyErr_NoMemory();
+    }
     if (c->externs == NULL || c->views == NULL || c->origin == NULL || c->kernels == NULL
         || build_segments(c) < 0 || build_schedule(c) < 0) {
         Py_DECREF(c);
@@ -399,6 +409,8 @@ Compiled_dealloc(CompiledObject *c)
     PyObject_GC_UnTrack(c);
     Compiled_clear(c);
     Py_XDECREF(c->origin);
+    Py_XDECREF(c->label);
+    PyMem_Free(c->prof);
     for (int L = 0; L < c->nlevels && c->segs; L++) {
         FcSegment *seg = &c->segs[L].seg;
         FcPlan *p = seg->plans;
@@ -821,6 +833,44 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
     return 0;
 }
 
+/* s as UTF-8 for a profile() row, or NULL (no exception left set) */
+static const char *
+prof_text(PyObject *s)
+{
+    const char *t = PyUnicode_AsUTF8(s);
+    if (t == NULL) {
+        PyErr_Clear();
+    }
+    return t;
+}
+
+/* a profile() row for extern node e's call of ns nanoseconds, named by its
+ * callable's __qualname__ (or __name__, or its type's name) */
+static void
+prof_extern(CompiledObject *c, PyObject *externs, int e, uint64_t ns)
+{
+    FcProfRef *ref = &c->prof[e];
+    PyObject *fn, *name = NULL;   /* fn: borrowed; name: owned */
+    const char *text = NULL;
+    int idx = c->g.nodes[e].extern_index;
+    if (fc_prof_known(ref)) {
+        fc_prof_add(ref, FC_PROF_EXTERN, NULL, NULL, NULL, ns, 0, 0);
+        return;
+    }
+    fn = idx < PyList_GET_SIZE(externs) ? PyList_GET_ITEM(externs, idx) : Py_None;
+    if ((name = PyObject_GetAttrString(fn, "__qualname__")) == NULL) {
+        PyErr_Clear();
+        name = PyObject_GetAttrString(fn, "__name__");
+    }
+    if (name != NULL && PyUnicode_Check(name)) {
+        text = PyUnicode_AsUTF8(name);
+    }
+    PyErr_Clear();     /* a name that cannot be read is not the call's error */
+    fc_prof_add(ref, FC_PROF_EXTERN, text != NULL ? text : Py_TYPE(fn)->tp_name, NULL, prof_text(c->origin),
+                ns, 0, 0);
+    Py_XDECREF(name);
+}
+
 #define FC_STACK_VALS 128
 
 /* One run of the graph: externs are the callables extern nodes call
@@ -861,8 +911,12 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         FcSegment *seg = &c->segs[L].seg;
         FcPlan *p;
         for (int e = c->ext_start[L]; e < c->ext_start[L + 1]; e++) {
+            const uint64_t t0 = fc_prof_on ? fc_prof_now() : 0;
             if (run_extern(c, externs, c->ext_nodes[e], vals, dev) < 0) {
                 goto done;
+            }
+            if (t0 != 0 && fc_prof_on) {
+                prof_extern(c, externs, c->ext_nodes[e], fc_prof_now() - t0);
             }
         }
         if (seg->noutputs > 0 && ((p = find_plan(c, seg, vals, dry, dev, &memo)) == NULL
@@ -906,6 +960,40 @@ done:
     return result;
 }
 
+/* run_graph for a call (not dry), with profile() rows for it while
+ * profiling: its time less the compiles it waited for, and those */
+static PyObject *
+profiled_run(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *externs, int tune)
+{
+    const double ms0 = c->compile_ms;
+    const uint64_t t0 = fc_prof_on ? fc_prof_now() : 0;
+    PyObject *label, *r;       /* label: owned for the call (a thread may set another meanwhile) */
+    const char *name, *outer;
+    if (t0 == 0) {
+        return run_graph(c, args, nargs, externs, tune, 0);
+    }
+    label = Py_NewRef(c->label != NULL ? c->label : c->origin);
+    if ((name = prof_text(label)) == NULL) {
+        name = "?";
+    }
+    outer = fc_prof_scope(name);        /* the kernels' rows name this graph */
+    r = run_graph(c, args, nargs, externs, tune, 0);
+    fc_prof_scope(outer);
+    if (fc_prof_on && r != NULL) {
+        const uint64_t ns = fc_prof_now() - t0;
+        const double cms = c->compile_ms - ms0;
+        const uint64_t cns = cms > 0 ? (uint64_t)(cms * 1e6) : 0;
+        fc_prof_add(&c->prof[c->g.nnodes], FC_PROF_CALL, name, NULL, prof_text(c->origin),
+                    ns > cns ? ns - cns : 0, 0, 0);
+        if (cns > 0) {
+            fc_prof_add(&c->prof[c->g.nnodes + 1], FC_PROF_COMPILE, name, NULL, prof_text(c->origin),
+                        cns, 0, 0);
+        }
+    }
+    Py_DECREF(label);
+    return r;
+}
+
 /* whether a call autotunes: the graph's own setting, else the process's */
 static int
 call_autotune(const CompiledObject *c)
@@ -921,7 +1009,7 @@ Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObje
         PyErr_SetString(PyExc_TypeError, "fastcompile: a compiled graph takes positional arrays only");
         return NULL;
     }
-    return run_graph(c, args, PyVectorcall_NARGS(nargsf), c->externs, call_autotune(c), 0);
+    return profiled_run(c, args, PyVectorcall_NARGS(nargsf), c->externs, call_autotune(c));
 }
 
 /* _warm, _prebuild and _call_with: one run of the graph with the callables
@@ -943,8 +1031,8 @@ run_with_stand_ins(CompiledObject *c, PyObject *args, int dry, int keep, const c
                      PyList_GET_SIZE(externs));
         return NULL;
     }
-    r = run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs,
-                  keep ? call_autotune(c) : 0, dry);
+    r = keep ? profiled_run(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs, call_autotune(c))
+             : run_graph(c, PySequence_Fast_ITEMS(arrays), PyTuple_GET_SIZE(arrays), externs, 0, dry);
     if (r == NULL || keep) {
         return r;
     }
@@ -1128,6 +1216,25 @@ Compiled_get_origin(CompiledObject *c, void *closure)
 }
 
 static PyObject *
+Compiled_get_label(CompiledObject *c, void *closure)
+{
+    return Py_NewRef(c->label != NULL ? c->label : c->origin);
+}
+
+static int
+Compiled_set_label(CompiledObject *c, PyObject *v, void *closure)
+{
+    if (v != NULL && v != Py_None && !PyUnicode_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "fastcompile: Compiled.label must be a str or None");
+        return -1;
+    }
+    /* a new name: the rows found under the old one are not this graph's any more */
+    c->prof[c->g.nnodes].gen = c->prof[c->g.nnodes + 1].gen = 0;
+    Py_XSETREF(c->label, v != NULL && v != Py_None ? Py_NewRef(v) : NULL);
+    return 0;
+}
+
+static PyObject *
 Compiled_get_autotune(CompiledObject *c, void *closure)
 {
     if (c->autotune < 0) {
@@ -1260,6 +1367,8 @@ static PyGetSetDef Compiled_getset[] = {
     {"nplans", (getter)Compiled_get_nplans, NULL, "specializations built (one per input key and segment)", NULL},
     {"compile_ms", (getter)Compiled_get_compile_ms, NULL, "total time spent building plans", NULL},
     {"origin", (getter)Compiled_get_origin, NULL, "file:line where compile() was called", NULL},
+    {"label", (getter)Compiled_get_label, (setter)Compiled_set_label,
+     "the graph's name in fastcompile.profile() (default: origin); set None to go back", NULL},
     {"autotune", (getter)Compiled_get_autotune, (setter)Compiled_set_autotune,
      "time launch settings per kernel and launch shape and keep the fastest: True, False, "
      "or None (the default) to follow fastcompile.config.autotune", NULL},

@@ -811,6 +811,23 @@ typedef struct {
     int64_t itemsize;
 } Operand;
 
+/* bytes of the memory the operands span, each element once (a dim of
+ * stride 0, a broadcast, counts once): what a launch moves at least, for
+ * profile()'s bandwidth */
+static int64_t
+launch_bytes(const Operand *ops, int nops)
+{
+    int64_t bytes = 0;
+    for (int q = 0; q < nops; q++) {
+        int64_t n = ops[q].itemsize;
+        for (int d = 0; d < ops[q].nd; d++) {
+            n *= ops[q].strides[d] != 0 || ops[q].dims[d] == 0 ? ops[q].dims[d] : 1;
+        }
+        bytes += n;
+    }
+    return bytes;
+}
+
 /* The launch of kernel K over ops (one per kernel operand): the outer and
  * inner spaces collapsed (see fc_launch), strides in elements; elsize gets
  * each operand's bytes per element. Threads and blocks are the caller's. */
@@ -956,6 +973,7 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
     int64_t elsize[FC_MAXOPS], bw = 0;
     char *tiles[FC_MAXOPS] = {NULL};     /* owned: tile_short_rows' row copies */
     int err, rc = 0;
+    uint64_t t0;
 
     for (int q = 0; q < K->nops; q++) {
         PyArrayObject *a = arrs[K->ops[q].slot];
@@ -995,6 +1013,7 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
         bw = e->cands[e->best].block;
         e->uses++;
     }
+    t0 = fc_prof_on ? fc_prof_now() : 0;
     if (release_gil) {
         Py_BEGIN_ALLOW_THREADS
         err = run_launch(pk->loaded.fn, &L, bw, elsize);
@@ -1002,6 +1021,10 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
     }
     else {
         err = run_launch(pk->loaded.fn, &L, bw, elsize);
+    }
+    if (t0 != 0 && fc_prof_on && err == 0) {
+        fc_prof_add(&pk->prof, FC_PROF_KERNEL, pk->name, pk->loaded.c_path, fc_prof_current(), fc_prof_now() - t0,
+                    L.n_outer * L.n_inner, launch_bytes(ops, K->nops));
     }
 done:
     if (err) {
@@ -1088,7 +1111,14 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
             return -1;
         }
     }
-    return fc_cuda_run(pk->cu_fn[packed.bits == 64], p->dev - 1, &packed, stream);
+    if (fc_cuda_run(pk->cu_fn[packed.bits == 64], p->dev - 1, &packed, stream) < 0) {
+        return -1;
+    }
+    if (fc_prof_on) {      /* asynchronous: counted, with no time */
+        fc_prof_add(&pk->prof, FC_PROF_CUDA, pk->name, pk->loaded.c_path, fc_prof_current(), 0,
+                    L.n_outer * L.n_inner, launch_bytes(ops, K->nops));
+    }
+    return 0;
 }
 
 /* fc_plan_run for a CUDA plan: vals hold torch tensors on device p->dev - 1

@@ -9,6 +9,7 @@
 #include "../core/spec.h"
 #include "cpu.h"
 #include "devarray.h"
+#include "profile.h"
 #include "tune.h"
 
 typedef struct {
@@ -25,6 +26,7 @@ typedef struct {
     char cu_path[1024];  /* the source beside the cubin (loaded.c_path), or "" */
     int nonempty;        /* a reduction without identity: an empty row raises */
     int per_thread;      /* CUDA pointwise: elements per thread and trip (the grid's divisor) */
+    FcProfRef prof;      /* its row in fastcompile.profile()'s table */
 } FcPlanKernel;
 
 typedef struct FcPlan {

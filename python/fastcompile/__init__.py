@@ -58,6 +58,7 @@ def pending_compiles(wait=False, timeout=None):
 
 from .api import compile, reset            # noqa: E402  (after _configure: tracing compiles graphs)
 from .explain import explain               # noqa: E402
+from .profiler import profile              # noqa: E402
 
 __all__ = ["compile", "explain", "reset", "graph", "config", "cache_clear", "stats", "cuda_info",
-           "pending_compiles"]
+           "pending_compiles", "profile"]

@@ -358,4 +358,25 @@ def _():
     assert sum(isinstance(o, torch.Tensor) for o in gc.get_objects()) <= live + 2
 
 
+@case("profile(): CUDA kernels counted with their elements and bytes, not timed")
+def _():
+    x = rng.standard_normal((64, 100)).astype(np.float32)
+    g = Graph()
+    u = g.input("float32", 2)
+    g.output(g.call("sum", g.call("exp", u), axis=1))
+    f = g.compile()
+    a = dev(x)
+    f(a)
+    with fastcompile.profile() as prof:
+        for _ in range(3):
+            (s,) = f(a)
+    close(host(s), np.exp(x).sum(axis=1), rtol=1e-5)
+    rows = {(r.kind, r.name): r for r in prof.rows}
+    (k,) = f.kernels
+    r = rows[("cuda", k.name)]
+    assert (r.calls, r.ns, r.elements, r.bytes) == (3, 0, 3 * x.size, 3 * (x.nbytes + 64 * 4)), r
+    assert r.path == k.path and rows[("call", f.origin)].calls == 3
+    assert "1 CUDA kernel launch" not in str(prof) and "3 CUDA kernel launches counted" in str(prof)
+
+
 print("EMULATED OK %d" % n_ok)

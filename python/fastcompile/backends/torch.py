@@ -30,10 +30,12 @@ CUDA devices or on a device other than the CPU and CUDA, and a complex/quantized
 that would have to enter the core.
 """
 import functools
+import itertools
 import logging
 import math
 import operator
 import os
+import re
 import threading
 import time
 import weakref
@@ -332,7 +334,7 @@ class _RecordingGraph:
 
 
 class _Lowering:
-    def __init__(self, gm, example_inputs, channels_last=False):
+    def __init__(self, gm, example_inputs, channels_last=False, cl_inputs=frozenset()):
         self.gm = gm
         self.g = _RecordingGraph()
         self.env = {}              # FX node -> _Rec | tuple | python value | _Cluster (pending)
@@ -366,6 +368,9 @@ class _Lowering:
         self.relayout = self.channels_last or (self.device is None and any(
             _dense_other_order(_meta(n)) for n in gm.graph.nodes))
         self.cl_args = set()       # "arg" indexes made channels_last on entry
+        self.cl_results = set()    # extern results expected channels_last (batch compile's stand-ins)
+        # placeholders the forward graph hands over channels_last (FxGraphRunner.cl_outputs)
+        self.cl_inputs = cl_inputs if self.channels_last else frozenset()
 
     def layout(self, meta, value, tshape):
         """_layout of core value ``value`` (at torch shape tshape), read as FX value ``meta``. With
@@ -553,6 +558,9 @@ class _Lowering:
         if self._fold(fn, members, values, outs):
             return
         self.extern_calls += 1
+        if self.channels_last and any(_cl_dense(_meta(a)) for a in cluster.inputs):
+            # torch's ops give results in their rank-4 arguments' memory order, channels_last here
+            self.cl_results.update(m for m in outs if _cl_dense(_meta(m)))
         if len(outs) == 1:
             res = [self.g.extern(fn, *values, replay=outs)]
         else:
@@ -616,7 +624,9 @@ class _Lowering:
                 if not node.users:
                     self.env[node] = None
                     continue
-                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape, _meta_strides(meta))
+                cl_in = node.name in self.cl_inputs and _cl_dense(meta)
+                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape,
+                                _cl_strides(shape) if cl_in else _meta_strides(meta))
                 if self.device is not None and meta.device != self.device:
                     self.foreign.add(v.node)
                 elif self.device is None and _externs_only(node):
@@ -625,6 +635,9 @@ class _Lowering:
                     self.foreign.add(v.node)
                     self.passed.add(v.node)
                 self.arg_layouts[idx] = _layout_of(meta)
+                if cl_in:
+                    dt, shp, _ = self.arg_layouts[idx]
+                    self.arg_layouts[idx] = (dt, shp, _cl_strides(shp))
                 if self.channels_last and v.node not in self.passed and _conv_input(node, meta):
                     self.cl_args.add(idx)
                     dt, shp, _ = self.arg_layouts[idx]
@@ -769,10 +782,30 @@ def _cl_conv(node):
     return isinstance(m, torch.Tensor) and m.dim() == 4 and m.dtype in (torch.float32, torch.bfloat16)
 
 
+def _cl_conv_bwd(node):
+    """A 2-d convolution's backward (aten.convolution_backward on a rank-4 float input) to run
+    channels_last: its grad_output and input made so, its weight too (_ClWeights)."""
+    if node.op != "call_function" or node.target is not aten.convolution_backward.default or len(node.args) < 3:
+        return False
+    m = _meta(node.args[1])
+    return isinstance(m, torch.Tensor) and m.dim() == 4 and m.dtype in (torch.float32, torch.bfloat16)
+
+
 def _conv_input(node, meta):
-    """Graph input ``node`` is a rank-4 tensor a channels_last convolution reads as its input."""
+    """Graph input ``node`` is a rank-4 tensor a channels_last convolution (or its backward: as
+    grad_output or input) reads."""
     return isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.is_contiguous() and any(
-        _cl_conv(u) and u.args[0] is node for u in node.users)
+        (_cl_conv(u) and u.args[0] is node) or (_cl_conv_bwd(u) and node in u.args[:2]) for u in node.users)
+
+
+def _cl_dense(meta):
+    """FX value ``meta`` is a rank-4 tensor, dense and not expanded: one a channels_last graph
+    may hand to its backward channels_last (an activation, a mask, a max pool's indices)."""
+    return isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.layout == torch.strided and meta.is_contiguous() and meta.numel() > 0
+
+
+# views that keep their argument's layout: replayed on a channels_last output, still one
+_ALIAS_OPS = frozenset((aten.alias.default, aten.detach.default))
 
 
 def _cl_strides(shape):
@@ -810,6 +843,8 @@ def _wants_channels_last(gm, example_inputs):
         return False
     for n in gm.graph.nodes:
         if _cl_conv(n) and not _meta(n.args[0]).is_contiguous(memory_format=torch.channels_last):
+            return True
+        if _cl_conv_bwd(n) and not _meta(n.args[1]).is_contiguous(memory_format=torch.channels_last):
             return True
     return False
 
@@ -916,6 +951,10 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
                 # input and weight channels_last: oneDNN's fast path, and a channels_last result
                 glob["_cl"], glob["_clw"] = _to_channels_last, _ClWeights()
                 args = ["_cl(%s)" % args[0], "_clw(%s)" % args[1]] + args[2:]
+            elif channels_last and _cl_conv_bwd(m):
+                # the backward's too: channels_last gradients of the input and the weight
+                glob["_cl"], glob["_clw"] = _to_channels_last, _ClWeights()
+                args = ["_cl(%s)" % args[0], "_cl(%s)" % args[1], "_clw(%s)" % args[2]] + args[3:]
             expr = "f%d(%s)" % (i, ", ".join(args + kwargs))
         elif m.op == "call_method":
             expr = "%s.%s(%s)" % (args[0], m.target, ", ".join(args[1:] + kwargs))
@@ -2087,10 +2126,14 @@ class FxGraphRunner:
     ``core_ops`` / ``extern_nodes`` / ``extern_calls`` count how the FX nodes were split;
     ``fallback`` is None, or the reason the graph runs as plain torch."""
 
-    def __init__(self, gm, example_inputs, mode="default", inference=False):
+    def __init__(self, gm, example_inputs, mode="default", inference=False, free_outputs=frozenset(),
+                 cl_inputs=frozenset()):
         self.gm = gm
         self.mode = mode
         self.inference = inference
+        self.free_outputs = free_outputs    # output indexes only the backward reads (saved values)
+        self.cl_inputs = cl_inputs          # placeholder names the forward hands over channels_last
+        self.cl_outputs = frozenset()       # FX names of the outputs returned channels_last
         self.fallback = None
         self.compiled = None
         self.device = None        # the CUDA device the graph runs on; None: CPU
@@ -2130,7 +2173,8 @@ class FxGraphRunner:
         plan itself, as without the batch."""
         try:
             arrays = [p if k == "const" else _fake_array(self._arg_layouts[p]) for k, p in self.inputs]
-            stand_ins = [fn if nodes is None else _fake_results(nodes) for fn, nodes in self._replays]
+            stand_ins = [fn if nodes is None else _fake_results(nodes, self._cl_results)
+                         for fn, nodes in self._replays]
             self.compiled._prebuild(tuple(arrays), stand_ins)
         except Exception as e:          # e.g. a layout the metadata did not tell: the call builds it
             log.debug("fastcompile: no batch compile for this graph: %s: %s", type(e).__name__, e)
@@ -2140,7 +2184,8 @@ class FxGraphRunner:
             _PENDING.add(self)
 
     def _lower(self, gm, example_inputs):
-        L = _Lowering(gm, example_inputs, channels_last=self.inference and _wants_channels_last(gm, example_inputs))
+        L = _Lowering(gm, example_inputs, channels_last=_wants_channels_last(gm, example_inputs),
+                      cl_inputs=self.cl_inputs)
         out_node = L.run()
         outs = out_node.args[0]
         single = not isinstance(outs, (tuple, list))
@@ -2150,7 +2195,7 @@ class FxGraphRunner:
         core_values = []
         placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
 
-        def entry(o):
+        def entry(o, free=False):
             if isinstance(o, torch.fx.Node) and o in placeholders:
                 return ("arg", placeholders[o])
             if not isinstance(o, torch.fx.Node):
@@ -2163,13 +2208,31 @@ class FxGraphRunner:
                 return ("py", v)
             copy = v.value.node in L.input_values or not v.exact
             core_values.append(v.value)
-            return ("core", len(core_values) - 1, v.tshape, v.dtype, copy, L.layout(_meta(o), v.value, v.tshape))
+            shape = tuple(_meta(o).shape)
+            return ("core", len(core_values) - 1, v.tshape, v.dtype, copy,
+                    (shape, _cl_strides(shape)) if free else L.layout(_meta(o), v.value, v.tshape))
 
         views, hidden = _output_views(outs, placeholders)
         every = outs + hidden
-        plan = [None if n in views else entry(o) for n, o in enumerate(every)]
-        for n, view in sorted(views.items()):
-            plan[n] = ("view",) + view if plan[view[0]][0] == "core" else entry(every[n])
+        # channels_last convolutions: the rank-4 outputs only the backward reads (saved
+        # activations) come back channels_last, as the core makes them after such a convolution,
+        # and the backward expects them so (cl_outputs: their FX names); so do aliases of one
+        # (made by their view ops, not as_strided with eager's strides). A root that other
+        # outputs view otherwise keeps eager's layout.
+        free = {n for n in self.free_outputs if L.channels_last and _cl_dense(_meta(every[n]))}
+        for n, (root, chain, _) in views.items():
+            if n not in free or any(c[0] not in _ALIAS_OPS for c in chain):
+                free.discard(root)
+        plan = [None if n in views else entry(o, n in free) for n, o in enumerate(every)]
+        for n, (root, chain, strided) in sorted(views.items()):
+            if plan[root][0] != "core":
+                plan[n] = entry(every[n])
+                free.discard(n)
+            else:
+                plan[n] = ("view", root, chain, None if root in free else strided)
+                if root not in free:
+                    free.discard(n)
+        self.cl_outputs = frozenset(every[n].name for n in free if plan[n][0] in ("core", "view"))
         if core_values:
             L.g.output(*core_values)
             self.compiled = L.g.compile()
@@ -2193,6 +2256,7 @@ class FxGraphRunner:
         self._passed_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg" and j in passed]
         self._cache = {}
         self._replays = L.g.replays
+        self._cl_results = frozenset(L.cl_results)
         self._arg_layouts = L.arg_layouts
         self._cl_args = L.cl_args
         self.channels_last = L.channels_last
@@ -2497,9 +2561,16 @@ def _stand_in(res):
     return lambda *a: res
 
 
-def _fake_results(nodes):
-    """An extern stand-in for _prebuild: empty arrays laid out as the cluster's results will be."""
-    return _stand_in([_fake_array(_layout_of(_meta(n))) for n in nodes])
+def _fake_results(nodes, cl_results=frozenset()):
+    """An extern stand-in for _prebuild: empty arrays laid out as the cluster's results will be
+    (those in cl_results channels_last)."""
+    res = []
+    for n in nodes:
+        layout = _layout_of(_meta(n))
+        if n in cl_results and layout is not None:
+            layout = (layout[0], layout[1], _cl_strides(layout[1]))
+        res.append(_fake_array(layout))
+    return _stand_in(res)
 
 
 def _replay(values, nodes):
@@ -2509,12 +2580,14 @@ def _replay(values, nodes):
                       else _to_numpy(values[n]) for n in nodes])
 
 
-def fx_to_graph(gm, example_inputs, mode="default", inference=False):
+def fx_to_graph(gm, example_inputs, mode="default", inference=False, free_outputs=frozenset(),
+                cl_inputs=frozenset()):
     """Lower one FX graph (aten ops, or Dynamo's torch-level ops, which mostly become externs) to
     a fastcompile graph. Returns an ``FxGraphRunner``: ``runner(*tensors) -> list``. inference:
     aot_autograd's graph of a call without autograd (no backward will read what it saves): its
     2-d convolutions may run channels_last."""
-    return FxGraphRunner(gm, example_inputs, mode=mode, inference=inference)
+    return FxGraphRunner(gm, example_inputs, mode=mode, inference=inference, free_outputs=free_outputs,
+                         cl_inputs=cl_inputs)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2539,6 +2612,20 @@ def _parse_options(mode, options):
     if mode == "max-autotune-no-cudagraphs":
         mode = "max-autotune"
     return mode, knobs
+
+
+_graph_numbers = itertools.count()
+
+
+def _graph_label(gm, what):
+    """A graph's name in fastcompile.profile(): "forward graph 3 (model.py:12)", the file:line
+    of the user's code its first node with a stack trace came from."""
+    label = "%s graph %d" % (what, next(_graph_numbers))
+    for n in gm.graph.nodes:
+        found = re.findall(r'File "([^"]+)", line (\d+)', n.meta.get("stack_trace") or "")
+        if found:
+            return "%s (%s:%s)" % (label, os.path.basename(found[-1][0]), found[-1][1])
+    return label
 
 
 def backend(gm, example_inputs, mode=None, options=None, record=None):
@@ -2754,19 +2841,47 @@ class _Deferred:
         return fn(*args)
 
 
+def _saved_outputs(fx_gm, n_user):
+    """Indexes of the outputs of aot_autograd's forward graph fx_gm that only its backward reads
+    (saved activations), which may come back in any layout: channels_last convolutions' results
+    stay so into the backward's. aot_autograd puts mutated inputs first (as many as its metadata
+    says), then the n_user outputs of the user's graph, then the saved values (as Inductor reads
+    them). Empty where no tracing context tells."""
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None)
+    start = getattr(meta, "num_mutated_inp_runtime_indices", None)
+    if start is None:
+        return frozenset()
+    outs = torch.utils._pytree.arg_tree_leaves(*next(n for n in reversed(fx_gm.graph.nodes) if n.op == "output").args)
+    return frozenset(range(start + n_user, len(outs)))
+
+
 def _compile(gm, example_inputs, mode, record):
     """The backend's work: aot_autograd's forward and backward graphs, each lowered to a runner."""
     from torch._dynamo.backends.common import aot_autograd
     from functorch.compile import make_boxed_func
 
-    def compile_graph(fx_gm, inputs, inference=False):
-        runner = fx_to_graph(fx_gm, inputs, mode=mode, inference=inference)
+    n_user = len(torch.utils._pytree.arg_tree_leaves(*next(
+        n for n in reversed(gm.graph.nodes) if n.op == "output").args))
+
+    handed = []         # FX names of the values the forward graph hands its backward channels_last
+
+    def compile_graph(fx_gm, inputs, inference=False, what="forward"):
+        free = _saved_outputs(fx_gm, n_user) if what == "forward" else frozenset()
+        runner = fx_to_graph(fx_gm, inputs, mode=mode, inference=inference, free_outputs=free,
+                             cl_inputs=frozenset(handed) if what == "backward" else frozenset())
+        if what == "forward":
+            handed[:] = runner.cl_outputs
+        if runner.compiled is not None:
+            runner.compiled.label = _graph_label(fx_gm, what)
         if record is not None:
             record.append(runner)
         return make_boxed_func(runner)
 
-    compile_fn = aot_autograd(fw_compiler=compile_graph, bw_compiler=compile_graph,
-                              inference_compiler=functools.partial(compile_graph, inference=True),
+    compile_fn = aot_autograd(fw_compiler=compile_graph,
+                              bw_compiler=functools.partial(compile_graph, what="backward"),
+                              inference_compiler=functools.partial(compile_graph, inference=True,
+                                                                   what="inference"),
                               decompositions=decompositions)
     # The backward graph is lowered now, beside the forward, rather than at the first backward
     # call (aot_autograd's lazy default): with batch compile, the forward's first call then

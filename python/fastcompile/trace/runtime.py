@@ -205,12 +205,14 @@ def build(tracer, vars_, user_stack=()):
     op_count = tracer.op_count
     if outputs:
         graph.output(*[v.value for v in outputs])
-    state = {"compiled": None, "first": None}
+    code = tracer.code
+    state = {"compiled": None, "first": None,      # label: the graph's name in fastcompile.profile()
+             "label": "%s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), code.co_firstlineno)}
     if outputs:
         from .. import config
         background = bool(config.get("async_compile"))
         if background:
-            state["compiled"] = graph.compile()
+            state["compiled"] = _compile(graph, state)
         state["first"] = _FirstCall(tracer, outputs, state["compiled"], background)
 
     has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's arrays
@@ -235,7 +237,7 @@ def build(tracer, vars_, user_stack=()):
                 state["first"] = None       # spent: later calls skip all this
             c = state["compiled"]
             if c is None:
-                c = state["compiled"] = graph.compile()
+                c = state["compiled"] = _compile(graph, state)
             values = read_inputs(*env.args)
             env.memo.update(zip(input_srcs, values))    # the plans below read these as before
             arrays = list(values)
@@ -521,6 +523,12 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     return run
 
 
+def _compile(graph, state):
+    c = graph.compile()
+    c.label = state["label"]
+    return c
+
+
 def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     """For the common frame (NumPy arrays straight from arguments in, one array or a
     tuple of arrays straight out of the graph), a target with no per-call
@@ -540,7 +548,7 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
         ks.append(next(i for i, o in enumerate(outputs) if o is v))
     from .. import _C
     pos = tuple(slots.index(src.slot) for src, _ in inputs)
-    compiled = state["compiled"] = state["compiled"] or graph.compile()
+    compiled = state["compiled"] = state["compiled"] or _compile(graph, state)
     if first is not None and not first.background and first.inputs is not None:
         _load_all(compiled, tuple(first.inputs), first.stand_ins)    # the first call is next
     # Sync: the Compiled itself, so the first call runs the externs again (NumPy arrays in,
