@@ -5,8 +5,10 @@ fastcompile.compile (our own frontend; training through autograd mode and aot_au
     python3 benchmarks/models.py --quick    # smoke run (small sizes, few iterations)
     python3 benchmarks/models.py --small    # host-bound sizes, timed in full: per-call costs
 
-Models: a transformer block (LayerNorm, multi-head attention, GELU MLP) and an MLP; each for
-inference (no_grad forward) and a training step (forward, MSE loss, backward, SGD step).
+Models: a transformer block (LayerNorm, multi-head attention, GELU MLP), an MLP and a small NCHW
+CNN (two conv + BatchNorm2d + ReLU blocks, average pool, linear head); each for inference (no_grad
+forward) and a training step (forward, MSE loss, backward, SGD step). The CNN's BatchNorm runs in
+training mode for both (its batch statistics), as a module left in train() does.
 
 Columns:
   ms/iter     median wall time per iteration after warm-up; the four configurations are timed
@@ -96,6 +98,14 @@ class Block(nn.Module):
         h = self.ln1(x)
         x = x + self.attn(h, h, h, need_weights=False)[0]
         return x + self.mlp(self.ln2(x))
+
+
+def cnn(c_in, c):
+    """Two conv + BatchNorm2d + ReLU blocks, a global average pool and a linear head: an NCHW
+    model, which Inductor and the fastcompile backend both run channels_last inside."""
+    def blk(ci, co):
+        return [nn.Conv2d(ci, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU()]
+    return nn.Sequential(*blk(c_in, c), *blk(c, c), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
 
 
 def mlp(d):
@@ -329,15 +339,18 @@ def main(args):
     if args.quick:
         iters, warmup = 5, 2
         cases = [("transformer", lambda: Block(64, 4), torch.randn(4, 32, 64)),
-                 ("mlp", lambda: mlp(64), torch.randn(64, 64))]
+                 ("mlp", lambda: mlp(64), torch.randn(64, 64)),
+                 ("cnn", lambda: cnn(8, 8), torch.randn(2, 8, 16, 16))]
     elif args.small:
         iters, warmup = 60, 5
         cases = [("transformer", lambda: Block(64, 4), torch.randn(2, 16, 64)),
-                 ("mlp", lambda: mlp(64), torch.randn(16, 64))]
+                 ("mlp", lambda: mlp(64), torch.randn(16, 64)),
+                 ("cnn", lambda: cnn(8, 8), torch.randn(2, 8, 8, 8))]
     else:
         iters, warmup = 60, 5
         cases = [("transformer", lambda: Block(256, 8), torch.randn(8, 128, 256)),
-                 ("mlp", lambda: mlp(512), torch.randn(512, 512))]
+                 ("mlp", lambda: mlp(512), torch.randn(512, 512)),
+                 ("cnn", lambda: cnn(16, 32), torch.randn(16, 16, 32, 32))]
     print("torch %s, %d threads, %s, OMP_WAIT_POLICY %s" % (
         torch.__version__, torch.get_num_threads(), "quick" if args.quick else "small" if args.small else "full",
         OMP_POLICY_AT_LOAD))

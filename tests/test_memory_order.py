@@ -294,8 +294,9 @@ def test_inference_convolutions_run_channels_last(monkeypatch):
         torch.testing.assert_close(cf(xc), ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("inplace", [False, True])
-def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace):
+@pytest.mark.parametrize("inplace,frontend", [(False, "torch.compile"), (True, "torch.compile"),
+                                              (False, "fastcompile.compile")])
+def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, frontend):
     """A training step of an NCHW CNN (BatchNorm in training, residual adds, a max pool) through
     torch.compile(backend=fastcompile): forward and backward graphs run their convolutions (and
     the convolutions' backward) channels_last, as Inductor does on the CPU (oneDNN's
@@ -303,10 +304,11 @@ def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace):
     the backward come back channels_last and the backward expects them so: per step the only
     activation-sized relayout copy is the output the user sees, and the backward's first call
     builds no plan the batch compile had not (its layouts were predicted). Gradients, updated
-    parameters and running statistics as eager's over three SGD steps."""
+    parameters and running statistics as eager's over three SGD steps. fastcompile.compile's
+    training graphs (autograd mode) take the same route."""
     torch = _torch()
     import copy
-    import functools
+    import fastcompile
     from fastcompile.backends import torch as fbt
     torch.manual_seed(0)
     base = _resnet_pair(torch, c=8, inplace=inplace).train()
@@ -315,8 +317,12 @@ def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace):
     real = fbt._restride
     monkeypatch.setattr(fbt, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
     record = []
+    real_lower = fbt.fx_to_graph
+    monkeypatch.setattr(fbt, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
     torch._dynamo.reset()
-    cf = torch.compile(mod, backend=functools.partial(fbt.backend, record=record), dynamic=False)
+    fastcompile.reset()
+    cf = torch.compile(mod, backend=fbt.backend, dynamic=False) if frontend == "torch.compile" \
+        else fastcompile.compile(mod)
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt = torch.optim.SGD(mod.parameters(), lr=0.1)
     x = torch.randn(2, 8, 8, 8)

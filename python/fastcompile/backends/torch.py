@@ -2651,6 +2651,10 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
     if varying:
         return _PerSize(gm, varying, example_inputs, mode, record)     # Dynamo disables its frames
     try:
+        if torch._guards.TracingContext.try_get() is None and _deferrable(example_inputs):
+            # outside Dynamo (fastcompile.compile): a tracing context as Dynamo's, where
+            # aot_autograd leaves its metadata (_saved_outputs reads which outputs it saves)
+            return _compile_later(gm, *_fakes(example_inputs), mode, record)
         return _compile(gm, example_inputs, mode, record)
     except Exception as e:
         # aot_autograd refuses some graphs Dynamo hands over (x.data = y on an input: a set_ it
