@@ -452,3 +452,67 @@ def test_rows_are_shared_between_threads_without_rounding():
     assert re.search(r"FC_RUN_RANGES\(L, L->n_outer, 1, fc_\w+_rows", srcs), srcs
     if len(f.kernels) > 1:
         assert re.search(r"FC_RUN_RANGES\(L, L->n_outer, 16, fc_\w+_range", srcs)
+
+
+@pytest.fixture
+def two_threads_always():
+    """2 threads and no serial threshold: small launches take the threaded paths."""
+    old = {k: fastcompile.config.get(k) for k in ("num_threads", "serial_below")}
+    fastcompile.config.set(num_threads=2, serial_below=0)
+    yield
+    fastcompile.config.set(**old)
+
+
+@pytest.mark.parametrize("op", sorted(REFS) + ["all"])
+@pytest.mark.parametrize("shape,axis", [((4096, 32), 0), ((2000, 3), 0), ((1000, 50), 0), ((640, 64), 0),
+                                        ((700, 65), 0), ((300, 7, 5), (0, 1))])
+def test_column_blocks_share_rows_between_threads(two_threads_always, op, shape, axis):
+    """Few columns, many rows (fc_use_cols_split: 64 columns or fewer on 2 threads): the threads
+    share each block's rows, each thread's partial per column is published and every thread
+    folds them in thread order before the block's next sweep. Every reduction kind, NaN and
+    inf included, against NumPy (sums in float64 within float32 rounding); 65 columns keep the
+    columns-per-thread version. NaN must survive max/min's folding from either thread's half."""
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    if op in ("amax", "amin"):
+        x.reshape(shape[0], -1)[shape[0] - 3, 1] = np.nan      # in the second thread's rows
+        x.reshape(shape[0], -1)[2, 2 % x.reshape(shape[0], -1).shape[1]] = np.inf
+    if op == "prod":
+        x = (1 + x / 50).astype(np.float32)
+    if op in ("any", "all"):
+        x = (rng.random(shape) < (0.002 if op == "any" else 0.998)).astype(np.float32)
+    g = Graph()
+    a = g.input("float32", len(shape))
+    if op == "all":
+        g.output(g.call("logical_not", g.call("any", g.call("eq", a, 0.0), axis=axis)))
+        want = np.all(x != 0, axis=axis)
+    else:
+        g.output(g.call(op, a, axis=axis))
+        want = REFS[op](x, axis, False)
+    (got,) = g.compile()(x)
+    assert_close_np(got, want, rtol=2e-5, atol=1e-5)
+
+
+def test_batchnorm_statistics_of_channels_last_share_rows(two_threads_always):
+    """BatchNorm's training statistics and normalize over a channels_last (N, C, H, W) of 32
+    channels (the CNN case: 16 columns per thread was one vector per row, and the threads'
+    columns shared cache lines; shared rows run 2x faster on 2 cores): mean and variance
+    over (N, H, W) each folded across the threads before the next sweep, results stored by
+    each thread for its rows. Against NumPy in float64."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((16, 9, 10, 32), dtype=np.float32).transpose(0, 3, 1, 2)
+    g = Graph()
+    u = g.input("float32", 4)
+    d = g.call("sub", u, g.call("mean", u, axis=(0, 2, 3), keepdim=True))
+    v = g.call("mean", g.call("mul", d, d), axis=(0, 2, 3), keepdim=True)
+    g.output(g.call("relu", g.call("mul", d, g.call("rsqrt", g.call("add", v, 1e-5)))), v)
+    f = g.compile()
+    y, var = f(x)
+    x64 = x.astype(np.float64)
+    d64 = x64 - x64.mean(axis=(0, 2, 3), keepdims=True)
+    v64 = (d64 * d64).mean(axis=(0, 2, 3), keepdims=True)
+    assert_close_np(var, v64.astype(np.float32), rtol=1e-5, atol=1e-7)
+    assert_close_np(y, np.maximum(d64 / np.sqrt(v64 + 1e-5), 0).astype(np.float32), rtol=1e-4, atol=1e-5)
+    assert y.strides == x.strides                   # channels_last results, as the input
+    src = f.kernels[0].source
+    assert "fc_use_cols_split(L)" in src and "_cparts P;" in src

@@ -913,10 +913,10 @@ emit_cols_sweep(Gen *G, const int *reds, int nreds, int store, char *need)
     LINE(G, "{");
     G->e.depth++;
     LINE(G, "int64_t idx[FC_LAUNCH_MAXDIM];");
-    LINE(G, "fc_unravel(0, L->nd_inner, L->ishape, idx);");
-    LINE(G, "for (int64_t j0 = 0; j0 < L->n_inner;) {");
+    LINE(G, "fc_unravel(jlo, L->nd_inner, L->ishape, idx);");
+    LINE(G, "for (int64_t j0 = jlo; j0 < jhi;) {");
     G->e.depth++;
-    LINE(G, "const int64_t len = fc_run_length(L->nd_inner, L->ishape, idx, L->n_inner - j0);");
+    LINE(G, "const int64_t len = fc_run_length(L->nd_inner, L->ishape, idx, jhi - j0);");
     for (int o = 0; o < K->nops; o++) {
         int dt;
         if (!use[o]) {
@@ -994,10 +994,60 @@ emit_cols_accs(Gen *G, const int *reds, int nreds)
     }
 }
 
+/* rows shared by the threads (P non-NULL): each publishes its partials of
+ * the block's columns, then every thread folds them in thread order */
+static void
+emit_cols_combine(Gen *G, const int *reds, int nreds)
+{
+    const FcSpec *s = G->e.s;
+    LINE(G, "if (P != NULL) {");
+    G->e.depth++;
+    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+    for (int r = 0; r < nreds; r++) {
+        LINE(G, "    P->part%d[tid][b] = acc%d[b];", reds[r], reds[r]);
+        if (fc_expr_has_nan_flag(s, reds[r])) {
+            LINE(G, "    P->nan%d[tid][b] = nan%d[b];", reds[r], reds[r]);
+        }
+    }
+    LINE(G, "}");
+    LINE(G, "#pragma omp barrier");
+    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+    G->e.depth++;
+    for (int r = 0; r < nreds; r++) {
+        char init[EXPR], px[48];
+        int v = reds[r];
+        fc_expr_acc_init(s, v, init);
+        LINE(G, "acc%d[b] = %s;", v, init);
+        if (fc_expr_has_nan_flag(s, v)) {
+            LINE(G, "nan%d[b] = 0;", v);
+        }
+        LINE(G, "for (int t = 0; t < nth; t++) {");
+        G->e.depth++;
+        snprintf(px, sizeof(px), "P->part%d[t][b]", v);
+        if (s->g->nodes[v].op == FC_OP_SUM) {
+            LINE(G, "acc%d[b] += %s;", v, px);
+        }
+        else if (s->g->nodes[v].op == FC_OP_PROD) {
+            LINE(G, "acc%d[b] *= %s;", v, px);
+        }
+        else {
+            fc_expr_accumulate(&G->e, v, px, "0");
+            if (fc_expr_has_nan_flag(s, v)) {
+                LINE(G, "nan%d[b] |= P->nan%d[t][b];", v, v);
+            }
+        }
+        CLOSE(G);
+    }
+    CLOSE(G);
+    LINE(G, "#pragma omp barrier");     /* read by all before the next block's partials */
+    CLOSE(G);
+}
+
 /* a level's reduction results, then its OUTER nodes, over the block */
 static int
 emit_cols_results(Gen *G, const int *reds, int nreds, int level)
 {
+    emit_cols_combine(G, reds, nreds);
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;
     for (int r = 0; r < nreds; r++) {
@@ -1052,13 +1102,35 @@ emit_cols(Gen *G, const char *name)
             G->cols_zero |= (uint64_t)1 << o;
         }
     }
+    /* partials per thread and column, for rows shared by the threads */
+    LINE(G, "typedef struct {");
+    G->e.depth++;
+    for (int m = 0; m < K->nnodes; m++) {
+        int v = K->nodes[m];
+        if (fc_expr_is_red(s, v)) {
+            LINE(G, "%s part%d[FC_COLS_SPLIT_THREADS][FC_COLS];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v);
+            if (fc_expr_has_nan_flag(s, v)) {
+                LINE(G, "int nan%d[FC_COLS_SPLIT_THREADS][FC_COLS];", v);
+            }
+        }
+    }
+    G->e.depth--;
+    LINE(G, "} %s_cparts;", name);
+    fc_str_puts(G->e.b, "\n");
+    /* outer elements [lo, hi) in blocks; P == NULL: this thread walks their
+     * rows whole, else its share of them (fc_use_cols_split) */
     LINE(G, "static void");
-    LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
+    LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err, %s_cparts *P, int tid, int nth)",
+         name, name);
     LINE(G, "{");
     G->e.depth++;
     LINE(G, "int fc_err = 0;");
     LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
+    LINE(G, "int64_t jlo = 0, jhi = L->n_inner;");
     fc_expr_emit_operand_decls(&G->e);
+    LINE(G, "if (P != NULL) {");
+    LINE(G, "    fc_thread_range(L->n_inner, 16, tid, nth, &jlo, &jhi);");
+    LINE(G, "}");
     LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
     LINE(G, "for (int64_t o = lo; o < hi;) {");
     G->e.depth++;
@@ -1093,15 +1165,24 @@ emit_cols(Gen *G, const char *name)
             goto cleanup;
         }
     }
+    LINE(G, "if (P == NULL || tid == 0) {");
+    G->e.depth++;
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;
     fc_expr_emit_outer_stores(&G->e);
+    CLOSE(G);
     CLOSE(G);
     LINE(G, "o += nb;");
     LINE(G, "fc_advance(L->nd_outer, L->oshape, oidx, nb);");
     CLOSE(G);
     LINE(G, "fc_report(err, fc_err);");
     CLOSE(G);
+    fc_str_puts(G->e.b, "\n");
+    LINE(G, "static void");
+    LINE(G, "%s_cols_all(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
+    LINE(G, "{");
+    LINE(G, "    %s_cols(L, lo, hi, err, NULL, 0, 1);", name);
+    LINE(G, "}");
     fc_str_puts(G->e.b, "\n");
     rc = 0;
 cleanup:
@@ -1190,9 +1271,18 @@ emit_reduction(Gen *G, const char *name)
     }
     if (cols) {
         LINE(G, "if (fc_use_cols(L, 0x%llxULL)) {", (unsigned long long)G->cols_zero);
-        LINE(G, "    FC_RUN_RANGES(L, L->n_outer, 16, %s_cols, &err);", name);
-        LINE(G, "    return err;");
+        G->e.depth++;
+        LINE(G, "if (fc_use_cols_split(L)) {");
+        G->e.depth++;
+        LINE(G, "%s_cparts P;", name);
+        LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
+        LINE(G, "%s_cols(L, 0, L->n_outer, &err, &P, omp_get_thread_num(), omp_get_num_threads());", name);
+        CLOSE(G);
+        LINE(G, "else {");
+        LINE(G, "    FC_RUN_RANGES(L, L->n_outer, 16, %s_cols_all, &err);", name);
         LINE(G, "}");
+        LINE(G, "return err;");
+        CLOSE(G);
     }
     LINE(G, "if (fc_use_split(L)) {");
     G->e.depth++;

@@ -257,6 +257,20 @@ fc_use_cols(const fc_launch *L, uint64_t zero)
     return strided;
 }
 
+/* few columns, many rows (a BatchNorm's statistics over 32 channels_last
+ * channels): the threads share each column block's rows instead of owning
+ * columns (a share of 16 columns is one vector per row, and neighbouring
+ * threads' columns share cache lines), publishing partials per column in
+ * FC_COLS_SPLIT_THREADS x FC_COLS arrays on the caller's stack */
+#define FC_COLS_SPLIT_THREADS 16
+static inline int
+fc_use_cols_split(const fc_launch *L)
+{
+    return L->nthreads > 1 && L->nthreads <= FC_COLS_SPLIT_THREADS &&
+           2 * L->n_outer <= (int64_t)FC_COLS * L->nthreads && L->n_inner >= 64 * (int64_t)L->nthreads &&
+           L->n_outer * L->n_inner >= L->serial_below;
+}
+
 /* fn(L, lo, hi, err) over [0, n) in shares of gran-item steps (fc_thread_range),
  * on one thread below the serial threshold */
 #define FC_RUN_RANGES(L, n, gran, fn, errp)                                        \
