@@ -372,15 +372,16 @@ fc_api_compiled_new(GraphObject *graph)
     c->views = PyList_GetSlice(graph->views, 0, PyList_GET_SIZE(graph->views));
     c->origin = fc_api_caller_origin();
     c->kernels = PyList_New(0);
-    c->prof = PyMem_Calloc(c->g.nnodes + 2, sizeof(FcProfRef));
-    if (c->prof == NULL) {
-        Py_DECREF(c);
-        return PyErr_NoMemory();
-    }
     if (c->externs == NULL || c->views == NULL || c->origin == NULL || c->kernels == NULL
         || build_segments(c) < 0 || build_schedule(c) < 0) {
         Py_DECREF(c);
         return NULL;
+    }
+    /* after build_segments: the node count is final */
+    c->prof = PyMem_Calloc(c->g.nnodes + 2, sizeof(FcProfRef));
+    if (c->prof == NULL) {
+        Py_DECREF(c);
+        return PyErr_NoMemory();
     }
     return (PyObject *)c;
 }
