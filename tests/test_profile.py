@@ -203,3 +203,29 @@ def test_traced_functions_are_labelled_by_their_code():
     calls = [r.name for r in prof.rows if r.kind == "call"]
     assert calls == ["scaled_exp (test_profile.py:%d)" % scaled_exp.__code__.co_firstlineno], calls
     assert any(r.kind == "kernel" and r.calls == 1 for r in prof.rows)
+
+
+def test_extern_rows_name_the_traced_function_and_skip_stand_ins():
+    """fastcompile.compile's externs are named after the NumPy function they call; runs with
+    stand-in externs (Compiled._warm, as a background compile does) add no extern row and no
+    kernel row: only calls are profiled."""
+    def matexp(a, b):
+        return np.exp(a @ b) + 1.0
+
+    cf = fastcompile.compile(matexp)
+    a = np.full((8, 8), 0.1, np.float32)
+    with fastcompile.profile() as prof:
+        for _ in range(2):
+            np.testing.assert_allclose(cf(a, a), np.exp(a @ a) + 1.0, rtol=1e-5)
+    ext = [r for r in prof.rows if r.kind == "extern"]
+    assert [(r.name, r.calls) for r in ext] == [("extern__operator_matmul", 2)], ext
+
+    g = Graph()
+    x = g.input("float32", 1)
+    g.output(g.call("exp", g.extern(lambda t: t * 2, g.call("neg", x))))
+    f = g.compile()
+    v = np.arange(4, dtype=np.float32)
+    f(v)
+    with fastcompile.profile() as prof:
+        f._warm((v,), [lambda t: t * 3])
+    assert prof.rows == [], prof.rows

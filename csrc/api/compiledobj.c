@@ -851,14 +851,14 @@ static void
 prof_extern(CompiledObject *c, PyObject *externs, int e, uint64_t ns)
 {
     FcProfRef *ref = &c->prof[e];
-    PyObject *fn, *name = NULL;   /* fn: borrowed; name: owned */
+    PyObject *fn, *name = NULL;   /* fn, name: owned (a name lookup may run Python code) */
     const char *text = NULL;
     int idx = c->g.nodes[e].extern_index;
     if (fc_prof_known(ref)) {
         fc_prof_add(ref, FC_PROF_EXTERN, NULL, NULL, NULL, ns, 0, 0);
         return;
     }
-    fn = idx < PyList_GET_SIZE(externs) ? PyList_GET_ITEM(externs, idx) : Py_None;
+    fn = Py_NewRef(idx < PyList_GET_SIZE(externs) ? PyList_GET_ITEM(externs, idx) : Py_None);
     if ((name = PyObject_GetAttrString(fn, "__qualname__")) == NULL) {
         PyErr_Clear();
         name = PyObject_GetAttrString(fn, "__name__");
@@ -870,6 +870,14 @@ prof_extern(CompiledObject *c, PyObject *externs, int e, uint64_t ns)
     fc_prof_add(ref, FC_PROF_EXTERN, text != NULL ? text : Py_TYPE(fn)->tp_name, NULL, prof_text(c->origin),
                 ns, 0, 0);
     Py_XDECREF(name);
+    Py_DECREF(fn);
+}
+
+/* c's name in profile(): its label, else its origin (borrowed) */
+static PyObject *
+current_label(const CompiledObject *c)
+{
+    return c->label != NULL ? c->label : c->origin;
 }
 
 #define FC_STACK_VALS 128
@@ -912,7 +920,8 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         FcSegment *seg = &c->segs[L].seg;
         FcPlan *p;
         for (int e = c->ext_start[L]; e < c->ext_start[L + 1]; e++) {
-            const uint64_t t0 = fc_prof_on ? fc_prof_now() : 0;
+            /* stand-ins (_warm, _prebuild, _call_with's replays) are not the externs' time */
+            const uint64_t t0 = fc_prof_on && externs == c->externs && !dry ? fc_prof_now() : 0;
             if (run_extern(c, externs, c->ext_nodes[e], vals, dev) < 0) {
                 goto done;
             }
@@ -973,7 +982,7 @@ profiled_run(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObjec
     if (t0 == 0) {
         return run_graph(c, args, nargs, externs, tune, 0);
     }
-    label = Py_NewRef(c->label != NULL ? c->label : c->origin);
+    label = Py_NewRef(current_label(c));
     if ((name = prof_text(label)) == NULL) {
         name = "?";
     }
@@ -984,11 +993,13 @@ profiled_run(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObjec
         const uint64_t ns = fc_prof_now() - t0;
         const double cms = c->compile_ms - ms0;
         const uint64_t cns = cms > 0 ? (uint64_t)(cms * 1e6) : 0;
-        fc_prof_add(&c->prof[c->g.nnodes], FC_PROF_CALL, name, NULL, prof_text(c->origin),
-                    ns > cns ? ns - cns : 0, 0, 0);
+        /* the label changed meanwhile (another thread, an extern): this call's row is
+         * looked up afresh, not cached where the new label's rows will be */
+        FcProfRef fresh[2] = {{0, 0}, {0, 0}};
+        FcProfRef *refs = label == current_label(c) ? &c->prof[c->g.nnodes] : fresh;
+        fc_prof_add(&refs[0], FC_PROF_CALL, name, NULL, prof_text(c->origin), ns > cns ? ns - cns : 0, 0, 0);
         if (cns > 0) {
-            fc_prof_add(&c->prof[c->g.nnodes + 1], FC_PROF_COMPILE, name, NULL, prof_text(c->origin),
-                        cns, 0, 0);
+            fc_prof_add(&refs[1], FC_PROF_COMPILE, name, NULL, prof_text(c->origin), cns, 0, 0);
         }
     }
     Py_DECREF(label);
@@ -1219,7 +1230,7 @@ Compiled_get_origin(CompiledObject *c, void *closure)
 static PyObject *
 Compiled_get_label(CompiledObject *c, void *closure)
 {
-    return Py_NewRef(c->label != NULL ? c->label : c->origin);
+    return Py_NewRef(current_label(c));
 }
 
 static int

@@ -722,12 +722,79 @@ choose_stash(Gen *G)
     return 0;
 }
 
+/* Threads that share rows (P non-NULL): each publishes its partial of every
+ * reduction in reds, then every thread folds them all in thread order, so
+ * all hold the same result. pre: the member prefix in P ("" for a row's
+ * scalars; "l<level>." for a column block's arrays, folded over b < nb, the
+ * accumulators then indexed [b] by gen_expr). Two barriers: the partials are
+ * read by all before any thread publishes the next ones. */
+static void
+emit_fold(Gen *G, const int *reds, int nreds, const char *pre)
+{
+    const FcSpec *s = G->e.s;
+    const char *sub = G->e.cols ? "[b]" : "";
+    LINE(G, "if (P != NULL) {");
+    G->e.depth++;
+    if (G->e.cols) {
+        LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+        G->e.depth++;
+    }
+    for (int r = 0; r < nreds; r++) {
+        int v = reds[r];
+        LINE(G, "P->%spart%d[tid]%s = acc%d%s;", pre, v, sub, v, sub);
+        if (fc_expr_has_nan_flag(s, v)) {
+            LINE(G, "P->%snan%d[tid]%s = nan%d%s;", pre, v, sub, v, sub);
+        }
+        if (fc_expr_has_index(s, v)) {
+            LINE(G, "P->%sidx%d[tid]%s = idx%d%s;", pre, v, sub, v, sub);
+        }
+    }
+    if (G->e.cols) {
+        CLOSE(G);
+    }
+    LINE(G, "#pragma omp barrier");
+    if (G->e.cols) {
+        LINE(G, "for (int64_t b = 0; b < nb; b++) {");
+        G->e.depth++;
+    }
+    for (int r = 0; r < nreds; r++) {
+        char init[EXPR], px[48], pj[48];
+        int v = reds[r];
+        fc_expr_acc_init(s, v, init);
+        LINE(G, "acc%d%s = %s;", v, sub, init);
+        if (fc_expr_has_nan_flag(s, v)) {
+            LINE(G, "nan%d%s = 0;", v, sub);
+        }
+        LINE(G, "for (int t = 0; t < nth; t++) {");
+        G->e.depth++;
+        snprintf(px, sizeof(px), "P->%spart%d[t]%s", pre, v, sub);
+        snprintf(pj, sizeof(pj), "P->%sidx%d[t]%s", pre, v, sub);
+        if (s->g->nodes[v].op == FC_OP_SUM) {
+            LINE(G, "acc%d%s += %s;", v, sub, px);
+        }
+        else if (s->g->nodes[v].op == FC_OP_PROD) {
+            LINE(G, "acc%d%s *= %s;", v, sub, px);
+        }
+        else {
+            fc_expr_accumulate(&G->e, v, px, pj);
+            if (fc_expr_has_nan_flag(s, v)) {
+                LINE(G, "nan%d%s |= P->%snan%d[t]%s;", v, sub, pre, v, sub);
+            }
+        }
+        CLOSE(G);
+    }
+    if (G->e.cols) {
+        CLOSE(G);
+    }
+    LINE(G, "#pragma omp barrier");
+    CLOSE(G);
+}
+
 /* the body for one outer element o (offsets ob<k> already set). With P
  * non-NULL the threads share the row: partials are combined at barriers. */
 static int
 emit_row(Gen *G)
 {
-    const FcSpec *s = G->e.s;
     const FcKernelIR *K = G->e.K;
     int reds[FC_MAX_KERNEL_REDS];
 
@@ -746,48 +813,7 @@ emit_row(Gen *G)
             }
             G->in_stash_sweep = G->after_stash = 0;
             G->sp = SP_OUTER_POINT;
-            /* shared rows: publish partials, then every thread folds them in thread order */
-            LINE(G, "if (P != NULL) {");
-            G->e.depth++;
-            for (int r = 0; r < nreds; r++) {
-                int v = reds[r];
-                LINE(G, "P->part%d[tid] = acc%d;", v, v);
-                if (fc_expr_has_nan_flag(s, v)) {
-                    LINE(G, "P->nan%d[tid] = nan%d;", v, v);
-                }
-                if (fc_expr_has_index(s, v)) {
-                    LINE(G, "P->idx%d[tid] = idx%d;", v, v);
-                }
-            }
-            LINE(G, "#pragma omp barrier");
-            for (int r = 0; r < nreds; r++) {
-                char init[EXPR], px[32], pj[32];
-                int v = reds[r];
-                fc_expr_acc_init(s, v, init);
-                LINE(G, "acc%d = %s;", v, init);
-                if (fc_expr_has_nan_flag(s, v)) {
-                    LINE(G, "nan%d = 0;", v);
-                }
-                LINE(G, "for (int t = 0; t < nth; t++) {");
-                G->e.depth++;
-                snprintf(px, sizeof(px), "P->part%d[t]", v);
-                snprintf(pj, sizeof(pj), "P->idx%d[t]", v);
-                if (s->g->nodes[v].op == FC_OP_SUM) {
-                    LINE(G, "acc%d += %s;", v, px);
-                }
-                else if (s->g->nodes[v].op == FC_OP_PROD) {
-                    LINE(G, "acc%d *= %s;", v, px);
-                }
-                else {
-                    fc_expr_accumulate(&G->e, v, px, pj);
-                    if (fc_expr_has_nan_flag(s, v)) {
-                        LINE(G, "nan%d |= P->nan%d[t];", v, v);
-                    }
-                }
-                CLOSE(G);
-            }
-            LINE(G, "#pragma omp barrier");
-            CLOSE(G);
+            emit_fold(G, reds, nreds, "");       /* shared rows */
             for (int r = 0; r < nreds; r++) {
                 fc_expr_emit_red_result(&G->e, reds[r]);
             }
@@ -994,60 +1020,13 @@ emit_cols_accs(Gen *G, const int *reds, int nreds)
     }
 }
 
-/* rows shared by the threads (P non-NULL): each publishes its partials of
- * the block's columns, then every thread folds them in thread order */
-static void
-emit_cols_combine(Gen *G, const int *reds, int nreds)
-{
-    const FcSpec *s = G->e.s;
-    LINE(G, "if (P != NULL) {");
-    G->e.depth++;
-    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
-    for (int r = 0; r < nreds; r++) {
-        LINE(G, "    P->part%d[tid][b] = acc%d[b];", reds[r], reds[r]);
-        if (fc_expr_has_nan_flag(s, reds[r])) {
-            LINE(G, "    P->nan%d[tid][b] = nan%d[b];", reds[r], reds[r]);
-        }
-    }
-    LINE(G, "}");
-    LINE(G, "#pragma omp barrier");
-    LINE(G, "for (int64_t b = 0; b < nb; b++) {");
-    G->e.depth++;
-    for (int r = 0; r < nreds; r++) {
-        char init[EXPR], px[48];
-        int v = reds[r];
-        fc_expr_acc_init(s, v, init);
-        LINE(G, "acc%d[b] = %s;", v, init);
-        if (fc_expr_has_nan_flag(s, v)) {
-            LINE(G, "nan%d[b] = 0;", v);
-        }
-        LINE(G, "for (int t = 0; t < nth; t++) {");
-        G->e.depth++;
-        snprintf(px, sizeof(px), "P->part%d[t][b]", v);
-        if (s->g->nodes[v].op == FC_OP_SUM) {
-            LINE(G, "acc%d[b] += %s;", v, px);
-        }
-        else if (s->g->nodes[v].op == FC_OP_PROD) {
-            LINE(G, "acc%d[b] *= %s;", v, px);
-        }
-        else {
-            fc_expr_accumulate(&G->e, v, px, "0");
-            if (fc_expr_has_nan_flag(s, v)) {
-                LINE(G, "nan%d[b] |= P->nan%d[t][b];", v, v);
-            }
-        }
-        CLOSE(G);
-    }
-    CLOSE(G);
-    LINE(G, "#pragma omp barrier");     /* read by all before the next block's partials */
-    CLOSE(G);
-}
-
 /* a level's reduction results, then its OUTER nodes, over the block */
 static int
 emit_cols_results(Gen *G, const int *reds, int nreds, int level)
 {
-    emit_cols_combine(G, reds, nreds);
+    char pre[16];
+    snprintf(pre, sizeof(pre), "l%d.", level);
+    emit_fold(G, reds, nreds, pre);
     LINE(G, "for (int64_t b = 0; b < nb; b++) {");
     G->e.depth++;
     for (int r = 0; r < nreds; r++) {
@@ -1102,17 +1081,24 @@ emit_cols(Gen *G, const char *name)
             G->cols_zero |= (uint64_t)1 << o;
         }
     }
-    /* partials per thread and column, for rows shared by the threads */
-    LINE(G, "typedef struct {");
+    /* partials per thread and column, for rows shared by the threads: one
+     * level's at a time (emit_fold's second barrier), so the levels share
+     * the memory */
+    LINE(G, "typedef union {");
     G->e.depth++;
-    for (int m = 0; m < K->nnodes; m++) {
-        int v = K->nodes[m];
-        if (fc_expr_is_red(s, v)) {
+    for (int level = 1; level <= K->nphases; level++) {
+        int n = fc_expr_level_reds(&G->e, level, reds);
+        LINE(G, "struct {");
+        G->e.depth++;
+        for (int r = 0; r < n; r++) {
+            int v = reds[r];
             LINE(G, "%s part%d[FC_COLS_SPLIT_THREADS][FC_COLS];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v);
             if (fc_expr_has_nan_flag(s, v)) {
                 LINE(G, "int nan%d[FC_COLS_SPLIT_THREADS][FC_COLS];", v);
             }
         }
+        G->e.depth--;
+        LINE(G, "} l%d;", level);
     }
     G->e.depth--;
     LINE(G, "} %s_cparts;", name);

@@ -1013,7 +1013,8 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
         bw = e->cands[e->best].block;
         e->uses++;
     }
-    t0 = fc_prof_on ? fc_prof_now() : 0;
+    /* profiled: launches of a call (not _warm's background runs, nor a first autotuned run) */
+    t0 = fc_prof_on && fc_prof_current() != NULL ? fc_prof_now() : 0;
     if (release_gil) {
         Py_BEGIN_ALLOW_THREADS
         err = run_launch(pk->loaded.fn, &L, bw, elsize);
@@ -1114,7 +1115,7 @@ launch_cuda(FcPlan *p, int o, const FcDevArr *arrs, const int64_t *sizes, void *
     if (fc_cuda_run(pk->cu_fn[packed.bits == 64], p->dev - 1, &packed, stream) < 0) {
         return -1;
     }
-    if (fc_prof_on) {      /* asynchronous: counted, with no time */
+    if (fc_prof_on && fc_prof_current() != NULL) {      /* asynchronous: counted, with no time */
         fc_prof_add(&pk->prof, FC_PROF_CUDA, pk->name, pk->loaded.c_path, fc_prof_current(), 0,
                     L.n_outer * L.n_inner, launch_bytes(ops, K->nops));
     }

@@ -50,10 +50,13 @@ FC_INTERNAL const char *fc_prof_scope(const char *name);
 FC_INTERNAL const char *fc_prof_current(void);
 
 /* _C._profile(on, reset): switch recording on or off; reset empties the
- * table first. Returns None. */
+ * table first. args: borrowed; returns None (new reference) or NULL. */
 FC_INTERNAL PyObject *fc_prof_py_set(PyObject *self, PyObject *args);
-/* _C._profile_read(): a new list of tuples (kind, name, calls, ns, elems,
- * bytes, path, origin) and the count of dropped events: (rows, dropped). */
+/* _C._profile_read(): (rows, dropped), a new reference (or NULL): rows a list
+ * of tuples (kind, name, calls, ns, elems, bytes, path, origin), dropped the
+ * events lost to out of memory. A kernel's row is shared by every graph that
+ * runs that kernel (kernels are named by their text); its origin is the
+ * first graph's. */
 FC_INTERNAL PyObject *fc_prof_py_read(PyObject *self, PyObject *noargs);
 
 #endif

@@ -714,7 +714,7 @@ class Tracer:
                     return out.numpy()
                 return tuple(o.numpy() for o in out)
             return out if nout is None else tuple(out)
-        run.__name__ = "extern_" + _name(fn).replace(".", "_")
+        run.__name__ = run.__qualname__ = "extern_" + _name(fn).replace(".", "_")   # (profile()'s row)
         v = self.graph.extern(run, *[a.value for a in arrays], nout=nout)
         self.extern_results.append((example, run, [a.example for a in arrays]))
         self.record_op()
