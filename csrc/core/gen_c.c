@@ -1178,6 +1178,26 @@ cleanup:
     return rc;
 }
 
+/* The driver's two ways over the outer elements: with test(L) true, one team
+ * whose threads share each one's rows (name_<shared>, partials in a
+ * name_<parts> P); else ranges of them per thread, in gran-element steps
+ * (name_<ranges>). Then returns err. */
+static void
+emit_dispatch(Gen *G, const char *name, const char *test, const char *parts, const char *shared,
+              const char *ranges, int gran, const char *comment)
+{
+    LINE(G, "if (%s(L)) {", test);
+    G->e.depth++;
+    LINE(G, "%s_%s P;", name, parts);
+    LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
+    LINE(G, "%s_%s(L, 0, L->n_outer, &err, &P, omp_get_thread_num(), omp_get_num_threads());", name, shared);
+    CLOSE(G);
+    LINE(G, "else {");
+    LINE(G, "    FC_RUN_RANGES(L, L->n_outer, %d, %s_%s, &err);%s", gran, name, ranges, comment);
+    LINE(G, "}");
+    LINE(G, "return err;");
+}
+
 static int
 emit_reduction(Gen *G, const char *name)
 {
@@ -1258,28 +1278,10 @@ emit_reduction(Gen *G, const char *name)
     if (cols) {
         LINE(G, "if (fc_use_cols(L, 0x%llxULL)) {", (unsigned long long)G->cols_zero);
         G->e.depth++;
-        LINE(G, "if (fc_use_cols_split(L)) {");
-        G->e.depth++;
-        LINE(G, "%s_cparts P;", name);
-        LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
-        LINE(G, "%s_cols(L, 0, L->n_outer, &err, &P, omp_get_thread_num(), omp_get_num_threads());", name);
-        CLOSE(G);
-        LINE(G, "else {");
-        LINE(G, "    FC_RUN_RANGES(L, L->n_outer, 16, %s_cols_all, &err);", name);
-        LINE(G, "}");
-        LINE(G, "return err;");
+        emit_dispatch(G, name, "fc_use_cols_split", "cparts", "cols", "cols_all", 16, "");
         CLOSE(G);
     }
-    LINE(G, "if (fc_use_split(L)) {");
-    G->e.depth++;
-    LINE(G, "%s_parts P;", name);
-    LINE(G, "#pragma omp parallel num_threads(L->nthreads)");
-    LINE(G, "%s_body(L, 0, L->n_outer, &err, &P, omp_get_thread_num(), omp_get_num_threads());", name);
-    CLOSE(G);
-    LINE(G, "else {");
-    LINE(G, "    FC_RUN_RANGES(L, L->n_outer, 1, %s_rows, &err);   /* rows: no rounding */", name);
-    LINE(G, "}");
-    LINE(G, "return err;");
+    emit_dispatch(G, name, "fc_use_split", "parts", "body", "rows", 1, "   /* rows: no rounding */");
     CLOSE(G);
     return 0;
 }

@@ -12,11 +12,11 @@ checks, plan lookup). Compiles a call waits for are a separate row, not call tim
 are launched asynchronously: they are counted (calls, elements, bytes) but not timed; time them
 with torch.profiler or Nsight Systems. Profiling costs two clock reads per launch and extern.
 """
-import os
 import threading
 import time
 
 from . import _C
+from .explain import _short
 
 _lock = threading.Lock()
 _depth = 0          # profile() blocks open: the outermost switches recording on and off
@@ -157,14 +157,6 @@ class Profile:
 
     def __repr__(self):
         return "<fastcompile Profile: %d rows, %.3f ms wall>" % (len(self.rows), self.wall_ms or 0.0)
-
-
-def _short(path):
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return rel if not rel.startswith("..") else path
 
 
 def profile():
