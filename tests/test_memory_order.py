@@ -370,3 +370,38 @@ def test_short_rows_with_a_broadcast_row(rows, length, dtype):
         s, d = f(x, b, y)
         assert_close_np(s, x * b + y)
         assert_close_np(d, b - x)
+
+
+def test_a_backward_without_convolutions_takes_channels_last_values(monkeypatch):
+    """A frozen first convolution (no convolution_backward in the backward graph) still hands
+    its channels_last activations to the backward, which then runs channels_last too (its
+    externs get eager's layout where they read strides): gradients as eager's, and no plan
+    built at the backward's first call."""
+    torch = _torch()
+    import copy
+    from fastcompile.backends import torch as fbt
+    nn = torch.nn
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                      nn.Flatten(), nn.Linear(16 * 64, 4))
+    m[0].requires_grad_(False)
+    ref = copy.deepcopy(m)
+    record = []
+    real_lower = fbt.fx_to_graph
+    monkeypatch.setattr(fbt, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
+    torch._dynamo.reset()
+    cf = torch.compile(m, backend=fbt.backend, dynamic=False)
+    x = torch.randn(4, 8, 16, 16)
+    for step in range(2):
+        out = cf(x)
+        if step == 0:
+            plans = [r.compiled.nplans for r in record]
+        out.square().mean().backward()
+        ref(x).square().mean().backward()
+        for (n, p), q in zip(ref.named_parameters(), m.parameters()):
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=n)
+    fw, bw = record
+    assert not any(n.target is torch.ops.aten.convolution_backward.default for n in bw.gm.graph.nodes)
+    assert fw.cl_outputs and bw.cl_inputs == fw.cl_outputs and bw.channels_last
+    assert [r.compiled.nplans for r in record] == plans

@@ -2184,8 +2184,11 @@ class FxGraphRunner:
             _PENDING.add(self)
 
     def _lower(self, gm, example_inputs):
-        L = _Lowering(gm, example_inputs, channels_last=_wants_channels_last(gm, example_inputs),
-                      cl_inputs=self.cl_inputs)
+        # a backward handed channels_last values runs channels_last whether or not it has a
+        # convolution of its own: its externs then get those values in eager's layout where
+        # they read strides (_STRIDED_READS), as in a graph with one
+        L = _Lowering(gm, example_inputs, channels_last=_wants_channels_last(gm, example_inputs) or (
+            bool(self.cl_inputs) and _graph_device(example_inputs) is None), cl_inputs=self.cl_inputs)
         out_node = L.run()
         outs = out_node.args[0]
         single = not isinstance(outs, (tuple, list))
