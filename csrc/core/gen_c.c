@@ -722,6 +722,42 @@ choose_stash(Gen *G)
     return 0;
 }
 
+/* reduction v's members in a partials struct: dims per thread (and column) */
+static void
+emit_part_members(Gen *G, int v, const char *dims)
+{
+    const FcSpec *s = G->e.s;
+    LINE(G, "%s part%d%s;", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v, dims);
+    if (fc_expr_has_nan_flag(s, v)) {
+        LINE(G, "int nan%d%s;", v, dims);
+    }
+    if (fc_expr_has_index(s, v)) {
+        LINE(G, "int64_t idx%d%s;", v, dims);
+    }
+}
+
+/* The head of name_<fn>(L, lo, hi, err, P, tid, nth), over outer elements
+ * [lo, hi): P == NULL, this thread walks their rows whole; else (a
+ * name_<parts> shared by the team) its share [jlo, jhi) of them. Leaves the
+ * body open at oidx = lo. */
+static void
+emit_shared_head(Gen *G, const char *name, const char *fn, const char *parts)
+{
+    LINE(G, "static void");
+    LINE(G, "%s_%s(const fc_launch *L, int64_t lo, int64_t hi, int *err, %s_%s *P, int tid, int nth)",
+         name, fn, name, parts);
+    LINE(G, "{");
+    G->e.depth++;
+    LINE(G, "int fc_err = 0;");
+    LINE(G, "int64_t jlo = 0, jhi = L->n_inner;");
+    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
+    fc_expr_emit_operand_decls(&G->e);
+    LINE(G, "if (P != NULL) {");
+    LINE(G, "    fc_thread_range(L->n_inner, 16, tid, nth, &jlo, &jhi);");
+    LINE(G, "}");
+    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
+}
+
 /* Threads that share rows (P non-NULL): each publishes its partial of every
  * reduction in reds, then every thread folds them all in thread order, so
  * all hold the same result. pre: the member prefix in P ("" for a row's
@@ -1091,11 +1127,7 @@ emit_cols(Gen *G, const char *name)
         LINE(G, "struct {");
         G->e.depth++;
         for (int r = 0; r < n; r++) {
-            int v = reds[r];
-            LINE(G, "%s part%d[FC_COLS_SPLIT_THREADS][FC_COLS];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v);
-            if (fc_expr_has_nan_flag(s, v)) {
-                LINE(G, "int nan%d[FC_COLS_SPLIT_THREADS][FC_COLS];", v);
-            }
+            emit_part_members(G, reds[r], "[FC_COLS_SPLIT_THREADS][FC_COLS]");
         }
         G->e.depth--;
         LINE(G, "} l%d;", level);
@@ -1103,21 +1135,8 @@ emit_cols(Gen *G, const char *name)
     G->e.depth--;
     LINE(G, "} %s_cparts;", name);
     fc_str_puts(G->e.b, "\n");
-    /* outer elements [lo, hi) in blocks; P == NULL: this thread walks their
-     * rows whole, else its share of them (fc_use_cols_split) */
-    LINE(G, "static void");
-    LINE(G, "%s_cols(const fc_launch *L, int64_t lo, int64_t hi, int *err, %s_cparts *P, int tid, int nth)",
-         name, name);
-    LINE(G, "{");
-    G->e.depth++;
-    LINE(G, "int fc_err = 0;");
-    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
-    LINE(G, "int64_t jlo = 0, jhi = L->n_inner;");
-    fc_expr_emit_operand_decls(&G->e);
-    LINE(G, "if (P != NULL) {");
-    LINE(G, "    fc_thread_range(L->n_inner, 16, tid, nth, &jlo, &jhi);");
-    LINE(G, "}");
-    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
+    /* in blocks of FC_COLS; shared rows: fc_use_cols_split */
+    emit_shared_head(G, name, "cols", "cparts");
     LINE(G, "for (int64_t o = lo; o < hi;) {");
     G->e.depth++;
     LINE(G, "int64_t nb = fc_run_length(L->nd_outer, L->oshape, oidx, hi - o);");
@@ -1217,13 +1236,7 @@ emit_reduction(Gen *G, const char *name)
         if (!fc_expr_is_red(s, v)) {
             continue;
         }
-        LINE(G, "%s part%d[FC_MAX_THREADS];", fc_expr_ctype(&G->e, fc_expr_acc_dtype(s, v)), v);
-        if (fc_expr_has_nan_flag(s, v)) {
-            LINE(G, "int nan%d[FC_MAX_THREADS];", v);
-        }
-        if (fc_expr_has_index(s, v)) {
-            LINE(G, "int64_t idx%d[FC_MAX_THREADS];", v);
-        }
+        emit_part_members(G, v, "[FC_MAX_THREADS]");
     }
     G->e.depth--;
     LINE(G, "} %s_parts;", name);
@@ -1231,19 +1244,7 @@ emit_reduction(Gen *G, const char *name)
 
     /* outer elements [lo, hi); P == NULL: this thread owns them whole,
      * else every thread takes its share of each one's inner range */
-    LINE(G, "static void");
-    LINE(G, "%s_body(const fc_launch *L, int64_t lo, int64_t hi, int *err, %s_parts *P, int tid, int nth)",
-         name, name);
-    LINE(G, "{");
-    G->e.depth++;
-    LINE(G, "int fc_err = 0;");
-    LINE(G, "int64_t jlo = 0, jhi = L->n_inner;");
-    LINE(G, "int64_t oidx[FC_LAUNCH_MAXDIM];");
-    fc_expr_emit_operand_decls(&G->e);
-    LINE(G, "if (P != NULL) {");
-    LINE(G, "    fc_thread_range(L->n_inner, 16, tid, nth, &jlo, &jhi);");
-    LINE(G, "}");
-    LINE(G, "fc_unravel(lo, L->nd_outer, L->oshape, oidx);");
+    emit_shared_head(G, name, "body", "parts");
     LINE(G, "for (int64_t o = lo; o < hi; o++) {");
     G->e.depth++;
     for (int o = 0; o < K->nops; o++) {
