@@ -1387,6 +1387,36 @@ def test_error_int_pow_negative_exponent():
     numpy_raises(ValueError, np.power, np.array([1, 2], np.int64), -1)
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8", "uint64"])
+def test_error_check_divisor_raises_on_an_integer_zero(dtype):
+    """check_divisor (the torch routes put it on integer divisors) is x itself, and an integer 0
+    raises RuntimeError "ZeroDivisionError" as torch does, from pointwise and reduction kernels,
+    on several threads; floats and bool pass unchanged."""
+    g = Graph()
+    a, b = g.input(dtype, 1), g.input(dtype, 1)
+    d = g.call("check_divisor", b)
+    g.output(g.call("floordiv", a, d), g.call("sum", g.call("remainder", a, d)))
+    f = g.compile()
+    x = np.arange(1, 100001).astype(dtype)
+    y = (np.arange(100000) % 7 + 1).astype(dtype)
+    q, r = f(x, y)
+    assert np.array_equal(q, x // y) and r == (x % y).sum(dtype=r.dtype)
+    for where in (0, 50000, 99999):
+        y0 = y.copy()
+        y0[where] = 0
+        with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
+            f(x, y0)
+    q, _ = f(x, y)                          # not poisoned by the earlier error
+    assert np.array_equal(q, x // y)
+    for dt, vals in (("float32", [0.0, -0.0, 2.5]), ("bool", [False, True, False])):
+        g = Graph()
+        v = g.input(dt, 1)
+        g.output(g.call("check_divisor", v))
+        (out,) = g.compile()(np.array(vals, dt))
+        assert out.dtype == np.dtype(dt) and np.array_equal(out, np.array(vals, dt))
+        assert np.signbit(out).tolist() == np.signbit(np.array(vals, dt)).tolist()
+
+
 @pytest.mark.parametrize("op,npfn,msg", [("amax", np.amax, "identity"), ("amin", np.amin, "identity"),
                                          ("argmax", np.argmax, "empty"), ("argmin", np.argmin, "empty")])
 @pytest.mark.parametrize("shape,axis", [((0,), None), ((3, 0), 1), ((0, 4), None), ((0, 4), 0)])

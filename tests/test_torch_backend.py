@@ -120,7 +120,7 @@ INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 # (op name, dtype name) or (op name, None: all dtypes) -> why the backend differs from eager.
 # Empty at the moment: every selected op passes on the samples run. Known divergences outside
-# these samples (integer division by zero gives 0 where torch raises; a Python int scalar that the
+# these samples (a Python int scalar that the
 # tensor's integer dtype cannot hold raises OverflowError where torch wraps) are documented in
 # README's "torch backend" section. An entry here is a strict xfail: fixing it fails the test.
 EXPECTED_FAILURES = {
@@ -2155,6 +2155,43 @@ def test_backend_integer_division_by_a_zero_scalar_raises_as_eager():
         with pytest.raises(RuntimeError):
             compile_fc(fn)(x)
     torch.testing.assert_close(compile_fc(lambda a: a // 2 + a % 3)(x), x // 2 + x % 3)
+
+
+_INT_DIVISIONS = {
+    "floordiv": lambda a, b: a // b + 1, "remainder": lambda a, b: a % b + 1,
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor") * 2,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc") * 2,
+    "remainder_sum": lambda a, b: torch.remainder(a, b).sum(),
+    "bool_divisor": lambda a, b: a // (b > 0) + 1,
+}
+
+
+@pytest.mark.parametrize("how", ["backend", "fastcompile.compile"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8])
+def test_integer_division_by_a_tensor_holding_zero_raises_as_eager(how, dtype):
+    """An integer //, % or div(rounding_mode=...) by a tensor that holds a 0 raises RuntimeError
+    "ZeroDivisionError" at the call, as eager does (the core's check_divisor on the divisor; the
+    core alone gives 0, as NumPy); without a 0 the values are eager's, and a later call is not
+    poisoned by the error. Fused: the check runs inside our kernel, not in torch."""
+    for name, fn in _INT_DIVISIONS.items():
+        torch._dynamo.reset()
+        fastcompile.reset()
+        records = []
+        f = compile_fc(fn, record=records) if how == "backend" else fastcompile.compile(fn)
+        a = torch.arange(1, 400).to(dtype)
+        b = (torch.arange(1, 400) % 5 + 1).to(dtype)
+        assert torch.equal(f(a, b), fn(a, b)), name
+        b0 = b.clone()
+        b0[123] = 0
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            fn(a, b0)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            f(a, b0)
+        assert torch.equal(f(a, b), fn(a, b)), name
+        if how == "backend":
+            assert records and all(r.fallback is None and r.extern_nodes == 0 for r in records), name
+        else:
+            assert fastcompile.stats()["compiles"] >= 1, name
 
 
 def _alpha_step(p, g, lr):

@@ -650,6 +650,10 @@ raise_kernel_error(const FcSpec *s, int k, int err)
         PyErr_SetString(PyExc_ValueError, "Integers to negative integer powers are not allowed.");
         return;
     }
+    if (err == FC_ERR_ZERO_DIVISION) {
+        PyErr_SetString(PyExc_RuntimeError, "ZeroDivisionError");   /* torch's message */
+        return;
+    }
     if (err == FC_ERR_EMPTY_REDUCE) {
         const FcKernelIR *K = &s->kernels[k];
         for (int m = 0; m < K->nnodes; m++) {

@@ -1093,6 +1093,8 @@ def _pointwise(core, compute="out", nargs=None):
             # torch compares an integer tensor with a Python int made its dtype first (it wraps:
             # int8 < 300 is int8 < 44; uint8 < -1 is uint8 < 255)
             ops = [torch.tensor(o).to(dt).item() if type(o) is int else o for o in ops]
+        if core in ("floordiv", "remainder"):
+            ops[1] = _checked_divisor(L, ops[1], dt)
         return L.out(node, L.g.call(core, *ops), L.cshape_of(*args))
     return handler
 
@@ -1103,6 +1105,15 @@ def _check_int_divisor(core, dt, divisors):
     if core in ("floordiv", "remainder", "div") and dt is not None and not dt.is_floating_point \
             and any(type(d) in (int, bool) and d == 0 for d in divisors):
         raise _NotLowered("integer %s by zero" % core)
+
+
+def _checked_divisor(L, y, dt):
+    """An integer division's tensor divisor, checked in the kernel: a 0 raises RuntimeError
+    "ZeroDivisionError" at the call, as torch's CPU kernels do (the core alone gives 0, as NumPy).
+    Python scalars are checked while lowering (_check_int_divisor)."""
+    if dt is None or dt.is_floating_point or isinstance(y, (bool, int, float)):
+        return y
+    return L.g.call("check_divisor", y)
 
 
 
@@ -1215,14 +1226,14 @@ def _div(L, node):
         return L.out(node, L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True)),
                      L.cshape_of(a, b))
     if mode == "floor":
-        return L.out(node, L.g.call("floordiv", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True)),
-                     L.cshape_of(a, b))
+        return L.out(node, L.g.call("floordiv", L.operand(a, dt, opmath=True),
+                                    _checked_divisor(L, L.operand(b, dt, opmath=True), dt)), L.cshape_of(a, b))
     if mode == "trunc" and dt.is_floating_point:
         q = L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True))
         return L.out(node, L.g.call("trunc", q), L.cshape_of(a, b))
     if mode == "trunc" and dt != torch.bool:
         # integers: floor quotient, plus one where the remainder is nonzero and the signs differ
-        x, y = L.operand(a, dt), L.operand(b, dt)
+        x, y = L.operand(a, dt), _checked_divisor(L, L.operand(b, dt), dt)
         q = L.g.call("floordiv", x, y)
         fix = L.g.call("logical_and", L.g.call("ne", L.g.call("remainder", x, y), 0),
                        L.g.call("logical_xor", L.g.call("lt", x, 0), L.g.call("lt", y, 0)))

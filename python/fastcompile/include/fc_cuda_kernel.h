@@ -32,6 +32,7 @@
 #endif
 #define FC_ERR_NEGATIVE_POWER 1    /* as fc_launch.h */
 #define FC_ERR_EMPTY_REDUCE 2
+#define FC_ERR_ZERO_DIVISION 3
 
 /* The kernel parameter, passed by value. NOPS operands, ND the kernel's rank
  * before collapsing (the runtime collapses to nd_outer + nd_inner <= ND dims

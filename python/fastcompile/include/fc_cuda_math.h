@@ -18,7 +18,7 @@
 #define FC_FN FC_DEV
 #define FC_BOOL_T bool
 #define FC_CMP_T bool
-#define FC_SET_ERR(err) (*(err) = 1)     /* the kernel's local flag */
+#define FC_SET_ERR(err, code) (*(err) = (code))     /* the kernel's local flag */
 #define FC_EXPF(x) expf(x)                /* the device library's */
 
 /* ---- fixed-width types and limits (NVRTC has no <stdint.h>) -------------- */

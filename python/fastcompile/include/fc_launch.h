@@ -30,5 +30,6 @@ typedef int (*fc_kernel_fn)(const fc_launch *L);
 
 #define FC_ERR_NEGATIVE_POWER 1   /* ValueError: integers to negative integer powers */
 #define FC_ERR_EMPTY_REDUCE 2     /* ValueError: zero-size reduction with no identity */
+#define FC_ERR_ZERO_DIVISION 3    /* RuntimeError "ZeroDivisionError" (torch): integer // or % by 0 */
 
 #endif

@@ -29,7 +29,7 @@
 #define FC_FN FC_INLINE
 #define FC_BOOL_T uint8_t
 #define FC_CMP_T int
-#define FC_SET_ERR(err) __atomic_store_n((err), 1, __ATOMIC_RELAXED)
+#define FC_SET_ERR(err, code) __atomic_store_n((err), (code), __ATOMIC_RELAXED)
 
 /* ---- libmvec: SIMD variants of libm ---------------------------------------
  * glibc declares these only under __FAST_MATH__; we never use -ffast-math but

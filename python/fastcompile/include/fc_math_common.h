@@ -9,7 +9,8 @@
  *                    always_inline; NVRTC: static __device__ __forceinline__)
  *   FC_BOOL_T        what a predicate returns and _b helpers take (uint8_t, bool)
  *   FC_CMP_T         what an exact comparison returns (int, bool)
- *   FC_SET_ERR(err)  sets the kernel's int error flag *err to 1
+ *   FC_SET_ERR(err, code)  sets the kernel's int error flag *err to code, one of
+ *                    the FC__E_* below (FC_ERR_* in fc_launch.h and fc_cuda_kernel.h)
  *   FC_EXPF(x)       float32 exp (CPU: fc_math.h's inline fc__expf; CUDA: expf)
  *   FC__FMAF(a,b,c)  fmaf where the target fuses (CUDA always), else a * b + c
  *   FC__DIVF(p,q)    p / q correctly rounded, for normal p, q and p / q
@@ -19,6 +20,8 @@
     !defined(FC__FMAF) || !defined(FC__DIVF)
 #error "fc_math_common.h is included by fc_math.h or fc_cuda_math.h"
 #endif
+#define FC__E_NEGATIVE_POWER 1   /* = FC_ERR_NEGATIVE_POWER */
+#define FC__E_ZERO_DIVISION 3    /* = FC_ERR_ZERO_DIVISION */
 
 /* ---- float-only transcendentals (libm / libmvec, or CUDA's device library) */
 #define FC__FLOAT1(stem, fn)                                      \
@@ -394,6 +397,24 @@ FC__UNSIGNED(FC__DIVMOD_U)
 #undef FC__DIVMOD_S
 #undef FC__DIVMOD_U
 
+/* check_divisor: x itself; an integer x of 0 sets the kernel's error flag
+ * (FC__E_ZERO_DIVISION: torch's RuntimeError "ZeroDivisionError"). The torch
+ * routes put it on the divisor of an integer floordiv or remainder, where
+ * torch raises and NumPy gives 0. Floats and bool pass unchanged. */
+#define FC__CHECKDIV_S(t, T, U, TMIN, W)                                        \
+    FC_FN T fc_check_divisor_##t(T x, int *err) {                               \
+        if (x == 0) FC_SET_ERR(err, FC__E_ZERO_DIVISION);                       \
+        return x;                                                               \
+    }
+#define FC__CHECKDIV_U(t, T, W) FC__CHECKDIV_S(t, T, T, 0, W)
+FC__SIGNED(FC__CHECKDIV_S)
+FC__UNSIGNED(FC__CHECKDIV_U)
+#undef FC__CHECKDIV_S
+#undef FC__CHECKDIV_U
+FC_FN FC_BOOL_T fc_check_divisor_b(FC_BOOL_T x, int *err) { (void)err; return x; }
+FC_FN float fc_check_divisor_f32(float x, int *err) { (void)err; return x; }
+FC_FN double fc_check_divisor_f64(double x, int *err) { (void)err; return x; }
+
 /* Floats: NumPy's npy_divmod (CPython's float divmod): fmod, moved to the
  * divisor's sign, quotient (a - mod) / b snapped to an integer; signed zeros
  * as NumPy. b == 0: floordiv is a / b (+-inf or NaN), remainder fmod (NaN). */
@@ -437,7 +458,7 @@ FC__DIVMOD_F(f64, double, )
  * rules (SAMEI8); nothing needs a _b pow. */
 #define FC__POW_S(t, T, U, TMIN, W)                                             \
     FC_FN T fc_pow_##t(T a, T b, int *err) {                                    \
-        if (b < 0) { FC_SET_ERR(err); return 0; }                               \
+        if (b < 0) { FC_SET_ERR(err, FC__E_NEGATIVE_POWER); return 0; }         \
         W base = (W)a, r = 1;                                                   \
         for (U e = (U)b; e != 0; e >>= 1) {                                     \
             if (e & 1u) r *= base;                                              \

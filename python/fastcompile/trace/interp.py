@@ -632,6 +632,13 @@ class Tracer:
         if half:                        # the core keeps weak constants in float32, as torch does
             vals = [_to_float16(v) if type(v) in (int, float) else v for v in vals]
         try:
+            if kind == "torch" and op in ("floordiv", "remainder") and want.kind in "iu" \
+                    and not isinstance(vals[1], (bool, int, float)):
+                # torch raises on an integer division by a tensor holding 0 (RuntimeError
+                # "ZeroDivisionError"), NumPy gives 0: the divisor is checked in the kernel
+                if vals[1].dtype == "bool":
+                    vals[1] = self.graph.call("cast", vals[1], dtype=want.name)
+                vals[1] = self.graph.call("check_divisor", vals[1])
             v = self.graph.call(op, *vals, **attrs)
             if v.dtype != want.name:        # None after an extern call: known at compile time
                 v = self.graph.call("cast", v, dtype=want.name)     # TypeError: not a core dtype
