@@ -349,6 +349,54 @@ def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, fr
     assert [r.compiled.nplans for r in runners] == plans
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "bn_train"])
+@pytest.mark.parametrize("fx_fails", [False, True], ids=["aot", "core_fallback"])
+def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, fx_fails):
+    """fastcompile.compile of a module holding convolutions, called under no_grad, is traced in
+    autograd mode (aot_autograd's inference graph, as torch.compile(backend=fastcompile)): its
+    convolutions run channels_last and BatchNorm is decomposed into our kernels. The core route
+    called each Conv2d/BatchNorm forward as an opaque extern, NCHW (0.61x Inductor on
+    benchmarks/models.py's CNN). BatchNorm in training mode updates its running statistics once
+    per call, as eager. Where autograd mode cannot trace the frame (fx_fails: made to fail
+    here), the frame is traced the core way, as before: same values, no graph break."""
+    torch = _torch()
+    import copy
+    import fastcompile
+    from fastcompile.backends import torch as fbt
+    from fastcompile.trace import interp
+    from fastcompile.trace.variables import Unsupported
+    torch.manual_seed(0)
+    base = _resnet_pair(torch, c=8).train(train)
+    ref, mod = copy.deepcopy(base), copy.deepcopy(base)
+    record = []
+    real_lower = fbt.fx_to_graph
+    monkeypatch.setattr(fbt, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
+    if fx_fails:
+        def refuse(self, *a, **k):
+            raise Unsupported("refused by the test", [])
+        monkeypatch.setattr(interp.Tracer, "fx_module_call", refuse)
+    torch._dynamo.reset()
+    fastcompile.reset()
+    cf = fastcompile.compile(mod)
+    with torch.no_grad():
+        for step in range(3):
+            x = torch.randn(2, 8, 8, 8)
+            torch.testing.assert_close(cf(x), ref(x), rtol=1e-4, atol=1e-4)
+            for p, q in zip(ref.state_dict().values(), mod.state_dict().values()):
+                torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-4)
+    assert int(mod[0].b1.num_batches_tracked) == int(ref[0].b1.num_batches_tracked) == (3 if train else 0)
+    entries = fastcompile._C.code_entries(type(mod).forward.__code__)
+    assert entries and all(not e.info.result.breaks for e in entries)
+    runners = [r for r in record if r.compiled is not None]
+    if fx_fails:
+        assert not runners                  # the core route: no aot_autograd graph
+        return
+    assert len(runners) == 1, runners
+    (fw,) = runners
+    assert fw.inference and fw.channels_last and fw.fallback is None
+    assert fw.compiled.kernels                # BatchNorm + ReLU + residual add: our kernels
+
+
 @pytest.mark.parametrize("rows,length,dtype", [(256, 16, "float32"), (70, 3, "float64"), (257, 16, "float32"),
                                                (96, 40, "int32"), (64, 63, "float32"), (512, 1, "float32")])
 def test_short_rows_with_a_broadcast_row(rows, length, dtype):

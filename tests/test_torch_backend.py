@@ -1203,6 +1203,37 @@ def test_fastcompile_compile_runs_an_extern_with_side_effects_once_at_the_first_
         config.set(async_compile=old)
 
 
+def test_fastcompile_compile_no_grad_autograd_mode_keeps_batchnorm_statistics_updates():
+    """A frame traced in autograd mode under no_grad (here: it creates a tensor, torch.zeros)
+    with BatchNorm in training mode: aot_autograd's inference graph takes the real buffers and
+    keeps their updates, once per call. Before, the module call cloned its buffers whenever grad
+    was off (meant for the tracer's example run only): the statistics never moved."""
+    import fastcompile
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.bn = nn.Linear(4, 6), nn.BatchNorm1d(6)
+
+        def forward(self, x):
+            return self.bn(self.lin(x) + torch.zeros(x.shape[0], 6))
+
+    torch.manual_seed(0)
+    ref = M().train()
+    mod = copy.deepcopy(ref)
+    fastcompile.reset()
+    cm = fastcompile.compile(mod)
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.randn(8, 4)
+            torch.testing.assert_close(cm(x), ref(x), **TOL)
+            assert int(mod.bn.num_batches_tracked) == int(ref.bn.num_batches_tracked) == i + 1
+            torch.testing.assert_close(mod.bn.running_mean, ref.bn.running_mean, **TOL)
+            torch.testing.assert_close(mod.bn.running_var, ref.bn.running_var, **TOL)
+    graphs, runners = _fc_graphs(mod)
+    assert runners and all(r.inference and r.fallback is None for r in runners)
+
+
 def test_fastcompile_compile_first_call_compiles_every_segment_in_one_batch():
     """fastcompile.compile's core route on the benchmark MLP's shape (Linear, GELU + LayerNorm,
     Linear, SiLU, Linear): the kernels between the matmuls compile in one batch at the first

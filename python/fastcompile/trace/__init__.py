@@ -109,10 +109,25 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
     try:
         try:
             ret = tracer.run()
-        except NeedAutograd:
+        except NeedAutograd as need:
             # a tensor that requires grad: trace again, recording torch ops for aot_autograd
             tracer = Tracer(code, f_globals, f_builtins, closure, f_locals, autograd=True)
-            ret = tracer.run()
+            try:
+                ret = tracer.run()
+            except Unsupported as fx_error:
+                if not need.optional:
+                    raise
+                # autograd mode was only preferred (convolutions under no_grad) and cannot trace
+                # this frame whole: the core way, as before the preference; where that needs
+                # autograd mode after all, the frame breaks where autograd mode stopped
+                _set_rng_state(rng)
+                fx_tracer = tracer
+                tracer = Tracer(code, f_globals, f_builtins, closure, f_locals, core_only=True)
+                try:
+                    ret = tracer.run()
+                except NeedAutograd:
+                    tracer = fx_tracer
+                    raise fx_error from None
         run = runtime.build(tracer, [ret])
     except Unsupported as e:
         if fullgraph:

@@ -58,7 +58,8 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
         return give_up(result, "generator frame")
     # restart: trace again up to the breaking instruction
-    t2 = Tracer(code, f_globals, f_builtins, closure, f_locals, stop_at=idx, autograd=tracer.autograd)
+    t2 = Tracer(code, f_globals, f_builtins, closure, f_locals, stop_at=idx, autograd=tracer.autograd,
+                core_only=tracer.core_only)
     if tracer.fx is None:
         t2.replay = iter(tracer.eager_log)      # the first trace's eager runs, not run again
     try:

@@ -48,7 +48,13 @@ FOLDABLE_MODULES = ("math", "operator", "functools", "itertools")
 class NeedAutograd(Exception):
     """A tensor that requires grad reached the trace while grad mode is on (or a torch op the core
     graph cannot hold, such as torch.zeros): the frame is traced again in autograd mode, where
-    torch-level ops are recorded as an FX graph for aot_autograd and the torch backend."""
+    torch-level ops are recorded as an FX graph for aot_autograd and the torch backend.
+    optional: the core route could trace it too, only worse (a module holding convolutions, see
+    Tracer.wrap); where autograd mode cannot trace the frame, it is traced the core way."""
+
+    def __init__(self, optional=False):
+        super().__init__()
+        self.optional = optional
 
 
 class Stop(Exception):
@@ -125,8 +131,10 @@ class Tracer:
     """One trace of one frame. stop_at: index of the top-frame instruction to
     stop before (a restart after a break)."""
 
-    def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None, autograd=False):
+    def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None, autograd=False,
+                 core_only=False):
         _sync_torch()
+        self.core_only = core_only  # no optional switch to autograd mode (NeedAutograd.optional)
         self.code, self.f_globals, self.closure = code, f_globals, closure or ()
         self.f_builtins = f_builtins if isinstance(f_builtins, dict) else vars(f_builtins or _builtins)
         self.f_locals, self.stop_at = f_locals, stop_at
@@ -243,6 +251,13 @@ class Tracer:
                 # tensor that requires grad), and the frame ran as plain Python at every call:
                 # a model called once under no_grad (a warm-up, an evaluation) then trained eagerly
                 self.guard(S.CallSource(torch.is_grad_enabled), "eq", False)
+            if self.fx is None and not self.core_only and not self.eager_log and _holds_convolutions(value):
+                # under no_grad too, a module with convolutions goes the torch backend's way
+                # (aot_autograd's inference graph): convolutions channels_last, BatchNorm
+                # decomposed and fused with them. The core route calls each module's forward
+                # as one opaque extern (NCHW). Only before anything ran eagerly here: an extern
+                # BatchNorm in training mode would otherwise update its statistics twice
+                raise NeedAutograd(optional=True)
             self.guard(source, "id", value)
             if source is not None:
                 self.guard(S.DictAttrSource(source, "training"), "eq", bool(value.training))
@@ -517,11 +532,14 @@ class Tracer:
             self.replay = None                          # out of step: run them from here on
         # autograd mode: the example gives metadata only, no autograd graph is built for it
         grad = torch.no_grad() if self.fx is not None else contextlib.nullcontext()
+        _EXAMPLE.depth = getattr(_EXAMPLE, "depth", 0) + 1
         try:
             with grad:
                 result = fn(*ex_args, **ex_kwargs)
         except Exception as e:                               # the user's code raises
             self.unsupported("%s raised %s: %s while tracing" % (_name(fn), type(e).__name__, e))
+        finally:
+            _EXAMPLE.depth -= 1
         if self.fx is None:
             self.eager_log.append((key, flat, result))
         return result
@@ -1837,10 +1855,25 @@ class Tracer:
 
 # ---------------------------------------------------------------------- helpers
 
+_CONV_TYPES = None
+
+
+def _holds_convolutions(mod):
+    """mod is, or holds, a torch.nn convolution (Conv1d/2d/3d, ConvTranspose1d/2d/3d)."""
+    global _CONV_TYPES
+    if _CONV_TYPES is None:
+        _CONV_TYPES = (torch.nn.modules.conv._ConvNd,)
+    return any(isinstance(m, _CONV_TYPES) for m in mod.modules())
+
+
+_EXAMPLE = threading.local()     # depth: inside Tracer.eager (an example computation) on this thread
+
+
 class _FunctionalModule:
-    """A torch module called with its parameters and buffers passed in (autograd mode). While
-    tracing (grad off) buffers are cloned, so the eager example cannot update running
-    statistics; under aot_autograd the real buffers are inputs and their updates are kept."""
+    """A torch module called with its parameters and buffers passed in (autograd mode). In the
+    tracer's example computation (Tracer.eager) buffers are cloned, so it cannot update running
+    statistics; under aot_autograd (grad on, or off for a no_grad inference graph) the real
+    buffers are inputs and their updates are kept."""
 
     def __init__(self, mod, names, nparams):
         self.mod, self.names, self.nparams = mod, names, nparams
@@ -1848,7 +1881,7 @@ class _FunctionalModule:
 
     def __call__(self, tensors, *args, **kwargs):
         from torch.func import functional_call
-        if not torch.is_grad_enabled():          # the tracer's eager example
+        if getattr(_EXAMPLE, "depth", 0):         # the tracer's eager example
             tensors = tuple(t if i < self.nparams else t.clone() for i, t in enumerate(tensors))
         return functional_call(self.mod, dict(zip(self.names, tensors)), args, kwargs)
 
