@@ -349,6 +349,53 @@ def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, fr
     assert [r.compiled.nplans for r in runners] == plans
 
 
+def test_training_step_converts_the_input_and_weights_to_channels_last_once(monkeypatch):
+    """A training step of an NCHW CNN whose first layer is a convolution: the forward's
+    channels_last copy of the input goes to the backward's convolution_backward (which read the
+    same saved input and converted it again), and each weight is converted once between
+    optimizer steps, not once per graph. The next step converts again (a copy is handed over
+    once, never reused across steps, though the input is the same tensor). Gradients as eager's."""
+    torch = _torch()
+    import copy
+    import fastcompile
+    from fastcompile.backends import torch as fbt
+    torch.manual_seed(0)
+    nn = torch.nn
+    base = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()).train()
+    ref, mod = copy.deepcopy(base), copy.deepcopy(base)
+    conversions = []
+    real = fbt._to_channels_last
+
+    def counted(t):
+        r = real(t)
+        if r.data_ptr() != t.data_ptr():        # a copy, not the tensor itself
+            conversions.append(tuple(t.shape))
+        return r
+    monkeypatch.setattr(fbt, "_to_channels_last", counted)
+    torch._dynamo.reset()
+    fastcompile.reset()
+    cf = torch.compile(mod, backend=fbt.backend, dynamic=False)
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+    opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+    x = torch.randn(2, 4, 6, 6)
+    for step in range(4):
+        del conversions[:]
+        cf(x).square().mean().backward()
+        ref(x).square().mean().backward()
+        for p, q in zip(ref.parameters(), mod.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        if step:        # the first step compiled (its stand-ins convert too)
+            # the input and each weight once; the backward's incoming gradient (eager's NCHW)
+            assert sorted(conversions) == sorted([(2, 4, 6, 6), (8, 4, 3, 3), (8, 8, 3, 3), (2, 8, 6, 6)]), \
+                conversions
+    assert not fbt._CL_HANDOFF.entries
+
+
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "bn_train"])
 @pytest.mark.parametrize("fx_fails", [False, True], ids=["aot", "core_fallback"])
 def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, fx_fails):

@@ -32,6 +32,7 @@ that would have to enter the core.
 import functools
 import itertools
 import logging
+import collections
 import math
 import operator
 import os
@@ -334,7 +335,7 @@ class _RecordingGraph:
 
 
 class _Lowering:
-    def __init__(self, gm, example_inputs, channels_last=False, cl_inputs=frozenset()):
+    def __init__(self, gm, example_inputs, channels_last=False, cl_inputs=frozenset(), training_forward=False):
         self.gm = gm
         self.g = _RecordingGraph()
         self.env = {}              # FX node -> _Rec | tuple | python value | _Cluster (pending)
@@ -362,6 +363,7 @@ class _Lowering:
         # eager's layout (outputs come back in it); extern arguments are not restrided (their
         # values do not depend on the layout) unless the cluster interprets strides.
         self.channels_last = channels_last and self.device is None
+        self.training_forward = training_forward    # a backward graph will read what this one saves
         # whether a kernel's result may come in another memory order than C (channels_last
         # convolutions, or a channels_last tensor in the graph), so that its layout is checked
         # at each call (_layout)
@@ -554,7 +556,7 @@ class _Lowering:
                 raise _GraphFallback("%s: dtype %s cannot enter the core" % (m, meta.dtype))
         fresh = _fresh_inputs(self.copied, members, outs, [sp[0] for sp in specs])
         fn = _make_cluster_fn(self.gm, members, specs, consts, outs, cuda=self.device is not None, fresh=fresh,
-                              channels_last=self.channels_last)
+                              channels_last=self.channels_last, keep_cl=self.training_forward)
         if self._fold(fn, members, values, outs):
             return
         self.extern_calls += 1
@@ -819,19 +821,78 @@ def _to_channels_last(t):
 
 
 class _ClWeights:
-    """A convolution's weight as channels_last, converted once per tensor and version (a
-    parameter: the same tensor every call until the optimizer updates it in place)."""
+    """Convolutions' weights as channels_last, converted once per tensor and version (a
+    parameter: the same tensor every call until the optimizer updates it in place). One table
+    for the process, so a training step's forward and backward convert a weight once between
+    optimizer steps (each graph's own table converted it in both). Entries go with their
+    weight (a weak reference)."""
 
     def __init__(self):
-        self.key = self.value = self.held = None
+        self.entries = {}       # id(w) -> (weakref to w, w._version, w.data_ptr(), converted)
+        self.lock = threading.Lock()
 
     def __call__(self, w):
-        key = (id(w), w._version, w.data_ptr())
-        if key != self.key:
-            self.key = self.value = self.held = None    # drop the old copy first
-            self.value = w.contiguous(memory_format=torch.channels_last)
-            self.key, self.held = key, w    # held: id(w) cannot be reused while the entry stands
-        return self.value
+        e = self.entries.get(id(w))
+        if e is not None and e[0]() is w and e[1] == w._version and e[2] == w.data_ptr():
+            return e[3]
+        value = _to_channels_last(w)
+        key = id(w)
+
+        def gone(ref, key=key):
+            with self.lock:
+                if key in self.entries and self.entries[key][0] is ref:
+                    del self.entries[key]
+        with self.lock:
+            self.entries[key] = (weakref.ref(w, gone), w._version, w.data_ptr(), value)
+        return value
+
+
+_CL_WEIGHTS = _ClWeights()
+
+
+class _ClHandoff:
+    """A training forward's channels_last copies of its convolutions' NCHW inputs, for the
+    backward's convolution_backward of the same step, which reads the same (saved) input: keep()
+    converts and keeps the copy, take() hands it over once (or converts, if none is kept).
+    Keyed by memory (data pointer, sizes, strides, dtype): the backward gets the saved input as
+    another tensor object on the same memory. An entry holds its source, so that memory cannot
+    be reused while it stands; autograd refuses a saved tensor changed in place, so the copy is
+    never stale when taken. At most LIMIT entries (a forward whose backward never runs leaves
+    its copies until they are pushed out); the next forward converts again: a copy is handed
+    over once, never reused across steps."""
+
+    LIMIT = 8
+
+    def __init__(self):
+        self.entries = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _key(t):
+        return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+    def keep(self, t):
+        if t.is_contiguous(memory_format=torch.channels_last):
+            return _to_channels_last(t)
+        c = _to_channels_last(t)
+        key = self._key(t)
+        with self.lock:
+            self.entries.pop(key, None)
+            self.entries[key] = (t, c)
+            while len(self.entries) > self.LIMIT:
+                self.entries.popitem(last=False)
+        return c
+
+    def take(self, t):
+        if not t.is_contiguous(memory_format=torch.channels_last):
+            with self.lock:
+                entry = self.entries.pop(self._key(t), None)
+            if entry is not None:
+                return entry[1]
+        return _to_channels_last(t)
+
+
+_CL_HANDOFF = _ClHandoff()
 
 
 def _wants_channels_last(gm, example_inputs):
@@ -866,7 +927,8 @@ def _fresh_inputs(copied, members, outs, inputs):
     return frozenset(j for j, a in enumerate(inputs) if a in copied and a in roots)
 
 
-def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozenset(), channels_last=False):
+def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozenset(), channels_last=False,
+                     keep_cl=False):
     """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out
     (cuda: CUDA tensors in and out, bfloat16 carried as float32 as on the CPU).
 
@@ -948,13 +1010,15 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
             fn = getattr(m.target, "_op", m.target) if isinstance(m.target, torch._ops.OpOverload) else m.target
             glob["f%d" % i] = fn
             if channels_last and _cl_conv(m):
-                # input and weight channels_last: oneDNN's fast path, and a channels_last result
-                glob["_cl"], glob["_clw"] = _to_channels_last, _ClWeights()
+                # input and weight channels_last: oneDNN's fast path, and a channels_last result.
+                # A training forward hands its converted input to the backward's convolution
+                # (_ClHandoff): one conversion per step, not two
+                glob["_cl"], glob["_clw"] = _CL_HANDOFF.keep if keep_cl else _to_channels_last, _CL_WEIGHTS
                 args = ["_cl(%s)" % args[0], "_clw(%s)" % args[1]] + args[2:]
             elif channels_last and _cl_conv_bwd(m):
                 # the backward's too: channels_last gradients of the input and the weight
-                glob["_cl"], glob["_clw"] = _to_channels_last, _ClWeights()
-                args = ["_cl(%s)" % args[0], "_cl(%s)" % args[1], "_clw(%s)" % args[2]] + args[3:]
+                glob["_cl"], glob["_clin"], glob["_clw"] = _to_channels_last, _CL_HANDOFF.take, _CL_WEIGHTS
+                args = ["_cl(%s)" % args[0], "_clin(%s)" % args[1], "_clw(%s)" % args[2]] + args[3:]
             expr = "f%d(%s)" % (i, ", ".join(args + kwargs))
         elif m.op == "call_method":
             expr = "%s.%s(%s)" % (args[0], m.target, ", ".join(args[1:] + kwargs))
@@ -2138,10 +2202,11 @@ class FxGraphRunner:
     ``fallback`` is None, or the reason the graph runs as plain torch."""
 
     def __init__(self, gm, example_inputs, mode="default", inference=False, free_outputs=frozenset(),
-                 cl_inputs=frozenset()):
+                 cl_inputs=frozenset(), training_forward=False):
         self.gm = gm
         self.mode = mode
         self.inference = inference
+        self.training_forward = training_forward and not inference
         self.free_outputs = free_outputs    # output indexes only the backward reads (saved values)
         self.cl_inputs = cl_inputs          # placeholder names the forward hands over channels_last
         self.cl_outputs = frozenset()       # FX names of the outputs returned channels_last
@@ -2199,7 +2264,8 @@ class FxGraphRunner:
         # convolution of its own: its externs then get those values in eager's layout where
         # they read strides (_STRIDED_READS), as in a graph with one
         L = _Lowering(gm, example_inputs, channels_last=_wants_channels_last(gm, example_inputs) or (
-            bool(self.cl_inputs) and _graph_device(example_inputs) is None), cl_inputs=self.cl_inputs)
+            bool(self.cl_inputs) and _graph_device(example_inputs) is None), cl_inputs=self.cl_inputs,
+            training_forward=self.training_forward)
         out_node = L.run()
         outs = out_node.args[0]
         single = not isinstance(outs, (tuple, list))
@@ -2595,13 +2661,13 @@ def _replay(values, nodes):
 
 
 def fx_to_graph(gm, example_inputs, mode="default", inference=False, free_outputs=frozenset(),
-                cl_inputs=frozenset()):
+                cl_inputs=frozenset(), training_forward=False):
     """Lower one FX graph (aten ops, or Dynamo's torch-level ops, which mostly become externs) to
     a fastcompile graph. Returns an ``FxGraphRunner``: ``runner(*tensors) -> list``. inference:
     aot_autograd's graph of a call without autograd (no backward will read what it saves): its
     2-d convolutions may run channels_last."""
     return FxGraphRunner(gm, example_inputs, mode=mode, inference=inference, free_outputs=free_outputs,
-                         cl_inputs=cl_inputs)
+                         cl_inputs=cl_inputs, training_forward=training_forward)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2887,7 +2953,8 @@ def _compile(gm, example_inputs, mode, record):
     def compile_graph(fx_gm, inputs, inference=False, what="forward"):
         free = _saved_outputs(fx_gm, n_user) if what == "forward" else frozenset()
         runner = fx_to_graph(fx_gm, inputs, mode=mode, inference=inference, free_outputs=free,
-                             cl_inputs=frozenset(handed) if what == "backward" else frozenset())
+                             cl_inputs=frozenset(handed) if what == "backward" else frozenset(),
+                             training_forward=what == "forward" and not inference)
         if what == "forward":
             handed[:] = runner.cl_outputs
         if runner.compiled is not None:
