@@ -294,6 +294,18 @@ def test_inference_convolutions_run_channels_last(monkeypatch):
         torch.testing.assert_close(cf(xc), ref, rtol=1e-4, atol=1e-4)
 
 
+def _sgd_pair_step(torch, out, ref, mod, x, opt_ref, opt):
+    """The compiled model's output `out` and eager `ref` on x: backward of the mean square,
+    gradients compared, one SGD step each."""
+    out.square().mean().backward()
+    ref(x).square().mean().backward()
+    for p, q in zip(ref.parameters(), mod.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
+    for o in (opt, opt_ref):
+        o.step()
+        o.zero_grad()
+
+
 @pytest.mark.parametrize("inplace,frontend", [(False, "torch.compile"), (True, "torch.compile"),
                                               (False, "fastcompile.compile")])
 def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, frontend):
@@ -332,14 +344,7 @@ def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, fr
         if step == 0:
             runners = [r for r in record if r.compiled is not None]
             plans = [r.compiled.nplans for r in runners]
-        out.square().mean().backward()
-        ref(x).square().mean().backward()
-        for p, q in zip(ref.parameters(), mod.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
-        opt.step()
-        opt_ref.step()
-        opt.zero_grad()
-        opt_ref.zero_grad()
+        _sgd_pair_step(torch, out, ref, mod, x, opt_ref, opt)
         for p, q in zip(ref.state_dict().values(), mod.state_dict().values()):
             torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-4)
         assert [c for c in copies if c[0] == 2] == [(2, 8, 4, 4)], copies
@@ -381,14 +386,7 @@ def test_training_step_converts_the_input_and_weights_to_channels_last_once(monk
     x = torch.randn(2, 4, 6, 6)
     for step in range(4):
         del conversions[:]
-        cf(x).square().mean().backward()
-        ref(x).square().mean().backward()
-        for p, q in zip(ref.parameters(), mod.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4)
-        opt.step()
-        opt_ref.step()
-        opt.zero_grad()
-        opt_ref.zero_grad()
+        _sgd_pair_step(torch, cf(x), ref, mod, x, opt_ref, opt)
         if step:        # the first step compiled (its stand-ins convert too)
             # the input and each weight once; the backward's incoming gradient (eager's NCHW)
             assert sorted(conversions) == sorted([(2, 4, 6, 6), (8, 4, 3, 3), (8, 8, 3, 3), (2, 8, 6, 6)]), \
@@ -402,8 +400,8 @@ def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, 
     """fastcompile.compile of a module holding convolutions, called under no_grad, is traced in
     autograd mode (aot_autograd's inference graph, as torch.compile(backend=fastcompile)): its
     convolutions run channels_last and BatchNorm is decomposed into our kernels. The core route
-    called each Conv2d/BatchNorm forward as an opaque extern, NCHW (0.61x Inductor on
-    benchmarks/models.py's CNN). BatchNorm in training mode updates its running statistics once
+    called each Conv2d/BatchNorm forward as an opaque extern, NCHW (0.80x Inductor on
+    benchmarks/models.py's CNN inference, 0.90x now). BatchNorm in training mode updates its running statistics once
     per call, as eager. Where autograd mode cannot trace the frame (fx_fails: made to fail
     here), the frame is traced the core way, as before: same values, no graph break."""
     torch = _torch()
