@@ -736,6 +736,19 @@ emit_part_members(Gen *G, int v, const char *dims)
     }
 }
 
+/* name_<wrapper>(L, lo, hi, err): name_<shared> over [lo, hi) by this thread
+ * alone (P NULL), the form FC_RUN_RANGES calls */
+static void
+emit_serial_wrapper(Gen *G, const char *name, const char *wrapper, const char *shared)
+{
+    LINE(G, "static void");
+    LINE(G, "%s_%s(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name, wrapper);
+    LINE(G, "{");
+    LINE(G, "    %s_%s(L, lo, hi, err, NULL, 0, 1);", name, shared);
+    LINE(G, "}");
+    fc_str_puts(G->e.b, "\n");
+}
+
 /* The head of name_<fn>(L, lo, hi, err, P, tid, nth), over outer elements
  * [lo, hi): P == NULL, this thread walks their rows whole; else (a
  * name_<parts> shared by the team) its share [jlo, jhi) of them. Leaves the
@@ -1183,12 +1196,7 @@ emit_cols(Gen *G, const char *name)
     LINE(G, "fc_report(err, fc_err);");
     CLOSE(G);
     fc_str_puts(G->e.b, "\n");
-    LINE(G, "static void");
-    LINE(G, "%s_cols_all(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
-    LINE(G, "{");
-    LINE(G, "    %s_cols(L, lo, hi, err, NULL, 0, 1);", name);
-    LINE(G, "}");
-    fc_str_puts(G->e.b, "\n");
+    emit_serial_wrapper(G, name, "cols_all", "cols");
     rc = 0;
 cleanup:
     G->e.cols = 0;
@@ -1259,12 +1267,7 @@ emit_reduction(Gen *G, const char *name)
     CLOSE(G);
     fc_str_puts(G->e.b, "\n");
 
-    LINE(G, "static void");
-    LINE(G, "%s_rows(const fc_launch *L, int64_t lo, int64_t hi, int *err)", name);
-    LINE(G, "{");
-    LINE(G, "    %s_body(L, lo, hi, err, NULL, 0, 1);", name);
-    LINE(G, "}");
-    fc_str_puts(G->e.b, "\n");
+    emit_serial_wrapper(G, name, "rows", "body");
 
     LINE(G, "FC_EXPORT int");
     LINE(G, "%s(const fc_launch *L)", name);

@@ -872,24 +872,20 @@ class _ClHandoff:
         return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
     def keep(self, t):
-        if t.is_contiguous(memory_format=torch.channels_last):
-            return _to_channels_last(t)
         c = _to_channels_last(t)
-        key = self._key(t)
-        with self.lock:
-            self.entries.pop(key, None)
-            self.entries[key] = (t, c)
-            while len(self.entries) > self.LIMIT:
-                self.entries.popitem(last=False)
+        if c is not t:          # a copy (a channels_last input is passed as it is)
+            key = self._key(t)
+            with self.lock:
+                self.entries.pop(key, None)
+                self.entries[key] = (t, c)
+                while len(self.entries) > self.LIMIT:
+                    self.entries.popitem(last=False)
         return c
 
     def take(self, t):
-        if not t.is_contiguous(memory_format=torch.channels_last):
-            with self.lock:
-                entry = self.entries.pop(self._key(t), None)
-            if entry is not None:
-                return entry[1]
-        return _to_channels_last(t)
+        with self.lock:
+            entry = self.entries.pop(self._key(t), None)
+        return entry[1] if entry is not None else _to_channels_last(t)
 
 
 _CL_HANDOFF = _ClHandoff()

@@ -1855,15 +1855,9 @@ class Tracer:
 
 # ---------------------------------------------------------------------- helpers
 
-_CONV_TYPES = None
-
-
 def _holds_convolutions(mod):
     """mod is, or holds, a torch.nn convolution (Conv1d/2d/3d, ConvTranspose1d/2d/3d)."""
-    global _CONV_TYPES
-    if _CONV_TYPES is None:
-        _CONV_TYPES = (torch.nn.modules.conv._ConvNd,)
-    return any(isinstance(m, _CONV_TYPES) for m in mod.modules())
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in mod.modules())
 
 
 _EXAMPLE = threading.local()     # depth: inside Tracer.eager (an example computation) on this thread
