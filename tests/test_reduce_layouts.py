@@ -304,9 +304,14 @@ def lanes(request):
         fastcompile.config.set(cflags="")
 
 
-def _lane_decl(dtype):
-    """The lane arrays' size in the source: 8 for 8-byte values, else FC_LANES."""
-    return "_l[8];" if np.dtype(dtype).itemsize == 8 else "_l[FC_LANES];"
+def _lane_decl(dtype, op):
+    """The lane arrays' size in the source: 8 for 8-byte values; twice FC_LANES where a sweep
+    sums float32 values (float16 computes in float32), in blocks; else FC_LANES."""
+    if np.dtype(dtype).itemsize == 8:
+        return "_l[8];"
+    if np.dtype(dtype).kind == "f" and op in ("sum", "mean", "var", "logsumexp"):
+        return "_l[(2 * FC_LANES)];"
+    return "_l[FC_LANES];"
 
 
 @pytest.mark.parametrize("op,dtype", [(op, dt) for op in LANE_REFS for dt in LANE_DTYPES[op]],
@@ -338,7 +343,7 @@ def test_lane_reductions_by_row_length(op, dtype, n, lanes):
     else:
         np.testing.assert_array_equal(got, ref.astype(got.dtype))
     src = f.kernels[0].source
-    assert _lane_decl(dtype) in src, "a unit-stride reduction kernel has lane arrays"
+    assert _lane_decl(dtype, op) in src, "a unit-stride reduction kernel has lane arrays"
 
 
 @pytest.mark.parametrize("op", ["sum", "amax", "var", "any"])
@@ -416,8 +421,36 @@ def test_lane_count_follows_the_widest_value(case, lanes):
         assert_close_np(got, ref.astype(got.dtype), dtype=got.dtype, rtol=1e-5, atol=1e-6)
     else:
         np.testing.assert_array_equal(got, ref)
-    decls = set(re.findall(r"^\s*\w+ (?:acc|nan)\d+_l\[(\w+)\];$", f.kernels[0].source, re.M))
-    assert decls == ({"FC_LANES"} if case.startswith("f32_s") else {"8"}), decls
+    decls = set(re.findall(r"^\s*\w+ (?:acc|nan)\d+_l\[([^\]]+)\];$", f.kernels[0].source, re.M))
+    # a float32 sum's sweep: twice the lanes (two registers of float32 partials, in blocks)
+    want = {"f32_scaled": {"(2 * FC_LANES)"}, "f32_softmax": {"FC_LANES", "(2 * FC_LANES)"},
+            "f64_cast_down": {"16"}}.get(case, {"8"})
+    assert decls == want, decls
+
+
+@pytest.mark.parametrize("n", [31, 32, 33, 511, 512, 513, 1100, 300001])
+def test_float32_sums_round_in_float32_over_16_values_a_lane_at_most(n, lanes):
+    """A float32 sum (and mean, and var's two sums) adds in float32 lane partials over blocks of
+    16 values a lane (2 * FC_LANES lanes), each block's partials folded into float64 lanes: its
+    float32 rounding spans 16 values at most, so the relative error of a sum of positive values
+    stays under 16 units of float32 rounding (2**-24) at any length. Float32 lanes over whole rows
+    of 300001 thirds (each add rounds the same way once a partial passes 2048) are off by 1e-4. Lengths: below a lane block (scalar), a block, a
+    block and a tail, around a flush (16 blocks), several flushes; 8 and 16 lanes."""
+    rng = np.random.default_rng(n)
+    x = (1.0 + rng.random((3, n))).astype(np.float32)
+    x[0] = np.float32(1 / 3)        # float32 partials over long runs round it the same way each add
+    x[2] *= 1000.0
+    ref = x.astype(np.float64).sum(1)
+    g = Graph()
+    a = g.input("float32", 2)
+    g.output(g.call("sum", a, axis=1), g.call("mean", a, axis=1), g.call("var", a, axis=1))
+    f = g.compile()
+    total, mean, var = f(x)
+    bound = 16 * 2.0 ** -24
+    assert np.all(np.abs(total.astype(np.float64) - ref) <= (bound + 2.0 ** -24) * ref), (total, ref)
+    assert np.all(np.abs(mean.astype(np.float64) - ref / n) <= (bound + 2.0 ** -23) * ref / n)
+    assert_close_np(var, x.astype(np.float64).var(1), dtype=np.float32, rtol=1e-5, atol=1e-9)
+    assert "_f[(2 * FC_LANES)];" in f.kernels[0].source
 
 
 def test_arg_reductions_keep_the_scalar_first_index_loop():

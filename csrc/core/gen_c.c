@@ -307,13 +307,46 @@ emit_lane_fold(Gen *G, int v, const char *dst, const char *src)
     }
 }
 
+/* Whether a sweep's lane loop feeds a float32 sum (fc_expr_sum_blocked): it
+ * then walks blocks (emit_lanes) */
+static int
+sweep_blocked(const Gen *G, const int *reds, int nreds)
+{
+    for (int r = 0; r < nreds; r++) {
+        if (fc_expr_sum_blocked(G->e.s, reds[r])) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The lane count of a sweep's lane loop: one vector of float32 (FC_LANES)
+ * where wide, else 8; twice that where it feeds a float32 sum */
+static const char *
+lanes_text(int wide, int blocked)
+{
+    if (blocked) {
+        return wide ? "(2 * FC_LANES)" : "16";
+    }
+    return LANES_TEXT(wide);
+}
+
 /* A unit-stride run's whole blocks of lanes (FC_LANES where wide, see
  * sweep_lanes_wide, else 8), reductions into lane arrays; advances i0 past
- * them (the caller's scalar loop does the rest). */
+ * them (the caller's scalar loop does the rest).
+ * A float32 sum (fc_expr_sum_blocked) adds in float32 lanes, twice as many
+ * (two vector registers), over blocks of 16 values a lane; each block's
+ * lanes are added to the float64 lanes at its end. Its float32 rounding then
+ * spans 16 values at most (NumPy's pairwise float32 sum: 16 a partial, then
+ * partials added in float32), and the row's total stays float64. Converting
+ * every value to float64 instead cost a layernorm over 1024 rows of 256
+ * (float32, 2 threads, 512-bit) 1.6x Inductor's time; in blocks, 1.25x (the
+ * two registers: two chains of dependent adds, not one, for a row's values). */
 static int
 emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store, int wide)
 {
-    const char *lanes = LANES_TEXT(wide);
+    const int blocked = sweep_blocked(G, reds, nreds);
+    const char *lanes = lanes_text(wide, blocked);
     const FcSpec *s = G->e.s;
     char init[EXPR], src[32];
     for (int r = 0; r < nreds; r++) {
@@ -334,7 +367,25 @@ emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store, int 
         }
     }
     CLOSE(G);
-    LINE(G, "for (; i0 + %s <= len; i0 += %s) {", lanes, lanes);
+    if (blocked) {
+        LINE(G, "while (i0 + %s <= len) {", lanes);
+        G->e.depth++;
+        LINE(G, "const int64_t iend = len - i0 > 16 * %s ? i0 + 16 * %s : len;", lanes, lanes);
+        for (int r = 0; r < nreds; r++) {
+            if (fc_expr_sum_blocked(s, reds[r])) {
+                LINE(G, "float acc%d_f[%s];", reds[r], lanes);
+            }
+        }
+        LINE(G, "for (int l = 0; l < %s; l++) {", lanes);
+        G->e.depth++;
+        for (int r = 0; r < nreds; r++) {
+            if (fc_expr_sum_blocked(s, reds[r])) {
+                LINE(G, "acc%d_f[l] = 0;", reds[r]);
+            }
+        }
+        CLOSE(G);
+    }
+    LINE(G, "for (; i0 + %s <= %s; i0 += %s) {", lanes, blocked ? "iend" : "len", lanes);
     G->e.depth++;
     /* l indexes the lanes, i = i0 + l the run: 3% less to compile than
      * subscripting the lanes with i - i0 */
@@ -343,13 +394,33 @@ emit_lanes(Gen *G, const char *need, const int *reds, int nreds, int store, int 
     G->e.depth++;
     LINE(G, "const int64_t i = i0 + l;");
     G->e.lane = "_l[l]";
+    G->e.lane_block = blocked ? "_f[l]" : NULL;
     if (emit_run_body(G, need, reds, nreds, store) < 0) {
-        G->e.lane = NULL;
+        G->e.lane = G->e.lane_block = NULL;
         return -1;
     }
-    G->e.lane = NULL;
+    G->e.lane = G->e.lane_block = NULL;
     CLOSE(G);
     CLOSE(G);
+    if (blocked) {
+        LINE(G, "for (int l = 0; l < %s; l++) {", lanes);
+        G->e.depth++;
+        for (int r = 0; r < nreds; r++) {
+            if (fc_expr_sum_blocked(s, reds[r])) {
+                LINE(G, "acc%d_l[l] += (double)acc%d_f[l];", reds[r], reds[r]);
+            }
+        }
+        CLOSE(G);
+        CLOSE(G);
+        /* the second register's lanes onto the first's */
+        LINE(G, "for (int l = 0; l < %s; l++) {", LANES_TEXT(wide));
+        G->e.depth++;
+        snprintf(src, sizeof(src), "_l[l + %s]", LANES_TEXT(wide));
+        for (int r = 0; r < nreds; r++) {
+            emit_lane_fold(G, reds[r], "_l[l]", src);
+        }
+        CLOSE(G);
+    }
     /* pairwise, lanes -> ... -> 2 in constant-bound loops GCC vectorizes
      * (out-of-line helpers instead were as costly to compile, and slower:
      * the call spills the lanes; one sequential loop was slower still); the
@@ -457,7 +528,7 @@ emit_sweep(Gen *G, int inner, const int *reds, int nreds, int store)
              * scalar loop takes the rest (and whole strided runs) */
             const int wide = sweep_lanes_wide(G, need, use);
             LINE(G, "int64_t i0 = 0;");
-            LINE(G, "if (%s%slen >= %s) {", c, c[0] ? " && " : "", LANES_TEXT(wide));
+            LINE(G, "if (%s%slen >= %s) {", c, c[0] ? " && " : "", lanes_text(wide, sweep_blocked(G, reds, nreds)));
             fc_str_release(c);
             G->e.depth++;
             G->unit = 1;

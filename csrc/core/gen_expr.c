@@ -592,6 +592,17 @@ fc_expr_has_nan_flag(const FcSpec *s, int v)
     return (op == FC_OP_AMAX || op == FC_OP_AMIN) && fc_dtypes[fc_expr_acc_dtype(s, v)].kind == 'f';
 }
 
+/* A sum of float32 values (float16 and bfloat16 compute in float32) into a
+ * float64 accumulator: in gen_c's lane loops it adds to float32 lane partials
+ * over blocks of at most 16 values a lane, folded into the float64 lanes at
+ * each block's end (emit_lanes) */
+int
+fc_expr_sum_blocked(const FcSpec *s, int v)
+{
+    return s->g->nodes[v].op == FC_OP_SUM && fc_expr_acc_dtype(s, v) == FC_F64 &&
+           fc_dtype_compute(s->sn[s->g->nodes[v].in[0]].dtype) == FC_F32;
+}
+
 int
 fc_expr_has_index(const FcSpec *s, int v)
 {
@@ -656,6 +667,10 @@ fc_expr_accumulate(FcExprGen *E, int v, const char *x, const char *j)
     int op = E->s->g->nodes[v].op;
     const char *ty = fc_expr_ctype(E, fc_expr_acc_dtype(E->s, v));
     const char *b = E->cols ? "[b]" : E->lane ? E->lane : "";
+    if (E->lane_block != NULL && !E->cols && fc_expr_sum_blocked(E->s, v)) {
+        FC_LINE(E, "acc%d%s += %s;", v, E->lane_block, x);    /* float32 partials */
+        return;
+    }
     switch (op) {
     case FC_OP_SUM: FC_LINE(E, "acc%d%s += (%s)%s;", v, b, ty, x); break;
     case FC_OP_PROD: FC_LINE(E, "acc%d%s *= (%s)%s;", v, b, ty, x); break;

@@ -42,6 +42,10 @@ struct FcExprGen {
     const char *lane;             /* gen_c's lane loops: the accumulators are
                                    * arrays acc<v>_l[16] and this their subscript
                                    * ("_l[l]"); NULL: plain scalars */
+    const char *lane_block;       /* gen_c's lane loops with block sums: a
+                                   * float32 sum (fc_expr_sum_blocked) adds to
+                                   * acc<v>_f[...] and this is its subscript
+                                   * ("_f[l]"); NULL: none */
     char *loaded;                 /* per operand: a local x<o> holds its value in this body */
     char opname[FC_MAXOPS][16];   /* in0.., out0.. */
 };
@@ -110,6 +114,7 @@ FC_INTERNAL int fc_expr_emit_outer_nodes(FcExprGen *E, int level);
 FC_INTERNAL int fc_expr_acc_dtype(const FcSpec *s, int v);
 FC_INTERNAL void fc_expr_acc_init(const FcSpec *s, int v, char *out);   /* the identity */
 FC_INTERNAL int fc_expr_has_nan_flag(const FcSpec *s, int v);           /* amax/amin of floats */
+FC_INTERNAL int fc_expr_sum_blocked(const FcSpec *s, int v);           /* a float32 sum: see gen_c's emit_lanes */
 FC_INTERNAL int fc_expr_has_index(const FcSpec *s, int v);              /* argmax/argmin */
 /* 1 if kernel K has a reduction with no identity (amax, argmax, ...) */
 FC_INTERNAL int fc_expr_needs_nonempty(const FcSpec *s, const FcKernelIR *K);
