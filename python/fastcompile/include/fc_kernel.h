@@ -167,14 +167,23 @@ fc_offsets_nd(int nd, const int64_t *idx, const int64_t (*stride)[FC_LAUNCH_MAXD
 
 /* fc_offsets for a pointwise kernel's runs, with the 2-d space (most strided
  * launches collapse to it) inline: a channels_last scale-and-add of C = 16
- * went from 82 to 58 us. Reductions' row runs keep the call: inline, their
- * three sweeps compiled 12% slower. */
+ * went from 82 to 58 us. The 3-d space too: a transformer's q/k/v split
+ * (bias add into (3, 1024, 256) from a (1024, 768) matmul result, runs of
+ * 256) paid an out-of-line call a run, 0.93-0.95 -> 0.97-0.98 of Inductor's
+ * call (interleaved). Reductions' row runs keep the call for more than one
+ * dim (fc_offsets): inline, their three sweeps compiled 12% slower. */
 static inline void
 fc_offsets_run(int nd, const int64_t *idx, const int64_t (*stride)[FC_LAUNCH_MAXDIM], int nops, int64_t *off)
 {
     if (nd == 2) {
         for (int q = 0; q < nops; q++) {
             off[q] = idx[0] * stride[q][0] + idx[1] * stride[q][1];
+        }
+        return;
+    }
+    if (nd == 3) {
+        for (int q = 0; q < nops; q++) {
+            off[q] = idx[0] * stride[q][0] + idx[1] * stride[q][1] + idx[2] * stride[q][2];
         }
         return;
     }
@@ -201,14 +210,22 @@ fc_advance_nd(int nd, const int64_t *shape, int64_t *idx, int64_t n)
     }
 }
 
-/* The 1-d cases of fc_offset, fc_offsets and fc_advance inline, the rest out
- * of line: a reduction over rows of one collapsed dim calls them once a row
- * and sweep. Layernorm over 1024 rows of 256 (float32, 2 threads): 6-8% less
- * time. */
+/* The 1-d cases of fc_offset, fc_offsets and fc_advance inline (and the 2-d
+ * ones of fc_offset and fc_advance, the outer space of a row reduction over a
+ * transposed operand), the rest out of line: a reduction over rows calls them
+ * once a row and sweep. Layernorm over 1024 rows of 256 (float32, 2 threads):
+ * 6-8% less time; the residual add + layernorm of a transformer block, whose
+ * attention result is read transposed: kernel 129 -> 111 us. */
 static inline int64_t
 fc_offset(int nd, const int64_t *idx, const int64_t *stride)
 {
-    return nd == 1 ? idx[0] * stride[0] : fc_offset_nd(nd, idx, stride);
+    if (nd == 1) {
+        return idx[0] * stride[0];
+    }
+    if (nd == 2) {
+        return idx[0] * stride[0] + idx[1] * stride[1];
+    }
+    return fc_offset_nd(nd, idx, stride);
 }
 
 static inline void
@@ -230,10 +247,18 @@ fc_advance(int nd, const int64_t *shape, int64_t *idx, int64_t n)
         idx[0] += n;
         return;
     }
+    if (nd == 2) {
+        idx[1] += n;
+        if (idx[1] >= shape[1]) {
+            idx[1] = 0;
+            idx[0]++;
+        }
+        return;
+    }
     fc_advance_nd(nd, shape, idx, n);
 }
 
-/* fc_advance for a pointwise kernel's runs, the 2-d space inline (as fc_offsets_run) */
+/* fc_advance for a pointwise kernel's runs, the 2-d and 3-d spaces inline (as fc_offsets_run) */
 static inline void
 fc_advance_run(int nd, const int64_t *shape, int64_t *idx, int64_t n)
 {
@@ -242,6 +267,17 @@ fc_advance_run(int nd, const int64_t *shape, int64_t *idx, int64_t n)
         if (idx[1] >= shape[1]) {
             idx[1] = 0;
             idx[0]++;
+        }
+        return;
+    }
+    if (nd == 3) {
+        idx[2] += n;
+        if (idx[2] >= shape[2]) {
+            idx[2] = 0;
+            if (++idx[1] >= shape[1]) {
+                idx[1] = 0;
+                idx[0]++;
+            }
         }
         return;
     }
