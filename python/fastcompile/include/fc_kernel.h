@@ -139,7 +139,7 @@ fc_unravel_nd(int64_t lin, int nd, const int64_t *shape, int64_t *idx)
     }
 }
 
-/* element offset of idx under stride (fc_offset: the 1-d case inline) */
+/* element offset of idx under stride (fc_offset: the 1-d and 2-d cases inline) */
 FC_OUTLINE int64_t
 fc_offset_nd(int nd, const int64_t *idx, const int64_t *stride)
 {
@@ -199,7 +199,7 @@ fc_run_length(int nd, const int64_t *shape, const int64_t *idx, int64_t left)
 }
 
 /* move idx forward by n (n never crosses more than the innermost dim's end;
- * fc_advance: the 1-d case inline) */
+ * fc_advance: the 1-d and 2-d cases inline) */
 FC_OUTLINE void
 fc_advance_nd(int nd, const int64_t *shape, int64_t *idx, int64_t n)
 {
@@ -258,18 +258,10 @@ fc_advance(int nd, const int64_t *shape, int64_t *idx, int64_t n)
     fc_advance_nd(nd, shape, idx, n);
 }
 
-/* fc_advance for a pointwise kernel's runs, the 2-d and 3-d spaces inline (as fc_offsets_run) */
+/* fc_advance for a pointwise kernel's runs: the 3-d space inline too */
 static inline void
 fc_advance_run(int nd, const int64_t *shape, int64_t *idx, int64_t n)
 {
-    if (nd == 2) {
-        idx[1] += n;
-        if (idx[1] >= shape[1]) {
-            idx[1] = 0;
-            idx[0]++;
-        }
-        return;
-    }
     if (nd == 3) {
         idx[2] += n;
         if (idx[2] >= shape[2]) {
@@ -281,7 +273,7 @@ fc_advance_run(int nd, const int64_t *shape, int64_t *idx, int64_t n)
         }
         return;
     }
-    fc_advance_nd(nd, shape, idx, n);
+    fc_advance(nd, shape, idx, n);
 }
 
 static inline void
