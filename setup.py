@@ -13,8 +13,10 @@ from setuptools import Extension, setup
 
 WARN = ["-Wall", "-Wextra", "-Wshadow", "-Wmissing-prototypes", "-Wno-unused-parameter",
         "-Wno-missing-field-initializers", "-Wno-cast-function-type", "-Wno-format-truncation"]
-cflags = ["-std=c11", "-fvisibility=hidden", "-D_GNU_SOURCE"] + WARN
-ldflags = []
+# OpenMP: runtime/relayout.c's copies run on the kernels' thread count (the
+# kernels are built with -fopenmp too, so the process has libgomp either way)
+cflags = ["-std=c11", "-fvisibility=hidden", "-D_GNU_SOURCE", "-fopenmp"] + WARN
+ldflags = ["-fopenmp"]
 undef = []
 if os.environ.get("FASTCOMPILE_DEBUG_BUILD") == "1":
     cflags += ["-O0", "-g3"]

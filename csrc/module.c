@@ -14,6 +14,7 @@
 #include "runtime/devarray.h"
 #include "runtime/plan.h"
 #include "runtime/profile.h"
+#include "runtime/relayout.h"
 
 
 
@@ -81,6 +82,8 @@ static PyMethodDef mod_methods[] = {
     {"_profile", fc_prof_py_set, METH_VARARGS, "_profile(on, reset): record kernel, extern and call times"},
     {"_profile_read", fc_prof_py_read, METH_NOARGS,
      "_profile_read() -> (rows, dropped): rows (kind, name, calls, ns, elems, bytes, path, origin)"},
+    {"_relayout", fc_relayout_py_copy, METH_VARARGS,
+     "_relayout(src_ptr, shape, typenum, to_cl) -> array: NCHW <-> channels_last copies (torch backend)"},
     {"_mxcsr", mod_mxcsr, METH_NOARGS, "the MXCSR register (tests)"},
     {"_cpu_load", fc_cpu_py_load, METH_VARARGS, "compile or load C source (tests)"},
     {"_cpu_load_many", fc_cpu_py_load_many, METH_O, "compile or load several C sources in one batch (tests)"},

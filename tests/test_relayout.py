@@ -1,0 +1,147 @@
+"""runtime/relayout.c: _C._relayout, the batched 2-d transpose the torch backend converts
+tensors to channels_last and back with (_cl_relayout, _to_channels_last), against NumPy's
+transpose and torch's .contiguous(memory_format=...). A copy moves bits, so results must be
+bit-identical (NaN payloads and signed zeros included): compared as unsigned integers."""
+import numpy as np
+import pytest
+
+from fastcompile import _C
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _relayout(src, shape, to_cl):
+    return _C._relayout(src.ctypes.data, shape, src.dtype.num, to_cl)
+
+
+# sizes: whole tiles of 16, partial tiles, one position, and past the one-thread limit
+# (128 KiB) so that both threads' shares are checked; ranks 3 to 5
+@pytest.mark.parametrize("shape", [(1, 16, 16), (3, 5, 7), (2, 33, 1), (4, 17, 1000), (16, 16, 32, 32),
+                                   (3, 1000, 17), (2, 3, 4, 5, 6), (1, 0, 5), (0, 3, 4)], ids=str)
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_relayout_matches_numpy_bit_for_bit_both_ways(shape, itemsize):
+    """To C last in memory and back, against NumPy's transpose: the same values, shape and
+    strides (the channels_last result is C last in memory), moved as bits."""
+    rng = np.random.default_rng(sum(shape) * 10 + itemsize)
+    n = int(np.prod(shape))
+    src = rng.integers(0, np.iinfo(_UINT[itemsize]).max, size=n, dtype=_UINT[itemsize],
+                       endpoint=True).reshape(shape)
+    axes = (0,) + tuple(range(2, len(shape))) + (1,)
+    cl = _relayout(src, shape, True)
+    assert cl.shape == shape and cl.dtype == src.dtype
+    np.testing.assert_array_equal(cl, src)
+    assert cl.transpose(axes).flags.c_contiguous          # C last in memory
+    back = _relayout(np.ascontiguousarray(cl.transpose(axes)), shape, False)
+    assert back.flags.c_contiguous and back.shape == shape
+    np.testing.assert_array_equal(back, src)
+
+
+def test_relayout_keeps_nan_payloads_and_signed_zeros():
+    bits = np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x7F800000, 0x00000001, 0x3F800000] * 50,
+                    dtype=np.uint32).view(np.float32).reshape(6, 10, 5)
+    out = _relayout(bits, bits.shape, True)
+    np.testing.assert_array_equal(out.view(np.uint32), bits.view(np.uint32))
+
+
+@pytest.mark.parametrize("args,exc,match", [
+    ((1, (2, 3, 4), np.dtype("complex128").num, True), ValueError, "elements of 16 bytes"),
+    ((1, (2, 3), np.dtype("float32").num, True), ValueError, "rank 2"),
+    ((1, (2, 3, 4, 5, 6, 7), np.dtype("float32").num, True), ValueError, "rank 6"),
+    ((1, (2, -3, 4), np.dtype("float32").num, True), ValueError, "negative or overflowing"),
+    ((1, (1 << 40, 1 << 40, 1 << 40), np.dtype("float32").num, True), ValueError, "negative or overflowing"),
+    ((0, (2, 3, 4), np.dtype("float32").num, True), ValueError, "null buffer"),
+    ((1, 5, np.dtype("float32").num, True), TypeError, "sequence"),
+])
+def test_relayout_rejects_bad_arguments(args, exc, match):
+    with pytest.raises(exc, match=match):
+        _C._relayout(*args)
+
+
+def _torch():
+    return pytest.importorskip("torch", reason="torch is not installed: the torch frontends are not tested")
+
+
+@pytest.fixture
+def small_too(monkeypatch):
+    """The backend's transpose for tensors of any size (it leaves ones under _RELAYOUT_MIN
+    elements to torch, whose call costs less there), so that small shapes test it."""
+    _torch()
+    from fastcompile.backends import torch as fbt
+    monkeypatch.setattr(fbt, "_RELAYOUT_MIN", 0)
+
+
+_SHAPES = [(16, 16, 32, 32), (2, 3, 5, 7), (1, 64, 9, 9), (3, 17, 1, 40), (4, 8, 3, 5, 6)]
+
+
+@pytest.mark.parametrize("shape", _SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16", "float16", "uint8", "bool", "int64"])
+def test_cl_relayout_is_torchs_copy_both_ways(small_too, shape, dtype):
+    """NCHW -> channels_last (and channels_last_3d) and back: values, strides and dtype as
+    torch's .contiguous(memory_format=...), in new memory."""
+    torch = _torch()
+    from fastcompile.backends import torch as fbt
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = (torch.randn(shape) * 100).to(getattr(torch, dtype))
+    ref = x.contiguous(memory_format=fmt)
+    y = fbt._cl_relayout(x, ref.stride())
+    assert y is not None and y.dtype == x.dtype and y.shape == x.shape and y.stride() == ref.stride()
+    assert torch.equal(y, ref) and y.data_ptr() != x.data_ptr()
+    back = fbt._cl_relayout(ref, x.stride())
+    assert back is not None and back.stride() == x.stride() and torch.equal(back, x)
+    assert back.data_ptr() != ref.data_ptr()
+    if len(shape) == 4:
+        z = fbt._to_channels_last(x)
+        assert z.stride() == ref.stride() and torch.equal(z, ref)
+        assert fbt._to_channels_last(ref) is ref         # already channels_last: itself
+
+
+def test_cl_relayout_leaves_other_cases_to_torch(monkeypatch):
+    """None (torch's copy does it) where the transpose would be wrong or is not the job: other
+    orders, strided views, one channel, complex (a conjugate view's bits are not its values),
+    a tensor autograd must record, fewer than _RELAYOUT_MIN elements; the restride then still
+    gives eager's layout."""
+    torch = _torch()
+    from fastcompile.backends import torch as fbt
+    x = torch.randn(2, 4, 6, 6)
+    cl = fbt._cl_strides(x.shape)
+    assert fbt._RELAYOUT_MIN > x.numel() and fbt._cl_relayout(x, cl) is None            # small
+    monkeypatch.setattr(fbt, "_RELAYOUT_MIN", 0)
+    assert fbt._cl_relayout(x, cl) is not None
+    assert fbt._cl_relayout(x[:, :, ::2], fbt._cl_strides((2, 4, 3, 6))) is None      # not dense
+    assert fbt._cl_relayout(x.permute(0, 1, 3, 2), cl) is None                          # another order
+    assert fbt._cl_relayout(x, x.permute(0, 3, 2, 1).contiguous().stride()) is None     # another target
+    assert fbt._cl_relayout(torch.randn(2, 1, 6, 6), (36, 36, 6, 1)) is None            # one channel
+    assert fbt._cl_relayout(torch.randn(2, 4, 6, 6, dtype=torch.complex64).conj(), cl) is None
+    w = torch.randn(2, 4, 6, 6, requires_grad=True)
+    assert fbt._cl_relayout(w, cl) is None
+    with torch.no_grad():
+        assert torch.equal(fbt._cl_relayout(w, cl), w)
+    for t in (x[:, :, ::2], x.permute(0, 1, 3, 2), torch.randn(2, 4, 6, 6, dtype=torch.complex64)):
+        layout = (tuple(t.shape), fbt._cl_strides(t.shape))
+        r = fbt._restride(t, layout)
+        assert r.stride() == layout[1] and torch.equal(r, t)
+
+
+def test_backend_cnn_converts_with_the_transpose(monkeypatch, small_too):
+    """A channels_last CNN through the backend converts its NCHW input with _C._transpose (not
+    torch's copy), and its result is eager's: a wrong transpose fails here."""
+    torch = _torch()
+    import fastcompile
+    from fastcompile.backends import torch as fbt
+    calls = []
+    real = fbt._relayout
+    monkeypatch.setattr(fbt, "_relayout", lambda t, to_cl: calls.append((tuple(t.shape), to_cl)) or real(t, to_cl))
+    torch.manual_seed(0)
+    nn = torch.nn
+    m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                      nn.Conv2d(16, 8, 3, padding=1)).eval()
+    x = torch.randn(4, 8, 20, 20)
+    torch._dynamo.reset()
+    fastcompile.reset()
+    cf = torch.compile(m, backend=fbt.backend, dynamic=False)
+    with torch.no_grad():
+        for _ in range(2):
+            del calls[:]
+            out = cf(x)
+            torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
+            assert ((4, 8, 20, 20), True) in calls, calls
