@@ -49,8 +49,8 @@ Tolerance table (rtol, atol)::
     the tanh form's sigmoid(2u)) lose precision in proportion to the condition
     number; tests widen rtol by eps * condition(x) for those, per element.
 * ``reduction``: sums in a different order (the kernel accumulates float
-  sums in float64, float32 ones over blocks of 16 values a lane in float32
-  first; NumPy pairwise in the input dtype); callers pass
+  sums in float64, float32 ones over blocks of 16 values a lane (16 rows a
+  column in column blocks) in float32 first; NumPy pairwise in the input dtype); callers pass
   ``atol = n * eps * sum(|x|)`` for the cancellation slack. References for
   float16/float32 reductions are computed in float64 (or float32 where NumPy's
   own float32 semantics, e.g. overflow of squares in var, are the contract).

@@ -453,6 +453,51 @@ def test_float32_sums_round_in_float32_over_16_values_a_lane_at_most(n, lanes):
     assert "_f[(2 * FC_LANES)];" in f.kernels[0].source
 
 
+@pytest.mark.parametrize("n", [15, 16, 17, 300, 100001])
+def test_float32_column_sums_round_in_float32_over_16_rows_at_most(n):
+    """Column blocks (a sum over the batch, as BatchNorm's over (N, C) or channels_last rows)
+    add each column's float32 values in float32 over blocks of 16 rows, then into the column's
+    float64 accumulator: the relative error of a sum of positive values stays under 16 units of
+    float32 rounding at any length (unbounded float32 partials over 100001 thirds are off by
+    1e-4). Lengths: below a block, a block, a block and one row, many blocks."""
+    rng = np.random.default_rng(n)
+    x = (1.0 + rng.random((n, 40))).astype(np.float32)
+    x[:, 0] = np.float32(1 / 3)
+    x[:, 1] *= 1000.0
+    ref = x.astype(np.float64).sum(0)
+    g = Graph()
+    a = g.input("float32", 2)
+    g.output(g.call("sum", a, axis=0), g.call("mean", a, axis=0), g.call("var", a, axis=0))
+    f = g.compile()
+    total, mean, var = f(x)
+    bound = 16 * 2.0 ** -24
+    assert np.all(np.abs(total.astype(np.float64) - ref) <= (bound + 2.0 ** -24) * ref), (total, ref)
+    assert np.all(np.abs(mean.astype(np.float64) - ref / n) <= (bound + 2.0 ** -23) * ref / n)
+    assert_close_np(var, x.astype(np.float64).var(0), dtype=np.float32, rtol=1e-5, atol=1e-9)
+    (col,) = [k.source for k in f.kernels if "_cols(" in k.source]
+    assert "float acc" in col and "_f[FC_COLS];" in col and "if (++blk == 16) {" in col, col
+
+
+def test_column_blocks_prefetch_only_operands_that_change_by_row():
+    """A column block prefetches the rows ahead of the operands that differ by row (x), not of
+    one the key says is the same in every row (a column's mean and weight, shaped (1, C))."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((500, 40)).astype(np.float32)
+    m, w = rng.standard_normal((1, 40)).astype(np.float32), rng.standard_normal((1, 40)).astype(np.float32)
+    g = Graph()
+    a, b, c = g.input("float32", 2), g.input("float32", 2), g.input("float32", 2)
+    g.output(g.call("sum", g.call("relu", g.call("mul", g.call("sub", a, b), c)), axis=0))
+    f = g.compile()
+    (got,) = f(x, m, w)
+    want = np.maximum((x.astype(np.float64) - m) * w, 0).sum(0)
+    assert_close_np(got, want.astype(np.float32), rtol=1e-5, atol=1e-4)
+    (col,) = [k.source for k in f.kernels if "_cols(" in k.source]
+    body = col[col.index("_cols("):]
+    ahead = re.findall(r"__builtin_prefetch\(p(\d+) \+ \(i \+ FC_COLS_AHEAD\)", body)
+    xs = re.findall(r"const float x(\d+) = p(\d+)\[i \* s\d+ \+ b\];", body)
+    assert len(set(p for _, p in xs)) == 3 and len(set(ahead)) == 1, (ahead, xs)
+
+
 def test_arg_reductions_keep_the_scalar_first_index_loop():
     """argmax needs the first of equal maxima: no lanes, and ties are still first-index."""
     x = np.zeros((3, 40), np.float32)

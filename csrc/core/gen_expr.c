@@ -595,7 +595,8 @@ fc_expr_has_nan_flag(const FcSpec *s, int v)
 /* A sum of float32 values (float16 and bfloat16 compute in float32) into a
  * float64 accumulator: in gen_c's lane loops it adds to float32 lane partials
  * over blocks of at most 16 values a lane, folded into the float64 lanes at
- * each block's end (emit_lanes) */
+ * each block's end (emit_lanes); in its column blocks, to float32 partials
+ * per column over blocks of at most 16 rows (emit_cols_sweep) */
 int
 fc_expr_sum_blocked(const FcSpec *s, int v)
 {
@@ -667,7 +668,7 @@ fc_expr_accumulate(FcExprGen *E, int v, const char *x, const char *j)
     int op = E->s->g->nodes[v].op;
     const char *ty = fc_expr_ctype(E, fc_expr_acc_dtype(E->s, v));
     const char *b = E->cols ? "[b]" : E->lane ? E->lane : "";
-    if (E->lane_block != NULL && !E->cols && fc_expr_sum_blocked(E->s, v)) {
+    if (E->lane_block != NULL && fc_expr_sum_blocked(E->s, v)) {
         FC_LINE(E, "acc%d%s += %s;", v, E->lane_block, x);    /* float32 partials */
         return;
     }

@@ -42,10 +42,11 @@ struct FcExprGen {
     const char *lane;             /* gen_c's lane loops: the accumulators are
                                    * arrays acc<v>_l[16] and this their subscript
                                    * ("_l[l]"); NULL: plain scalars */
-    const char *lane_block;       /* gen_c's lane loops with block sums: a
-                                   * float32 sum (fc_expr_sum_blocked) adds to
-                                   * acc<v>_f[...] and this is its subscript
-                                   * ("_f[l]"); NULL: none */
+    const char *lane_block;       /* gen_c's lane loops and column blocks with
+                                   * block sums: a float32 sum
+                                   * (fc_expr_sum_blocked) adds to acc<v>_f[...]
+                                   * and this is its subscript ("_f[l]",
+                                   * "_f[b]"); NULL: none */
     char *loaded;                 /* per operand: a local x<o> holds its value in this body */
     char opname[FC_MAXOPS][16];   /* in0.., out0.. */
 };
