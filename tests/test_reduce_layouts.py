@@ -440,17 +440,26 @@ def test_float32_sums_round_in_float32_over_16_values_a_lane_at_most(n, lanes):
     x = (1.0 + rng.random((3, n))).astype(np.float32)
     x[0] = np.float32(1 / 3)        # float32 partials over long runs round it the same way each add
     x[2] *= 1000.0
-    ref = x.astype(np.float64).sum(1)
+    f = _sums_within_16_roundings(x, 1)
+    assert "_f[(2 * FC_LANES)];" in f.kernels[0].source
+
+
+def _sums_within_16_roundings(x, axis):
+    """The sum, mean and var of positive float32 x over axis, compiled: the sum's and mean's
+    relative errors within 16 units of float32 rounding (2**-24) plus the final rounding, var
+    within 1e-5. Returns the compiled graph."""
+    n = x.shape[axis]
+    ref = x.astype(np.float64).sum(axis)
     g = Graph()
     a = g.input("float32", 2)
-    g.output(g.call("sum", a, axis=1), g.call("mean", a, axis=1), g.call("var", a, axis=1))
+    g.output(g.call("sum", a, axis=axis), g.call("mean", a, axis=axis), g.call("var", a, axis=axis))
     f = g.compile()
     total, mean, var = f(x)
     bound = 16 * 2.0 ** -24
     assert np.all(np.abs(total.astype(np.float64) - ref) <= (bound + 2.0 ** -24) * ref), (total, ref)
     assert np.all(np.abs(mean.astype(np.float64) - ref / n) <= (bound + 2.0 ** -23) * ref / n)
-    assert_close_np(var, x.astype(np.float64).var(1), dtype=np.float32, rtol=1e-5, atol=1e-9)
-    assert "_f[(2 * FC_LANES)];" in f.kernels[0].source
+    assert_close_np(var, x.astype(np.float64).var(axis), dtype=np.float32, rtol=1e-5, atol=1e-9)
+    return f
 
 
 @pytest.mark.parametrize("n", [15, 16, 17, 300, 100001])
@@ -464,16 +473,7 @@ def test_float32_column_sums_round_in_float32_over_16_rows_at_most(n):
     x = (1.0 + rng.random((n, 40))).astype(np.float32)
     x[:, 0] = np.float32(1 / 3)
     x[:, 1] *= 1000.0
-    ref = x.astype(np.float64).sum(0)
-    g = Graph()
-    a = g.input("float32", 2)
-    g.output(g.call("sum", a, axis=0), g.call("mean", a, axis=0), g.call("var", a, axis=0))
-    f = g.compile()
-    total, mean, var = f(x)
-    bound = 16 * 2.0 ** -24
-    assert np.all(np.abs(total.astype(np.float64) - ref) <= (bound + 2.0 ** -24) * ref), (total, ref)
-    assert np.all(np.abs(mean.astype(np.float64) - ref / n) <= (bound + 2.0 ** -23) * ref / n)
-    assert_close_np(var, x.astype(np.float64).var(0), dtype=np.float32, rtol=1e-5, atol=1e-9)
+    f = _sums_within_16_roundings(x, 0)
     (col,) = [k.source for k in f.kernels if "_cols(" in k.source]
     assert "float acc" in col and "_f[FC_COLS];" in col and "if (++blk == 16) {" in col, col
 
