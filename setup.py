@@ -13,10 +13,11 @@ from setuptools import Extension, setup
 
 WARN = ["-Wall", "-Wextra", "-Wshadow", "-Wmissing-prototypes", "-Wno-unused-parameter",
         "-Wno-missing-field-initializers", "-Wno-cast-function-type", "-Wno-format-truncation"]
-# OpenMP: runtime/relayout.c's copies run on the kernels' thread count (the
-# kernels are built with -fopenmp too, so the process has libgomp either way)
-cflags = ["-std=c11", "-fvisibility=hidden", "-D_GNU_SOURCE", "-fopenmp"] + WARN
-ldflags = ["-fopenmp"]
+# -fopenmp-simd: "omp simd" loops (runtime/relayout.c), no OpenMP runtime linked: libgomp
+# would then load at import, before the torch backend sets OMP_WAIT_POLICY (relayout.c
+# finds it at run time instead)
+cflags = ["-std=c11", "-fvisibility=hidden", "-D_GNU_SOURCE", "-fopenmp-simd"] + WARN
+ldflags = []
 undef = []
 if os.environ.get("FASTCOMPILE_DEBUG_BUILD") == "1":
     cflags += ["-O0", "-g3"]

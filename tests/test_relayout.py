@@ -145,3 +145,25 @@ def test_backend_cnn_converts_with_the_transpose(monkeypatch, small_too):
             out = cf(x)
             torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
             assert ((4, 8, 20, 20), True) in calls, calls
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
+def test_import_loads_no_openmp_runtime():
+    """`import fastcompile` loads no libgomp: the runtime reads OMP_WAIT_POLICY when it loads, and
+    the torch backend's PASSIVE default must come first (two runtimes' spinning threads starve
+    each other where torch ships its own). A threaded copy then finds libgomp itself."""
+    import subprocess
+    import sys
+    code = ("import fastcompile, numpy as np\n"
+            "from fastcompile import _C\n"
+            "def gomp():\n"
+            "    return any('libgomp' in l for l in open('/proc/self/maps'))\n"
+            "print(gomp())\n"
+            "x = np.arange(16 * 16 * 1024, dtype=np.float32).reshape(16, 16, 32, 32)\n"
+            "fastcompile.config.set(num_threads=2)\n"
+            "y = _C._relayout(x.ctypes.data, x.shape, x.dtype.num, True)\n"
+            "assert (y == x).all() and y.transpose(0, 2, 3, 1).flags.c_contiguous\n"
+            "print(gomp())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"], out.stdout

@@ -11,9 +11,19 @@
  * float32 NCHW -> NHWC on 2 threads (Intel, family 6 model 167): 34-37 us
  * (40 us with the baseline version only), where torch's
  * .contiguous(memory_format=torch.channels_last) takes 67-78 us and
- * Inductor's generated kernel 37-44 us. */
+ * Inductor's generated kernel 37-44 us.
+ *
+ * Threads: OpenMP's runtime, found at the first threaded copy (dlopen of
+ * libgomp.so.1: torch's where it has that name, else the one the kernels
+ * load), not linked into the extension. libgomp reads OMP_WAIT_POLICY when it
+ * loads; linked, it would load at `import fastcompile`, before the torch
+ * backend's PASSIVE default (backends/torch.py), and where torch ships its
+ * own renamed libgomp the two runtimes' spinning threads starve each other.
+ * Without libgomp, or below SERIAL_BYTES, one thread copies. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "../fc_numpy.h"
@@ -30,16 +40,24 @@
 /* below this many bytes one thread does it: a team's start costs more */
 #define SERIAL_BYTES (128 * 1024)
 
-/* the tiles, numbered (b, r block, k block) with the k block fastest:
- * consecutive tiles of a thread read the same TILE source rows on */
+typedef struct {
+    const void *src;
+    void *dst;
+    int64_t nb, nr, nk;
+    int itemsize;
+} Job;
+
+/* tiles [t0, t1) of a job, numbered (b, r block, k block) with the k block
+ * fastest: consecutive tiles read the same TILE source rows on */
 #define DEFINE_TRANSPOSE(NAME, T)                                                         \
 CLONES static void                                                                        \
-NAME(const T *restrict src, T *restrict dst, int64_t nb, int64_t nr, int64_t nk, int nthreads) \
+NAME(const Job *j, int64_t t0, int64_t t1)                                                \
 {                                                                                         \
+    const T *restrict src = j->src;                                                       \
+    T *restrict dst = j->dst;                                                             \
+    const int64_t nr = j->nr, nk = j->nk;                                                 \
     const int64_t rb = (nr + TILE - 1) / TILE, kb = (nk + TILE - 1) / TILE;              \
-    const int64_t ntiles = nb * rb * kb;                                                  \
-    _Pragma("omp parallel for num_threads(nthreads) schedule(static)")                   \
-    for (int64_t t = 0; t < ntiles; t++) {                                                \
+    for (int64_t t = t0; t < t1; t++) {                                                   \
         const int64_t b = t / (rb * kb), r0 = t / kb % rb * TILE, k0 = t % kb * TILE;    \
         const int64_t r1 = r0 + TILE < nr ? r0 + TILE : nr;                               \
         const int64_t k1 = k0 + TILE < nk ? k0 + TILE : nk;                               \
@@ -59,21 +77,72 @@ DEFINE_TRANSPOSE(transpose2, uint16_t)
 DEFINE_TRANSPOSE(transpose4, uint32_t)
 DEFINE_TRANSPOSE(transpose8, uint64_t)
 
+static int64_t
+job_tiles(const Job *j)
+{
+    return j->nb * ((j->nr + TILE - 1) / TILE) * ((j->nk + TILE - 1) / TILE);
+}
+
+static void
+run_tiles(const Job *j, int64_t t0, int64_t t1)
+{
+    switch (j->itemsize) {
+    case 1: transpose1(j, t0, t1); break;
+    case 2: transpose2(j, t0, t1); break;
+    case 4: transpose4(j, t0, t1); break;
+    default: transpose8(j, t0, t1); break;
+    }
+}
+
+/* libgomp's entry points, looked up once (GOMP_parallel: the call a
+ * "#pragma omp parallel" compiles to; the calling thread runs fn too) */
+static struct {
+    pthread_once_t once;
+    void (*parallel)(void (*fn)(void *), void *data, unsigned nthreads, unsigned flags);
+    int (*thread_num)(void);
+    int (*num_threads)(void);
+} gomp = {PTHREAD_ONCE_INIT, NULL, NULL, NULL};
+
+static void
+gomp_find(void)
+{
+    void *h = dlopen("libgomp.so.1", RTLD_NOW | RTLD_LOCAL);     /* never closed */
+    if (h != NULL) {
+        *(void **)&gomp.parallel = dlsym(h, "GOMP_parallel");
+        *(void **)&gomp.thread_num = dlsym(h, "omp_get_thread_num");
+        *(void **)&gomp.num_threads = dlsym(h, "omp_get_num_threads");
+        if (gomp.parallel == NULL || gomp.thread_num == NULL || gomp.num_threads == NULL) {
+            gomp.parallel = NULL;
+        }
+    }
+}
+
+/* one team member's share of the tiles */
+static void
+team_member(void *data)
+{
+    const Job *j = data;
+    const int64_t n = job_tiles(j), tid = gomp.thread_num(), nth = gomp.num_threads();
+    run_tiles(j, n * tid / nth, n * (tid + 1) / nth);
+}
+
 int
 fc_relayout_transpose(const void *src, void *dst, int64_t nb, int64_t nr, int64_t nk,
                       int itemsize, int nthreads)
 {
-    const int64_t bytes = nb * nr * nk * itemsize;
-    if (bytes < SERIAL_BYTES || nthreads < 1) {
-        nthreads = 1;
+    const Job j = {src, dst, nb, nr, nk, itemsize};
+    if (itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) {
+        return -1;
     }
-    switch (itemsize) {
-    case 1: transpose1(src, dst, nb, nr, nk, nthreads); return 0;
-    case 2: transpose2(src, dst, nb, nr, nk, nthreads); return 0;
-    case 4: transpose4(src, dst, nb, nr, nk, nthreads); return 0;
-    case 8: transpose8(src, dst, nb, nr, nk, nthreads); return 0;
-    default: return -1;
+    if (nb * nr * nk * itemsize >= SERIAL_BYTES && nthreads > 1) {
+        pthread_once(&gomp.once, gomp_find);
+        if (gomp.parallel != NULL) {
+            gomp.parallel(team_member, (void *)&j, (unsigned)nthreads, 0);
+            return 0;
+        }
     }
+    run_tiles(&j, 0, job_tiles(&j));
+    return 0;
 }
 
 PyObject *

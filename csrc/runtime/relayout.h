@@ -1,5 +1,5 @@
 /* Runtime, relayout: copies between memory orders, outside any graph.
- * In: two dense buffers and their sizes. Out: the destination filled. */
+ * In: a dense buffer and its shape. Out: a new array in the other order. */
 #ifndef FC_RELAYOUT_H
 #define FC_RELAYOUT_H
 
@@ -11,7 +11,7 @@
 /* dst[b][k][r] = src[b][r][k] for b < nb, r < nr, k < nk: nb transposes of
  * an (nr, nk) matrix of itemsize-byte elements (1, 2, 4 or 8), both arrays
  * dense, not overlapping. Bits are copied as they are. Uses up to nthreads
- * threads. Returns 0, or -1 for an itemsize it does not take (no exception:
+ * threads (OpenMP's, where libgomp can be loaded). Returns 0, or -1 for an itemsize it does not take (no exception:
  * no Python here; the GIL may be released). */
 FC_INTERNAL int fc_relayout_transpose(const void *src, void *dst, int64_t nb, int64_t nr, int64_t nk,
                                       int itemsize, int nthreads);
