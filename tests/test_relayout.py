@@ -167,3 +167,30 @@ def test_import_loads_no_openmp_runtime():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"], out.stdout
+
+
+def test_backend_gives_eager_layout_back_with_the_transpose(monkeypatch, small_too):
+    """An inference graph that ends in its channels_last convolution's result: eager gives the
+    NCHW input's layout (C order), the graph's result is channels_last, and the backend copies it
+    back with _C._relayout (to_cl false): values and strides as eager's."""
+    torch = _torch()
+    import fastcompile
+    from fastcompile.backends import torch as fbt
+    calls = []
+    real = fbt._relayout
+    monkeypatch.setattr(fbt, "_relayout", lambda t, to_cl: calls.append((tuple(t.shape), to_cl)) or real(t, to_cl))
+    torch.manual_seed(1)
+    nn = torch.nn
+    m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 12, 3, padding=1)).eval()
+    x = torch.randn(2, 8, 10, 10)
+    torch._dynamo.reset()
+    fastcompile.reset()
+    cf = torch.compile(m, backend=fbt.backend, dynamic=False)
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(2):
+            del calls[:]
+            out = cf(x)
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+            assert out.stride() == ref.stride() and out.is_contiguous()
+            assert ((2, 12, 10, 10), False) in calls, calls
