@@ -122,29 +122,39 @@ def test_cl_relayout_leaves_other_cases_to_torch(monkeypatch):
         assert r.stride() == layout[1] and torch.equal(r, t)
 
 
-def test_backend_cnn_converts_with_the_transpose(monkeypatch, small_too):
-    """A channels_last CNN through the backend converts its NCHW input with _C._transpose (not
-    torch's copy), and its result is eager's: a wrong transpose fails here."""
+def _relayouts_per_call(monkeypatch, m, x, calls=2):
+    """Eval module m compiled through the backend and called on x under no_grad `calls` times:
+    per call, its output and the (shape, to_cl) of each _relayout it made; eager's output."""
     torch = _torch()
     import fastcompile
     from fastcompile.backends import torch as fbt
-    calls = []
+    seen = []
     real = fbt._relayout
-    monkeypatch.setattr(fbt, "_relayout", lambda t, to_cl: calls.append((tuple(t.shape), to_cl)) or real(t, to_cl))
+    monkeypatch.setattr(fbt, "_relayout", lambda t, to_cl: seen.append((tuple(t.shape), to_cl)) or real(t, to_cl))
+    torch._dynamo.reset()
+    fastcompile.reset()
+    cf = torch.compile(m, backend=fbt.backend, dynamic=False)
+    runs = []
+    with torch.no_grad():
+        ref = m(x)
+        for _ in range(calls):
+            del seen[:]
+            runs.append((cf(x), list(seen)))
+    return runs, ref
+
+
+def test_backend_cnn_converts_with_the_transpose(monkeypatch, small_too):
+    """A channels_last CNN through the backend converts its NCHW input with _C._relayout (not
+    torch's copy), and its result is eager's: a wrong transpose fails here."""
+    torch = _torch()
     torch.manual_seed(0)
     nn = torch.nn
     m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
                       nn.Conv2d(16, 8, 3, padding=1)).eval()
-    x = torch.randn(4, 8, 20, 20)
-    torch._dynamo.reset()
-    fastcompile.reset()
-    cf = torch.compile(m, backend=fbt.backend, dynamic=False)
-    with torch.no_grad():
-        for _ in range(2):
-            del calls[:]
-            out = cf(x)
-            torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-4)
-            assert ((4, 8, 20, 20), True) in calls, calls
+    runs, ref = _relayouts_per_call(monkeypatch, m, torch.randn(4, 8, 20, 20))
+    for out, calls in runs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        assert ((4, 8, 20, 20), True) in calls, calls
 
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="reads /proc/self/maps (Linux)")
@@ -174,23 +184,11 @@ def test_backend_gives_eager_layout_back_with_the_transpose(monkeypatch, small_t
     NCHW input's layout (C order), the graph's result is channels_last, and the backend copies it
     back with _C._relayout (to_cl false): values and strides as eager's."""
     torch = _torch()
-    import fastcompile
-    from fastcompile.backends import torch as fbt
-    calls = []
-    real = fbt._relayout
-    monkeypatch.setattr(fbt, "_relayout", lambda t, to_cl: calls.append((tuple(t.shape), to_cl)) or real(t, to_cl))
     torch.manual_seed(1)
     nn = torch.nn
     m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 12, 3, padding=1)).eval()
-    x = torch.randn(2, 8, 10, 10)
-    torch._dynamo.reset()
-    fastcompile.reset()
-    cf = torch.compile(m, backend=fbt.backend, dynamic=False)
-    with torch.no_grad():
-        ref = m(x)
-        for _ in range(2):
-            del calls[:]
-            out = cf(x)
-            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-            assert out.stride() == ref.stride() and out.is_contiguous()
-            assert ((2, 12, 10, 10), False) in calls, calls
+    runs, ref = _relayouts_per_call(monkeypatch, m, torch.randn(2, 8, 10, 10))
+    for out, calls in runs:
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        assert out.stride() == ref.stride() and out.is_contiguous()
+        assert ((2, 12, 10, 10), False) in calls, calls

@@ -166,33 +166,33 @@ fc_relayout_py_copy(PyObject *self, PyObject *args)
     nd = (int)PySequence_Fast_GET_SIZE(seq);
     if (nd < 3 || nd > 5) {
         PyErr_Format(PyExc_ValueError, "_relayout: rank %d (3 to 5 only)", nd);
-        goto error;
+        goto cleanup;
     }
     for (int d = 0; d < nd; d++) {
         long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, d));
         if (v == -1 && PyErr_Occurred()) {
-            goto error;
+            goto cleanup;
         }
         if (v < 0 || __builtin_mul_overflow(n, v, &n)) {
             PyErr_SetString(PyExc_ValueError, "_relayout: negative or overflowing sizes");
-            goto error;
+            goto cleanup;
         }
         shape[d] = (npy_intp)v;
         rest *= d >= 2 ? v : 1;
     }
     if ((descr = PyArray_DescrFromType(typenum)) == NULL) {
-        goto error;
+        goto cleanup;
     }
     itemsize = (int)PyDataType_ELSIZE(descr);
     Py_DECREF(descr);          /* a builtin type's: static */
     if ((itemsize != 1 && itemsize != 2 && itemsize != 4 && itemsize != 8) ||
             __builtin_mul_overflow(n, (long long)itemsize, &bytes)) {
         PyErr_Format(PyExc_ValueError, "_relayout: elements of %d bytes (1, 2, 4 or 8 only)", itemsize);
-        goto error;
+        goto cleanup;
     }
     if (n > 0 && src == 0) {
         PyErr_SetString(PyExc_ValueError, "_relayout: a null buffer");
-        goto error;
+        goto cleanup;
     }
     /* the result's memory order: (N, *S, C) for channels_last, else (N, C, *S) */
     mem[0] = shape[0];
@@ -200,18 +200,16 @@ fc_relayout_py_copy(PyObject *self, PyObject *args)
         mem[d] = to_cl ? shape[d == nd - 1 ? 1 : d + 1] : shape[d];
     }
     if ((block = fc_alloc_empty(nd, mem, typenum, itemsize)) == NULL) {
-        goto error;
+        goto cleanup;
     }
-    Py_BEGIN_ALLOW_THREADS
-    if (to_cl) {
-        (void)fc_relayout_transpose((const void *)(uintptr_t)src, PyArray_DATA((PyArrayObject *)block),
-                                    shape[0], shape[1], rest, itemsize, nthreads);
+    {
+        /* src holds (N, C, rest) to_cl, else (N, rest, C): its (nr, nk) matrices */
+        const int64_t nr = to_cl ? shape[1] : rest, nk = to_cl ? rest : shape[1];
+        void *dst = PyArray_DATA((PyArrayObject *)block);
+        Py_BEGIN_ALLOW_THREADS
+        (void)fc_relayout_transpose((const void *)(uintptr_t)src, dst, shape[0], nr, nk, itemsize, nthreads);
+        Py_END_ALLOW_THREADS
     }
-    else {
-        (void)fc_relayout_transpose((const void *)(uintptr_t)src, PyArray_DATA((PyArrayObject *)block),
-                                    shape[0], rest, shape[1], itemsize, nthreads);
-    }
-    Py_END_ALLOW_THREADS
     if (!to_cl) {
         out = block;
         block = NULL;
@@ -226,7 +224,7 @@ fc_relayout_py_copy(PyObject *self, PyObject *args)
         }
         out = PyArray_Transpose((PyArrayObject *)block, &perm);
     }
-error:
+cleanup:
     Py_XDECREF(block);
     Py_XDECREF(seq);
     return out;
