@@ -43,6 +43,27 @@ def test_relayout_keeps_nan_payloads_and_signed_zeros():
     np.testing.assert_array_equal(out.view(np.uint32), bits.view(np.uint32))
 
 
+def test_relayout_takes_no_references_it_keeps():
+    """Refcounts: the shape passed in keeps its count, over calls that succeed and calls that
+    fail; a result and the block a channels_last result views die with the last reference the
+    caller drops (weak references)."""
+    import sys
+    import weakref
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32)
+    shape = (2, 3, 4, 5)
+    before = sys.getrefcount(shape)
+    for _ in range(100):
+        cl = _relayout(x, shape, True)
+        back = _relayout(np.ascontiguousarray(cl.transpose(0, 2, 3, 1)), shape, False)
+        with pytest.raises(ValueError):
+            _C._relayout(x.ctypes.data, shape, np.dtype("complex128").num, True)
+    assert sys.getrefcount(shape) == before
+    np.testing.assert_array_equal(back, x.reshape(shape))
+    refs = [weakref.ref(a) for a in (cl, cl.base, back)]
+    del cl, back
+    assert [r() for r in refs] == [None, None, None]
+
+
 @pytest.mark.parametrize("args,exc,match", [
     ((1, (2, 3, 4), np.dtype("complex128").num, True), ValueError, "elements of 16 bytes"),
     ((1, (2, 3), np.dtype("float32").num, True), ValueError, "rank 2"),
