@@ -57,6 +57,7 @@ from .. import _C                  # noqa: E402
 from .. import config              # noqa: E402
 from .. import pending             # noqa: E402
 from .. import pygen               # noqa: E402
+from .._common import torch_numpy_dtypes  # noqa: E402
 from ..graph import Graph          # noqa: E402
 from ..trace.interp import _TORCH_OPMATH_SCALAR  # noqa: E402
 
@@ -73,13 +74,8 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 # dtypes
 # ----------------------------------------------------------------------------------------------
 
-_CORE_DTYPE = {
-    torch.bool: "bool", torch.int8: "int8", torch.int16: "int16", torch.int32: "int32",
-    torch.int64: "int64", torch.uint8: "uint8", torch.uint16: "uint16", torch.uint32: "uint32",
-    torch.uint64: "uint64", torch.float16: "float16", torch.float32: "float32",
-    torch.float64: "float64",
-    torch.bfloat16: "float32",      # carried as float32 inside the core (see the module doc)
-}
+_CORE_DTYPE = torch_numpy_dtypes(torch)
+_CORE_DTYPE[torch.bfloat16] = "float32"      # carried as float32 inside the core (see the module doc)
 
 
 def _core_dtype(dt):

@@ -35,6 +35,8 @@ import types
 
 import numpy as np
 
+from fastcompile._common import hashable as _hashable
+
 from . import sources as S
 
 
@@ -141,14 +143,6 @@ def describe_object(obj):
         kind = "ufunc" if type(obj).__name__ == "ufunc" else "builtin"
         return "%s %s" % (kind, name if mod in (None, "builtins") else "%s.%s" % (mod, name))
     return "<%s object at 0x%x>" % (type(obj).__qualname__, id(obj))
-
-
-def _hashable(x):
-    try:
-        hash(x)
-        return True
-    except TypeError:
-        return False
 
 
 def size1_mask(shape):

@@ -18,6 +18,8 @@ import types
 
 import numpy as np
 
+from fastcompile._common import hashable as _hashable, torch_numpy_dtypes
+
 from fastcompile import config as _config
 from fastcompile.graph import Graph
 
@@ -2020,14 +2022,6 @@ def _kind_of(args, kwargs):
     return "numpy"
 
 
-def _hashable(x):
-    try:
-        hash(x)
-        return True
-    except TypeError:
-        return False
-
-
 # functions whose number of results follows their arguments' sizes (Tracer.extern guards them)
 _COUNT_BY_SIZE = ("unbind", "split", "chunk", "unstack", "hsplit", "vsplit", "dsplit")
 
@@ -2093,12 +2087,7 @@ def _sync_torch():
     t = sys.modules.get("torch")
     if t is None or not hasattr(t, "nn"):          # not imported, or still importing
         return
-    TORCH_TO_NP.update({
-        t.bool: np.dtype("bool"), t.int8: np.dtype("int8"), t.int16: np.dtype("int16"),
-        t.int32: np.dtype("int32"), t.int64: np.dtype("int64"), t.uint8: np.dtype("uint8"),
-        t.float16: np.dtype("float16"), t.float32: np.dtype("float32"),
-        t.float64: np.dtype("float64"),
-    })
+    TORCH_TO_NP.update({dt: np.dtype(name) for dt, name in torch_numpy_dtypes(t).items()})
     torch = t
 
 

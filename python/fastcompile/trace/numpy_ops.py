@@ -5,6 +5,8 @@ import operator
 
 import numpy as np
 
+from fastcompile._common import hashable as _hashable
+
 UNARY = {
     np.negative: "neg", np.absolute: "abs", np.exp: "exp", np.exp2: "exp2", np.expm1: "expm1",
     np.log: "log", np.log2: "log2", np.log10: "log10", np.log1p: "log1p", np.sqrt: "sqrt",
@@ -119,14 +121,6 @@ def _out_position(fn):
     if key is not None:
         _OUT_POSITION[key] = pos
     return pos
-
-
-def _hashable(x):
-    try:
-        hash(x)
-        return True
-    except TypeError:
-        return False
 
 
 def reduction_attrs(name, axis=None, keepdims=False, ddof=0, dtype=None, out=None, **rest):
