@@ -23,12 +23,12 @@ if config.get("debug") >= 1:
         _log.addHandler(_h)
 
 
-def cache_clear(disk=True):
+def cache_clear(disk: bool = True) -> None:
     """Forget every loaded kernel; with ``disk=True`` also empty the disk cache."""
     _C.cache_clear(disk=disk)
 
 
-def stats():
+def stats() -> "dict[str, object]":
     """Counters: ``compiles`` (kernels compiled), ``compiler_runs`` (compiler processes; one run
     compiles several kernels when a batch has more than there are cores), ``compile_batches``
     (batches that compiled something: one batch's kernels compile side by side), ``disk_hits``,
@@ -38,14 +38,14 @@ def stats():
     return _C.stats()
 
 
-def cuda_info():
+def cuda_info() -> "dict[str, object]":
     """CUDA status without touching the CPU path: whether NVRTC and the driver
     (libcuda.so.1) were found, their paths and versions, NVRTC's archs, and
     the device count, or in ``why_no_device`` why there is none."""
     return _C.cuda_info()
 
 
-def pending_compiles(wait=False, timeout=None):
+def pending_compiles(wait: bool = False, timeout: "float | None" = None) -> int:
     """Async compile (``config.async_compile``): how many graphs do not run their kernels yet,
     because their lowering waits for a later call (``async_delay_calls``) or their kernels are
     building in a background thread. ``wait=True`` first waits (at most ``timeout`` s) for the

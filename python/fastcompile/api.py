@@ -9,10 +9,15 @@ import os
 import sys
 import sysconfig
 import time
+import typing
 import warnings
+from typing import Any, Callable, Optional, TypeVar
 
 from . import _C, config
 from . import trace as _trace
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class FastcompileWarning(UserWarning):
@@ -175,7 +180,13 @@ def _is_module(obj):
     return torch is not None and isinstance(obj, torch.nn.Module)
 
 
-def compile(fn=None, *, fullgraph=False):
+@typing.overload
+def compile(fn: None = None, *, fullgraph: bool = False) -> Callable[[_F], _F]: ...
+@typing.overload
+def compile(fn: _F, *, fullgraph: bool = False) -> _F: ...
+
+
+def compile(fn: Optional[Callable[..., Any]] = None, *, fullgraph: bool = False) -> Any:
     """Compile a function or an nn.Module; also usable as ``@compile`` or ``@compile(fullgraph=True)``.
 
     The result runs ``fn`` with fastcompile's frame hook: each frame is traced into graphs for the
@@ -197,7 +208,7 @@ def compile(fn=None, *, fullgraph=False):
     return hooked
 
 
-def reset():
+def reset() -> None:
     """Drop every compiled entry of every function (the kernels stay in the kernel caches)."""
     _C.reset_all()
     _trace.reset()
