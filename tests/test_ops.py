@@ -1606,7 +1606,7 @@ def test_outputs_are_fresh_and_inputs_untouched():
 
 
 @pytest.mark.parametrize("dtype,n,pooled", [
-    ("float32", 40000, False),     # 160 KB: malloc, which reuses it (was: a fresh mmap every call)
+    ("float32", 40000, False),     # 160 KB: malloc, which reuses it
     ("float64", 20000, False),     # 160 KB
     ("int8", 200000, False),       # 195 KB
     ("float32", 70000, True),      # 273 KB: the pool keeps it between calls
