@@ -1055,9 +1055,9 @@ def async_on():
 @pytest.fixture
 def held_build(monkeypatch):
     """The background builds wait for gate.set(); builds: the Compiled of each build queued."""
-    from fastcompile.trace import runtime
+    from fastcompile.trace import graph_call
     gate, builds = threading.Event(), []
-    submit, work = runtime._submit, runtime._work
+    submit, work = graph_call._submit, graph_call._work
 
     def queued(first, compiled, arrays, stand_ins):
         builds.append(compiled)
@@ -1066,8 +1066,8 @@ def held_build(monkeypatch):
     def held():
         assert gate.wait(60), "the test never let the build go"
         work()
-    monkeypatch.setattr(runtime, "_submit", queued)
-    monkeypatch.setattr(runtime, "_work", held)
+    monkeypatch.setattr(graph_call, "_submit", queued)
+    monkeypatch.setattr(graph_call, "_work", held)
     yield gate, builds
     gate.set()
 
