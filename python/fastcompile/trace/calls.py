@@ -207,7 +207,6 @@ class CallHandlers:
         dummy = types.FunctionType(code, {}, code.co_name, defaults or None,
                                    tuple(types.CellType() for _ in code.co_freevars))
         dummy.__kwdefaults__ = dict(kwdefaults) or None
-        import inspect
         try:
             bound = inspect.signature(dummy).bind(*args, **kwargs)
         except TypeError as e:
@@ -444,7 +443,6 @@ class CallHandlers:
             return self.array_call(fn, args, kwargs, "round")
         if fn in NP.REDUCTION_FNS:
             name = NP.REDUCTION_FNS[fn]
-            import inspect
             try:
                 b = inspect.signature(fn).bind(*args, **kwargs)
                 params = {k: self.py(v) for k, v in b.arguments.items() if k != "a"}

@@ -215,7 +215,7 @@ class RunLoop:
         finally:
             self.frame = saved
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ the stack, Python values
 
     def push(self, v):
         self.frame.stack.append(v)
