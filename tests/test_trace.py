@@ -13,7 +13,7 @@ from conftest import assert_close_np
 from fastcompile import trace
 from fastcompile.trace import guards as G
 from fastcompile.trace import slot_values, trace_function
-from fastcompile.trace.interp import localsplus_names
+from fastcompile.trace.frame import localsplus_names
 
 import trace_corpus as C
 

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FRONTEND_TESTS = ["tests/test_hook.py", "tests/test_trace.py", "tests/test_api.py"]
+FRONTEND_TESTS = ["tests/test_hook.py", "tests/test_trace.py", "tests/test_api.py", "tests/test_api_values.py"]
 
 
 def find_python(version):

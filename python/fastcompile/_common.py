@@ -23,3 +23,10 @@ _TORCH_TO_NUMPY_NAMES = (
 def torch_numpy_dtypes(torch):
     """{torch dtype: NumPy dtype name} for the dtypes the core holds as NumPy holds them."""
     return {getattr(torch, t): n for t, n in _TORCH_TO_NUMPY_NAMES if hasattr(torch, t)}
+
+
+# torch's CPU ops that take a Python scalar (or a 0-d tensor of another float dtype) next to a
+# float16/bfloat16 tensor as it is, in float32 (opmath: x * 100000 is 0 at 0); its other ops
+# make it a float16 first (x - 0.1 is 0 at float16(0.1), x < 0.1 compares with float16(0.1)).
+# Both torch routes read it: the tracer's (trace/record.py) and the backend's lowering
+TORCH_OPMATH_SCALAR = frozenset(("mul", "div", "floordiv"))

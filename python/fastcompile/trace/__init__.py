@@ -9,32 +9,17 @@ builtins, closure and bound locals; out: a TraceResult.
 import inspect
 import sys
 
-from . import guards
-from .interp import NeedAutograd, Tracer, localsplus_names
+from . import graph_call, guards, resume, sources
+from .frame import localsplus_names
+from .graph_call import GraphInfo, graph_info
+from .helpers import NeedAutograd
+from .interp import Tracer
 from .variables import Unsupported
 
 SUPPORTED_PYTHONS = ((3, 11), (3, 12))    # bytecode the interpreter loop knows
 
 __all__ = ["trace_frame", "trace_function", "TraceResult", "GraphInfo", "BreakReason", "Unsupported",
            "EntryInfo", "reset", "guards"]
-
-
-class GraphInfo:
-    """graph: the fastcompile Graph; input_sources: where each input comes from;
-    op_count: ops traced into it; span: (filename, first line, last line);
-    compiled: its Compiled (kernels, sources) once it has run, else None."""
-
-    def __init__(self, graph, input_sources, op_count, span, compiled=None):
-        self.graph, self.input_sources, self.op_count, self.span = graph, input_sources, op_count, span
-        self._compiled = compiled
-        self.float_sources = []     # the floats it reads at each call (not baked in: no recompile)
-
-    @property
-    def compiled(self):
-        return self._compiled() if callable(self._compiled) else self._compiled
-
-    def __repr__(self):
-        return "GraphInfo(ops=%d, inputs=%r, span=%s:%d-%d)" % ((self.op_count, self.input_sources) + self.span)
 
 
 class BreakReason:
@@ -61,19 +46,6 @@ class TraceResult:
             len(self.graphs), self.breaks, len(self.guards), self.target is not None, self.code is not None)
 
 
-def _graph_info(tracer, run):
-    if run.graph is None or tracer.op_count == 0:
-        return []
-    fname = tracer.code.co_filename          # the span is in the traced function's own file
-    lines = [ln for f, ln in tracer.lines if f == fname] or [ln for _, ln in tracer.lines]
-    if not any(f == fname for f, _ in tracer.lines) and tracer.lines:
-        fname = tracer.lines[0][0]
-    info = GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
-                     (fname, min(lines), max(lines)), getattr(run, "compiled", None))
-    info.float_sources = [src for src, kind, _ in tracer.inputs if kind == "scalar"]
-    return [info]
-
-
 def _rng_state():
     """torch's CPU generator state (and each initialized CUDA device's), or None without torch."""
     torch = sys.modules.get("torch")
@@ -94,7 +66,6 @@ def _set_rng_state(state):
 def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False):
     """Trace one frame. f_locals: name -> value of the bound fast locals (args
     included) and of the free variables; closure: the function's cells."""
-    from . import runtime
     result = TraceResult()
     if sys.version_info[:2] not in SUPPORTED_PYTHONS:
         why = ("fastcompile's tracer reads CPython %s bytecode, not %d.%d: the frame runs as plain Python"
@@ -118,7 +89,7 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
                 if not need.optional:
                     raise
                 # autograd mode was only preferred (convolutions under no_grad) and cannot trace
-                # this frame whole: the core way, as before the preference; where that needs
+                # this frame whole: the core way; where that needs
                 # autograd mode after all, the frame breaks where autograd mode stopped
                 _set_rng_state(rng)
                 fx_tracer = tracer
@@ -128,18 +99,17 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
                 except NeedAutograd:
                     tracer = fx_tracer
                     raise fx_error from None
-        run = runtime.build(tracer, [ret])
+        run = graph_call.build(tracer, [ret])
     except Unsupported as e:
         if fullgraph:
             raise
         result.breaks.append(BreakReason(e.reason, e.user_stack))
         result.guards = guards.dedupe(tracer.guards)
         result.program = guards.compile_program(result.guards)
-        from . import codegen
         if e.whole_frame:
-            codegen.give_up(result, "it applies to the whole frame")
+            resume.give_up(result, "it applies to the whole frame")
         else:
-            codegen.resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer)
+            resume.resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, tracer)
         return result
     finally:
         if tracer.fx is not None:
@@ -152,7 +122,7 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
     def target(*values):
         return run(*values)[0]
     result.target, result.slots = run.fast_target or target, run.slots
-    result.graphs = _graph_info(tracer, run)
+    result.graphs = graph_info(tracer, run)
     result.guards = guards.dedupe(tracer.guards)
     result.program = guards.compile_program(result.guards)
     return result
@@ -177,7 +147,6 @@ class EntryInfo:
         g = self.guards[self.owners[index]]
         names = localsplus_names(frame.f_code)
         by_slot = {i: frame.f_locals[n] for i, n in enumerate(names) if n in frame.f_locals}
-        from . import sources
         try:
             actual = sources.evaluate(g.source, by_slot, frame.f_globals, frame.f_builtins, frame.closure)
         except Exception as exc:             # a report must not fail the frame
@@ -189,8 +158,7 @@ class EntryInfo:
 
 def reset():
     """Forget the resume functions built so far."""
-    from . import codegen
-    codegen.reset()
+    resume.reset()
 
 
 def bind_locals(fn, args, kwargs):

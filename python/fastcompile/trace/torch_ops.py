@@ -8,8 +8,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastcompile._common import TORCH_OPMATH_SCALAR
+
 from . import sources as S
-from .variables import ArrayVar, PyVar, ShapeVar
+from .helpers import TORCH_TO_NP, NeedAutograd, NoCore, any_array, kind_of, storage_ptr, unlazy
+from .variables import ArrayVar, PyVar, ScalarVar, ShapeVar
 
 UNARY = {
     torch.exp: "exp", torch.log: "log", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt", torch.tanh: "tanh",
@@ -47,8 +50,7 @@ STATE = (torch.get_default_dtype, torch.is_grad_enabled, torch.is_inference_mode
 
 
 def _u(v):
-    from .interp import _unlazy
-    return _unlazy(v)
+    return unlazy(v)
 
 
 _CHECKPOINT_KWARGS = frozenset(("use_reentrant", "context_fn", "determinism_check", "debug",
@@ -65,7 +67,7 @@ def _state(tr, fn):
 
 def _checkpoints():
     """torch.utils.checkpoint's entry points: a graph break (aot_autograd cannot trace through
-    their saved-tensor hooks; the recomputation raised CheckpointError in backward)."""
+    their saved-tensor hooks; the recomputation would raise CheckpointError in backward)."""
     cp = sys.modules.get("torch.utils.checkpoint")
     return () if cp is None else (cp.checkpoint, cp.checkpoint_sequential)
 
@@ -73,7 +75,6 @@ def _checkpoints():
 def _np(tr, dt):
     """The NumPy dtype the core computes torch dtype dt in; a graph break where there is none
     (bfloat16, complex, float8: the core route takes NumPy arrays)."""
-    from .interp import TORCH_TO_NP
     if dt not in TORCH_TO_NP:
         tr.unsupported("tensor dtype %s has no NumPy dtype" % dt)
     return TORCH_TO_NP[dt]
@@ -88,7 +89,6 @@ def cast(tr, var, np_dtype):
 
 
 def _torch_dtype(np_dtype):
-    from .interp import TORCH_TO_NP
     for k, v in TORCH_TO_NP.items():
         if v == np_dtype:
             return k
@@ -97,8 +97,6 @@ def _torch_dtype(np_dtype):
 
 def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     """A pointwise op with torch's result dtype: operands cast first."""
-    from .interp import _TORCH_OPMATH_SCALAR, _NoCore
-    from .variables import ScalarVar
     args = [_u(a) for a in args]
     if core_op in ("clamp", "where"):
         # torch checks these scalars fit the tensor's dtype (1e308 for float32 raises): a float
@@ -112,8 +110,8 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     want = _np(tr, example.dtype)
     if core_op == "pow" and want.kind in "iu" and isinstance(_u(args[1]), ArrayVar):
         # an integer tensor exponent may be negative (or become so in the base's dtype): torch
-        # gives 1, +-1 or 0 where NumPy's pow, the core's, raises; the core's raised at run time
-        # and the frame ran as plain Python at every call. torch's own pow, as an extern
+        # gives 1, +-1 or 0 where NumPy's pow, the core's, raises (at run time, and the frame
+        # would run as plain Python at every call). torch's own pow, as an extern
         return tr.extern(fn, args, kwargs, example, "torch")
     if core_op in COMPARE:
         exs = [tr.example_of(a) for a in args]      # a ScalarVar's type only: not specialized
@@ -128,7 +126,7 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
         cargs = args
     elif core_op == "where":
         cargs = [args[0]] + [cast(tr, a, want) for a in args[1:]]
-    elif core_op in _TORCH_OPMATH_SCALAR and want == np.float16:
+    elif core_op in TORCH_OPMATH_SCALAR and want == np.float16:
         # torch's CPU mul/div take a 0-d tensor of another float dtype as a scalar, in float32,
         # not rounded to the half type first (x // torch.tensor(0.1, dtype=torch.float64))
         cargs = [cast(tr, a, np.dtype(np.float32)) if isinstance(a, ArrayVar) and a.ndim == 0
@@ -144,7 +142,7 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
             sign = tr.core("sign", [x], {}, example, "torch")
             return tr.core("where", [nan, PyVar(0.0), sign], {}, example, "torch")
         return tr.core(core_op, cargs, attrs or {}, example, "torch")
-    except _NoCore:
+    except NoCore:
         return tr.extern(fn, args, kwargs, example, "torch")
 
 
@@ -216,13 +214,12 @@ def reduction(tr, fn, op, args, kwargs):
         attrs["correction"] = int(c)
     if op in ("logsumexp",) and dim is None:
         return tr.extern(fn, args, kwargs, example, "torch")
-    from .interp import _NoCore
     src = x
     if op in ("sum", "prod") and x.example.dtype in (torch.bool, torch.int8, torch.int16, torch.int32, torch.uint8):
         src = cast(tr, x, _np(tr, torch.int64))
     try:
         return tr.core(op, [src], attrs, example, "torch")
-    except _NoCore:
+    except NoCore:
         return tr.extern(fn, args, kwargs, example, "torch")
 
 
@@ -231,10 +228,9 @@ def softmax(tr, fn, op, x, dim, args, kwargs):
     d = tr.py(dim)
     if d is None or not isinstance(example, torch.Tensor):
         return tr.extern(fn, args, kwargs, example, "torch")
-    from .interp import _NoCore
     try:
         return tr.core(op, [cast(tr, _u(x), _np(tr, example.dtype))], {"axis": d}, example, "torch")
-    except _NoCore:
+    except NoCore:
         return tr.extern(fn, args, kwargs, example, "torch")
 
 
@@ -263,11 +259,10 @@ def layer_norm(tr, args, kwargs):
 
 
 def call(tr, fn, args, kwargs):
-    from .interp import _any_array
     cps = _checkpoints()
     if cps and fn is cps[0] and args:
         # checkpoint(function, *args, use_reentrant=..., **kwargs): function is traced in line
-        # (aot_autograd cannot trace the saved-tensor hooks of a checkpoint; backward raised
+        # (aot_autograd cannot trace the saved-tensor hooks of a checkpoint; backward would raise
         # CheckpointError). Values and gradients are eager's; the activations are kept.
         fkw = {k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KWARGS}
         return tr.call_var(args[0], list(args[1:]), fkw)
@@ -278,7 +273,7 @@ def call(tr, fn, args, kwargs):
         tr.unsupported("%s(out=...) writes into a tensor (side effect)" % getattr(fn, "__name__", fn))
     if fn in IMPURE or (getattr(fn, "__name__", "").endswith("_") and not getattr(fn, "__name__", "").endswith("__")):
         tr.unsupported("call to %s is not supported (random or in-place)" % getattr(fn, "__name__", fn))
-    if not _any_array(args, kwargs):
+    if not any_array(args, kwargs):
         if fn in STATE and not args and not kwargs:
             return _state(tr, fn)
         if fn in FOLD or isinstance(fn, type):
@@ -287,7 +282,6 @@ def call(tr, fn, args, kwargs):
             if "dtype" not in kwargs:
                 _state(tr, torch.get_default_dtype)      # torch.zeros(3) is of the default dtype
             if tr.fx is None:             # the core graph has no tensor constants: trace as torch ops
-                from .interp import NeedAutograd
                 raise NeedAutograd()
             return tr.fx_call(fn, args, kwargs)
         tr.unsupported("torch call %s without tensor arguments (tensor creation) is not supported"
@@ -316,7 +310,6 @@ def call(tr, fn, args, kwargs):
         if tr.fx is None:
             # random: traced as a torch op (aten.native_dropout, called at run time, so it draws
             # from torch's generator exactly as eager does) in autograd mode
-            from .interp import NeedAutograd
             raise NeedAutograd()
         x = _u(args[0])
         if not isinstance(x, ArrayVar):
@@ -375,8 +368,7 @@ def _add_alpha(tr, fn, args, alpha):
 
 
 def _kind_any(args, kwargs):
-    from .interp import _kind_of
-    return _kind_of(args, kwargs)
+    return kind_of(args, kwargs)
 
 
 # Tensor.<name>_ methods traced as their out-of-place op: the pointwise ones (their out-of-place
@@ -407,9 +399,8 @@ def batch_norm_eval(bn, x):
 def _shares_input(tr, arr):
     """Whether arr's example shares memory with a traced input's (a parameter, the frame's
     tensors): its in-place update while tracing would change what the user holds."""
-    from .interp import _storage_ptr
-    ptr = _storage_ptr(arr.example)
-    return arr.source is not None or ptr is None or any(_storage_ptr(a) == ptr for _, _, a in tr.inputs)
+    ptr = storage_ptr(arr.example)
+    return arr.source is not None or ptr is None or any(storage_ptr(a) == ptr for _, _, a in tr.inputs)
 
 
 def _check_unshared(tr, arr, what):

@@ -1,4 +1,4 @@
-"""Trace stage, run time: turns the traced state into a callable that runs the
+"""Trace stage, graph call: turns the traced state into a callable that runs the
 compiled graph once and rebuilds Python values around its outputs. In: a
 Tracer and the Vars to rebuild; out: (run(*slot_values) -> list, slots)."""
 import logging
@@ -8,9 +8,42 @@ import threading
 
 import numpy as np
 
+from .. import _C, config, pending
 from . import sources as S
 from .guards import same_value
+from .helpers import host_of, unlazy
 from .variables import ArrayMethodVar, ArrayVar, DictVar, ListVar, PyVar, ScalarVar, ShapeVar, TupleVar, Unsupported
+
+
+class GraphInfo:
+    """graph: the fastcompile Graph; input_sources: where each input comes from;
+    op_count: ops traced into it; span: (filename, first line, last line);
+    compiled: its Compiled (kernels, sources) once it has run, else None."""
+
+    def __init__(self, graph, input_sources, op_count, span, compiled=None):
+        self.graph, self.input_sources, self.op_count, self.span = graph, input_sources, op_count, span
+        self._compiled = compiled
+        self.float_sources = []     # the floats it reads at each call (not baked in: no recompile)
+
+    @property
+    def compiled(self):
+        return self._compiled() if callable(self._compiled) else self._compiled
+
+    def __repr__(self):
+        return "GraphInfo(ops=%d, inputs=%r, span=%s:%d-%d)" % ((self.op_count, self.input_sources) + self.span)
+
+
+def graph_info(tracer, run):
+    if run.graph is None or tracer.op_count == 0:
+        return []
+    fname = tracer.code.co_filename          # the span is in the traced function's own file
+    lines = [ln for f, ln in tracer.lines if f == fname] or [ln for _, ln in tracer.lines]
+    if not any(f == fname for f, _ in tracer.lines) and tracer.lines:
+        fname = tracer.lines[0][0]
+    info = GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
+                     (fname, min(lines), max(lines)), getattr(run, "compiled", None))
+    info.float_sources = [src for src, kind, _ in tracer.inputs if kind == "scalar"]
+    return [info]
 
 
 def _roots(src, out):
@@ -30,10 +63,8 @@ def _view_bases(tracer, outputs):
     output whose memory holds the others'}. At each call such an output is made a torch view of
     that tensor (_torch_view), so it shares its version counter and storage as eager's view
     does; torch.from_numpy would make a tensor of its own over the same memory."""
-    from .interp import _host_of       # None for bfloat16: the core had a float32 copy
-
     def host(x):
-        h = _host_of(x)
+        h = host_of(x)              # None for bfloat16: the core had a float32 copy
         return h if h is not None and h.size else None
     ins = [(src, host(arr), arr.requires_grad) for src, kind, arr in tracer.inputs
            if kind == "torch" and src is not None]
@@ -111,7 +142,6 @@ def _from_numpy(r):
 
 def build(tracer, vars_, user_stack=()):
     """A function of the frame's slot values returning the Python values of vars_."""
-    from .interp import _unlazy
     outputs, out_index = [], {}
     roots = set()
     nlocalsplus = len(tracer.slots)
@@ -120,7 +150,7 @@ def build(tracer, vars_, user_stack=()):
     torch = sys.modules.get("torch")        # imported if the trace met a tensor (never imported here)
 
     def plan(v):
-        v = _unlazy(v)
+        v = unlazy(v)
         if isinstance(v, ScalarVar):            # read again from the frame, or computed again
             _roots(v.source, roots)
             src = v.source
@@ -209,7 +239,6 @@ def build(tracer, vars_, user_stack=()):
     state = {"compiled": None, "first": None,      # label: the graph's name in fastcompile.profile()
              "label": "%s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), code.co_firstlineno)}
     if outputs:
-        from .. import config
         background = bool(config.get("async_compile"))
         if background:
             state["compiled"] = _compile(graph, state)
@@ -304,7 +333,6 @@ class _FirstCall:
         if not background:
             self.done.set()
             return
-        from .. import pending
         pending.add(self)
         _submit(self, compiled, tuple(_host(a) for a in ins), stand_ins)
 
@@ -393,7 +421,7 @@ def _load_all(compiled, arrays, stand_ins):
     """The sync first call: compiles the kernels of every segment of compiled in one batch,
     one compiler per core, before the call runs them. Without it each segment's kernels
     compile when the call reaches it (its input layouts are known only then), one segment
-    after another: the MLP's two kernels (GELU+LayerNorm between two matmuls, then SiLU) took
+    after another: the MLP's two kernels (GELU+LayerNorm between two matmuls, then SiLU) take
     two compiler rounds. The trace's extern results stand in for the externs, so the dry
     run (Compiled._prebuild) knows every segment's layouts. A failure here is left to the
     call, which builds what it needs and raises as it would have."""
@@ -487,7 +515,6 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     def compile_for(key, tensors):
         import copy
         import torch
-        from .. import config
         from ..backends import torch as torch_backend
         gm = torch.fx.GraphModule(torch.nn.Module(), copy.deepcopy(fxg))
         limit = config.get("cache_size_limit")
@@ -533,20 +560,18 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     """For the common frame (NumPy arrays straight from arguments in, one array or a
     tuple of arrays straight out of the graph), a target with no per-call
     bookkeeping: pick the arguments, call the Compiled, pick the outputs. None otherwise."""
-    from .interp import _unlazy
     if len(vars_) != 1 or any(kind not in ("numpy", "scalar") or not isinstance(src, S.LocalSource)
                               for src, kind in inputs):
         return None
-    ret = _unlazy(vars_[0])
+    ret = unlazy(vars_[0])
     items = ret.items if isinstance(ret, TupleVar) else [ret]
     ks = []
     for v in items:
-        v = _unlazy(v)
+        v = unlazy(v)
         if not isinstance(v, ArrayVar) or v.source is not None or v.kind != "numpy" \
                 or isinstance(v.example, np.generic):
             return None
         ks.append(next(i for i, o in enumerate(outputs) if o is v))
-    from .. import _C
     pos = tuple(slots.index(src.slot) for src, _ in inputs)
     compiled = state["compiled"] = state["compiled"] or _compile(graph, state)
     if first is not None and not first.background and first.inputs is not None:

@@ -1,4 +1,4 @@
-"""Trace stage, codegen: at a graph break, the transformed code object (calls
+"""Trace stage, resume: at a graph break, the transformed code object (calls
 the partial graph, rebuilds the stack and locals, runs the breaking instruction
 as is, then calls a resume function built from the original bytecode). In: the
 traced state at the break; out: TraceResult.code (None when the frame must run
@@ -9,9 +9,15 @@ import types
 
 from bytecode import Bytecode, FreeVar, Instr, Label, TryBegin
 
-from . import runtime
-from .interp import NULL, Stop, Tracer, _Lazy, localsplus_names
-from .variables import Unsupported
+from . import guards as G
+from .frame import localsplus_names
+from . import graph_call
+from .graph_call import graph_info
+from .helpers import Lazy
+from .interp import Tracer
+from .runloop import Stop
+from .sources import LocalSource
+from .variables import NULL, Unsupported
 
 PY311 = sys.version_info[:2] == (3, 11)
 LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST")
@@ -76,10 +82,10 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
     names = localsplus_names(code)
     nfree = len(code.co_freevars)
     bound = list(frame.locals)
-    changed = [n for n in bound if not isinstance(frame.locals[n], _Lazy)
+    changed = [n for n in bound if not isinstance(frame.locals[n], Lazy)
                and getattr(frame.locals[n], "source", None) != _local_src(t2, n)]
     try:
-        run = runtime.build(t2, [v for v in stack if v is not NULL] + [frame.locals[n] for n in changed],
+        run = graph_call.build(t2, [v for v in stack if v is not NULL] + [frame.locals[n] for n in changed],
                             frame.user_stack())
     except Unsupported as e:
         return give_up(result, e.reason)
@@ -89,15 +95,12 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         return give_up(result, e.reason)
     except RuntimeError as e:           # bytecode could not assemble it (e.g. stack depth in a with-block)
         return give_up(result, "the resume code could not be assembled (%s)" % e)
-    result.guards = t2.guards and __import__("fastcompile.trace.guards", fromlist=["x"]).dedupe(t2.guards)
-    from . import guards as G
+    result.guards = t2.guards and G.dedupe(t2.guards)
     result.program = G.compile_program(result.guards)
-    from . import _graph_info
-    result.graphs = _graph_info(t2, run)
+    result.graphs = graph_info(t2, run)
 
 
 def _local_src(tracer, name):
-    from .sources import LocalSource
     return LocalSource(name, tracer.slots[name]) if name in tracer.slots else None
 
 
