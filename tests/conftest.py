@@ -195,10 +195,10 @@ def traced_growth(step, warm, n):
 
 
 # Prepended to the code of child interpreters that only use the core (graphs, C runtime, disk
-# cache): ``import fastcompile`` imports torch when it is installed (fastcompile/trace/interp.py
-# does ``try: import torch``), 2-3 s of CPU per child; with torch marked absent the child runs
-# as a NumPy-only install (a supported configuration: interp falls back to torch = None), which
-# is all these children exercise. Children that test the torch integration do not use it.
+# cache): with torch marked absent the child runs as a NumPy-only install (a supported
+# configuration: the tracer binds torch only once the process has imported it), which is all
+# these children exercise, and nothing in it can pull torch in (2-3 s of CPU per child).
+# Children that test the torch integration do not use it.
 NO_TORCH = "import sys; sys.modules.setdefault('torch', None)  # see tests/conftest.py NO_TORCH\n"
 
 

@@ -21,12 +21,6 @@ _TORCH_READERS = []         # the trace modules whose code reads the global torc
 SCALARS = (type(None), bool, int, float, str, bytes)
 
 
-def const_ok(v):
-    if isinstance(v, tuple):
-        return all(const_ok(x) for x in v)
-    return type(v) in SCALARS
-
-
 def reads_torch(module_name):
     """Registers a trace module whose code reads the global name torch: sync_torch binds it there
     too. Returns torch as bound now (None until the process has imported torch)."""

@@ -2,6 +2,7 @@
 of the graph, an extern call, or (autograd mode) an FX node, its eager example giving the
 result's metadata. In: the function and its traced arguments; out: the result as a Var."""
 import contextlib
+import logging
 import operator
 import threading
 
@@ -17,7 +18,7 @@ from .variables import ArrayVar, DictVar, ListVar, PyVar, ScalarVar, ShapeVar, T
 
 torch = H.reads_torch(__name__)     # bound by helpers.sync_torch()
 
-_DEBUG = bool(__import__('os').environ.get('FC_TRACE_DEBUG'))
+log = logging.getLogger("fastcompile.trace")
 
 _EXAMPLE = threading.local()     # depth: inside Tracer.eager (an example computation) on this thread
 
@@ -327,8 +328,7 @@ class ArrayRecorder:
             if v.dtype != want.name:        # None after an extern call: known at compile time
                 v = self.graph.call("cast", v, dtype=want.name)     # TypeError: not a core dtype
         except (TypeError, ValueError, OverflowError, np.exceptions.AxisError) as e:
-            if _DEBUG:
-                print("core %s failed: %r" % (op, e))
+            log.debug("core %s refused, an extern runs it: %r", op, e)
             raise NoCore()
         if v.ndim is not None and v.ndim != np.ndim(example):
             raise NoCore()
