@@ -1,4 +1,4 @@
-"""The torch.compile backend (python/fastcompile/backends/torch.py): eager torch is the reference.
+"""The torch.compile backend (python/fastcompile/backends/torch/): eager torch is the reference.
 
 - registration: the torch_dynamo_backends entry point, list_backends(), backend="fastcompile"
   without importing fastcompile (subprocess; needs the package pip-installed, else skipped);
@@ -89,11 +89,11 @@ def test_backend_by_name_without_import_subprocess():
 
 def test_backend_callable_and_kwargs():
     with pytest.raises(ValueError, match="unknown option"):
-        fbt._parse_options(None, {"no_such_knob": 1})
+        fbt.compile_fx._parse_options(None, {"no_such_knob": 1})
     with pytest.raises(ValueError, match="unknown mode"):
-        fbt._parse_options("fastest", None)
-    assert fbt._parse_options("max-autotune-no-cudagraphs", None) == ("max-autotune", {})
-    assert fbt._parse_options(None, {"num_threads": 2}) == ("default", {"num_threads": 2})
+        fbt.compile_fx._parse_options("fastest", None)
+    assert fbt.compile_fx._parse_options("max-autotune-no-cudagraphs", None) == ("max-autotune", {})
+    assert fbt.compile_fx._parse_options(None, {"num_threads": 2}) == ("default", {"num_threads": 2})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -703,7 +703,7 @@ def test_dynamic_shapes_build_error_runs_that_size_as_plain_torch(monkeypatch, c
     def broken(*a, **k):
         calls.append(1)
         raise RuntimeError("lowering broke")
-    monkeypatch.setattr(fbt, "_compile_later", broken)
+    monkeypatch.setattr(fbt.compile_fx, "_compile_later", broken)
     f = torch.compile(fn, backend=fbt.backend, dynamic=True)
     with caplog.at_level("WARNING", logger="fastcompile"):
         for n in (3, 3, 4):
@@ -833,8 +833,8 @@ def test_leaf_view_finds_strided_views_numpy_would_copy():
     assert x.strides == tuple(4 * s for s in strides)
     to_bh = lambda a: a.reshape(6, 5, 4)
     chain = lambda a: to_bh(a).transpose(1, 0, 2).reshape(5, 2, 12)
-    assert fbt._leaf_view(shape, strides, to_bh) is None          # a real copy
-    kind, fn, spec = fbt._leaf_view(shape, strides, chain)
+    assert fbt.views._leaf_view(shape, strides, to_bh) is None          # a real copy
+    kind, fn, spec = fbt.views._leaf_view(shape, strides, chain)
     assert kind == "strided"
     # the core makes it from the spec, as a view (Graph.extern view=)
     from fastcompile.graph import Graph
@@ -845,7 +845,7 @@ def test_leaf_view_finds_strided_views_numpy_would_copy():
     assert np.array_equal(got, chain(x)) and np.shares_memory(got, x)
     other = np.ascontiguousarray(x)                               # another layout: the chain
     assert np.array_equal(made(other)[0], chain(other))
-    kind, fn, spec2 = fbt._leaf_view(shape, strides, lambda a: a[:, 1])  # NumPy's own view
+    kind, fn, spec2 = fbt.views._leaf_view(shape, strides, lambda a: a[:, 1])  # NumPy's own view
     assert kind == "view" and np.shares_memory(fn(x), x)
     # the spec describes the same view: the core makes it in C (Graph.extern view=)
     for sp, want in ((spec, chain(x)), (spec2, x[:, 1])):
@@ -867,7 +867,7 @@ def test_leaf_view_specs_of_numpy_views_address_the_same_elements(chain):
     import numpy as np
     shape, strides = (2, 3, 5, 4), (60, 4, 12, 1)      # a permuted leaf, as flash attention's
     x = np.arange(120, dtype=np.float32).reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
-    kind, fn, spec = fbt._leaf_view(shape, strides, chain)
+    kind, fn, spec = fbt.views._leaf_view(shape, strides, chain)
     assert kind == "view" and spec[:2] == (shape, strides)
     _, _, out_shape, out_strides, offset = spec
     flat = x.transpose(0, 2, 1, 3).ravel()                   # x's memory, in order
@@ -1048,13 +1048,12 @@ def test_async_compile_training_draws_random_numbers_as_eager(async_compile):
 def test_async_compile_failure_builds_on_the_next_call(async_compile, no_batch_compile, monkeypatch, caplog):
     """The background build stops at a stand-in that raises (without batch compile, which would
     have built the plans from the FX metadata before it); the next call builds and says why."""
-    import fastcompile.backends.torch as fbt_mod
 
     def broken(values, nodes):
         def stand_in(*a):
             raise RuntimeError("stand-in broke")
         return stand_in
-    monkeypatch.setattr(fbt_mod, "_replay", broken)
+    monkeypatch.setattr(fbt.runner, "_replay", broken)
     m = MLP().eval()
     x = torch.randn(16, 32)
     record = []
@@ -1267,7 +1266,7 @@ def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch
     def broken(gm, example_inputs, mode, record):
         calls.append(1)
         raise RuntimeError("lowering broke")
-    monkeypatch.setattr(fbt, "_compile", broken)
+    monkeypatch.setattr(fbt.compile_fx, "_compile", broken)
     old = config.get("async_compile"), config.get("async_delay_calls")
     config.set(async_compile=True, async_delay_calls=2)
     try:
@@ -1406,7 +1405,7 @@ def test_batch_compile_backward_ahead_failing_falls_back_to_lazy(monkeypatch, ca
         if len(calls) == 2:                      # the first backward graph
             raise RuntimeError("backward lowering broke")
         return real(gm, inputs, mode=mode, **kw)
-    monkeypatch.setattr(fbt, "fx_to_graph", flaky)
+    monkeypatch.setattr(fbt.compile_fx, "fx_to_graph", flaky)
     torch.manual_seed(0)
     m = MLP().train()
     ref_m = copy.deepcopy(m)
@@ -1483,12 +1482,12 @@ def test_fast_broadcast_is_numpys(xs, shape):
     alive; a shape that does not broadcast raises NumPy's ValueError."""
     x = np.arange(12.0).reshape(3, 4).T[None, :, :1] if xs == "T" else np.asarray(np.random.randn(*xs))
     ref = np.broadcast_to(x, shape).copy()
-    r = fbt._broadcast(x, shape)
+    r = fbt.views._broadcast(x, shape)
     del x
     assert r.shape == ref.shape and not r.flags.writeable
     np.testing.assert_array_equal(r, ref)
     with pytest.raises(ValueError):
-        fbt._broadcast(np.zeros(3), (4,))
+        fbt.views._broadcast(np.zeros(3), (4,))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2014,7 +2013,7 @@ def test_rebound_statistic_has_eagers_layout_at_any_size(monkeypatch):
     size (_leaf_view gives none past _OFFSETS_MAX elements, and the NumPy transpose it then ran
     left the output in the permuted layout, which was not restrided)."""
     aten = torch.ops.aten
-    monkeypatch.setattr(fbt, "_OFFSETS_MAX", 20)
+    monkeypatch.setattr(fbt.views, "_OFFSETS_MAX", 20)
 
     def saved(x):
         m = aten.mean.dim(x, [2], True)
