@@ -508,20 +508,22 @@ def test_async_compile_deferred_lowering_neither_keeps_nor_reads_the_first_calls
     assert record and all(r.fallback is None for r in record)
 
 
-def test_async_compile_deferred_lowering_of_item_uses_dynamos_shape_env(async_delay1, monkeypatch):
+def test_async_compile_deferred_lowering_of_item_uses_dynamos_shape_env(async_delay1):
     """A .item() in the graph (capture_scalar_outputs) makes an unbacked size: the deferred
-    lowering needs Dynamo's fake mode and shape env, as without the delay."""
-    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", True)
-
+    lowering needs Dynamo's fake mode and shape env, as without the delay. The setting goes
+    through config.patch, which restores it: pytest 9's monkeypatch deletes it at teardown, and
+    every later Dynamo compile in the process fails."""
     def f(x):
         return x * x.sum().item() + 1
     record = []
-    cm = torch.compile(f, backend=functools.partial(fbt.backend, record=record), dynamic=False, fullgraph=True)
-    for _ in range(3):
-        x = torch.randn(5)
-        torch.testing.assert_close(cm(x), f(x))
-        for r in record:
-            assert r.wait(300)
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        cm = torch.compile(f, backend=functools.partial(fbt.backend, record=record), dynamic=False,
+                           fullgraph=True)
+        for _ in range(3):
+            x = torch.randn(5)
+            torch.testing.assert_close(cm(x), f(x))
+            for r in record:
+                assert r.wait(300)
     assert record and all(r.fallback is None for r in record)
 
 
