@@ -194,7 +194,7 @@ def test_automatic_dynamic_training_keeps_compiling():
     """Dynamo's automatic dynamic: after one size change it recompiles the frame with a symbolic
     batch size, and that graph serves every later call, the first size's included. Each size
     gets its forward and backward graphs through the core; outputs and gradients match eager's
-    at every step (a smaller last batch no longer sends the rest of training to plain torch)."""
+    at every step (a smaller last batch must not send the rest of training to plain torch)."""
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
@@ -587,8 +587,8 @@ def test_fastcompile_compile_runs_an_extern_with_side_effects_once_at_the_first_
 def test_fastcompile_compile_no_grad_autograd_mode_keeps_batchnorm_statistics_updates():
     """A frame traced in autograd mode under no_grad (here: it creates a tensor, torch.zeros)
     with BatchNorm in training mode: aot_autograd's inference graph takes the real buffers and
-    keeps their updates, once per call. Before, the module call cloned its buffers whenever grad
-    was off (meant for the tracer's example run only): the statistics never moved."""
+    keeps their updates, once per call (the module call must not clone its buffers because grad
+    is off: that is for the tracer's example run only)."""
     import fastcompile
 
     class M(nn.Module):
@@ -875,8 +875,8 @@ def test_fast_broadcast_is_numpys(xs, shape):
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_bfloat16_parameters_updated_through_data_are_seen(mode):
     """A bfloat16 parameter (or, reduce-overhead, input) updated through .data, as an EMA does
-    (p.data.mul_), moves no version the tensor shows: its float32 copy was cached on the version
-    and later calls kept the old values."""
+    (p.data.mul_), moves no version the tensor shows: a float32 copy cached on the version
+    would give later calls the old values."""
     torch.manual_seed(0)
     m = nn.LayerNorm(8).to(torch.bfloat16)
     x = torch.randn(4, 8).to(torch.bfloat16)

@@ -518,7 +518,7 @@ def test_alias_of_an_extern_result_is_that_result_not_a_copy_kernel():
     assert run.fallback is None
     outs = run(x)
     _assert_same(outs, f(x))
-    # the sum's is the one value a kernel writes: the alias was a full-size copy written too
+    # the sum's is the one value a kernel writes: the alias is no full-size copy written too
     assert [k.fused.count("-> buffer") for k in run.kernels] == [1], [k.fused for k in run.kernels]
     # a copy of it and a detach of it keep their meaning: the clone is a new tensor
     def g(x):
@@ -531,7 +531,7 @@ def test_alias_of_an_extern_result_is_that_result_not_a_copy_kernel():
 def test_a_view_graph_outputs_read_is_made_in_c_not_a_one_view_cluster():
     """A view of an extern result that a core op has already read (its cluster is closed), which
     only graph outputs read (a weight's grad, transposed): a view extern made in C, in eager's
-    layout; before, a torch cluster of its own (from_numpy, permute, .numpy() per call)."""
+    layout, not a torch cluster of its own (from_numpy, permute, .numpy() per call)."""
     aten = torch.ops.aten
 
     def f(x, w):
@@ -553,7 +553,7 @@ def test_a_view_graph_outputs_read_is_made_in_c_not_a_one_view_cluster():
 
 def test_a_view_core_ops_and_an_extern_read_is_made_in_c():
     """A view of an extern result read by a core op and by an extern: one view extern made in C
-    that both read, where it was a torch cluster of its own between the two matmuls."""
+    that both read, not a torch cluster of its own between the two matmuls."""
     aten = torch.ops.aten
 
     def f(x, w, v):
@@ -777,7 +777,7 @@ def test_permute_pushed_through_a_reduction_graph_outputs_also_read():
 def test_permute_pushed_through_reductions_of_an_extern_result():
     """A permute pushed through a softmax of a matmul's result (whose rank the core learns only
     at run time): the kernel reads the matmul through the permuted view and writes the
-    transposed softmax; the transpose was an extern of its own (the axes could not be moved)."""
+    transposed softmax, with no extern of its own for the transpose."""
     aten = torch.ops.aten
 
     def f(x, w):
@@ -851,8 +851,8 @@ def test_saved_statistic_of_a_broadcast_value_is_not_rebound():
 
 def test_rebound_statistic_has_eagers_layout_at_any_size(monkeypatch):
     """The view that gives a saved statistic back its unpermuted shape carries its spec at any
-    size (_leaf_view gives none past _OFFSETS_MAX elements, and the NumPy transpose it then ran
-    left the output in the permuted layout, which was not restrided)."""
+    size (_leaf_view gives none past _OFFSETS_MAX elements, and the NumPy transpose run instead
+    would leave the output in the permuted layout, not restrided)."""
     aten = torch.ops.aten
     monkeypatch.setattr(fbt.views, "_OFFSETS_MAX", 20)
 
@@ -866,7 +866,7 @@ def test_rebound_statistic_has_eagers_layout_at_any_size(monkeypatch):
 
 def test_broadcast_view_output_is_not_a_read_only_array():
     """A view that broadcasts, as a graph output: a cluster's tensor, not the core's read-only
-    broadcast array (torch warned at every call that it was not writable)."""
+    broadcast array (torch would warn at every call that it is not writable)."""
     import warnings
     aten = torch.ops.aten
 

@@ -120,8 +120,8 @@ def test_bf16_inputs():
 
 def test_fc_compile_first_call_updates_norm_statistics_once():
     """fastcompile.compile on a training module whose BatchNorm/InstanceNorm runs before its first
-    parameter: the first call updates the running statistics once, as eager does. The tracer ran
-    the norm eagerly, met the parameter, and traced again for autograd: twice, for good."""
+    parameter: the first call updates the running statistics once, as eager does, though the
+    tracer runs the norm, meets the parameter and traces again for autograd."""
     torch.manual_seed(0)
     base = nn.Sequential(nn.BatchNorm1d(4), nn.Tanh(), nn.InstanceNorm1d(4, track_running_stats=True),
                          nn.Linear(6, 2))
@@ -137,7 +137,7 @@ def test_fc_compile_first_call_updates_norm_statistics_once():
 def test_fc_compile_first_call_draws_what_eager_draws():
     """A module wrapping nn.MultiheadAttention(dropout=0.1) in training: with one seed, the first
     compiled call draws the dropout masks eager draws, and leaves the generator where eager does
-    (the trace's example computation drew them before, and the call drew again)."""
+    (the trace's example computation must not draw them a first time)."""
     class W(nn.Module):
         def __init__(self):
             super().__init__()
@@ -196,8 +196,8 @@ def test_fc_compile_checkpoint_of_a_submodule_trains():
 def test_fastcompile_compile_first_call_keeps_views_of_kernel_outputs_and_refuses_out():
     """The first call answers externs from the trace, except one whose result views an argument
     (z = y[0]): it runs again on the kernels' output, so the in-place y += 1 after the graph break
-    reaches z as in eager. torch.add(x, 1, out=c) breaks the graph before the trace writes c (it
-    was traced as an add that never wrote c: calls after the first returned stale values)."""
+    reaches z as in eager. torch.add(x, 1, out=c) breaks the graph before the trace writes c (an
+    add that never writes c would give calls after the first stale values)."""
     import fastcompile
 
     def view_then_update(x):
@@ -325,7 +325,7 @@ def _outputs(r):
 ])
 def test_a_copy_then_a_view_never_shares_the_input(name, fn):
     """x.clone().t(): the core lowers the clone to x's own value; the extern view of it must
-    still be a view of a copy (it was a view of x: writing to the result wrote x). A plain view
+    still be a view of a copy (a view of x: writing to the result would write x). A plain view
     of an input shares it, as eager's does."""
     f = compile_fc(fn)
     for _ in range(2):
@@ -346,8 +346,8 @@ def _exp_then_add_(x):
 @pytest.mark.parametrize("how", ["torch.compile", "torch.compile, mutated after", "fastcompile.compile"])
 def test_an_update_of_a_tensor_saved_for_backward_raises_as_eager(how):
     """aot_autograd's forward graph returns exp's result and, saved for backward, its detach():
-    one value the core gave two tensors with two version counters, so an in-place update of the
-    result went unnoticed and backward gave exp(x) + 1 for exp(x). Eager raises; so do we now."""
+    one value which, as two tensors with two version counters, would let an in-place update of
+    the result go unnoticed (backward giving exp(x) + 1 for exp(x)). Eager raises; so do we."""
     x = torch.randn(5, requires_grad=True)
     if how == "torch.compile, mutated after":
         f = compile_fc(torch.exp)
@@ -403,8 +403,8 @@ def _clear_sign(x):
 
 @pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
 def test_view_as_another_dtype_reinterprets_bits(how):
-    """x.view(torch.int32) reinterprets the float's bits (torch's op); it was lowered as a value
-    cast: [-1.5, 2.25] gave [-1, 2], and clearing the sign bit through the view wrote garbage."""
+    """x.view(torch.int32) reinterprets the float's bits (torch's op), no value cast ([-1.5, 2.25]
+    to [-1, 2]); clearing the sign bit through the view gives eager's values."""
     fns = [lambda x: x.view(torch.int32) + 0, lambda x: (x.view(torch.int16) * 1, x.view(torch.uint8)[::2] + 1),
            _clear_sign]
     for fn in fns:
@@ -423,8 +423,8 @@ def test_view_as_another_dtype_reinterprets_bits(how):
 ])
 def test_fc_compile_inplace_activation_modules_apply_once(make):
     """nn activations with inplace=True call F.leaky_relu(x, slope, True): inplace passed by
-    position. The trace ran the op on the real input, then the first call applied it again
-    (LeakyReLU: -1 -> -0.01 instead of -0.1), and the result was a new tensor, not x."""
+    position. The op applies once on the first call too (LeakyReLU: -0.1 for -1, not -0.01, as
+    when both the trace and the call apply it), and the result is x itself."""
     torch.manual_seed(0)
     m = make()
     ref = copy.deepcopy(m)
@@ -526,9 +526,8 @@ def _ip_saved_for_backward(x, b):
     (_ip_saved_for_backward, 0), (_ip_through_a_view_then_a_row, None)])
 @pytest.mark.parametrize("grad", [False, True])
 def test_fc_compile_in_place_tensor_methods_as_eager(fn, breaks, grad):
-    """y.relu_(), y.add_(b), F.leaky_relu(y, 0.2, True), ...: every in-place Tensor method was a
-    graph break. On a tensor the graph made that nothing else can see they are now traced: the
-    core route rebinds y to the out-of-place value (in y's dtype), autograd mode records the
+    """y.relu_(), y.add_(b), F.leaky_relu(y, 0.2, True), ...: on a tensor the graph made that
+    nothing else can see, in-place Tensor methods are traced, not graph breaks: the core route rebinds y to the out-of-place value (in y's dtype), autograd mode records the
     in-place op for aot_autograd. Inputs, views and tensors an extern read stay eager code;
     what eager refuses raises as in eager, at the call or at backward."""
     if breaks is not None:
@@ -569,8 +568,8 @@ def test_fc_compile_in_place_tensor_methods_as_eager(fn, breaks, grad):
 
 def test_fc_compile_a_network_with_in_place_activations_is_one_graph():
     """nn.ReLU(inplace=True) / nn.LeakyReLU(inplace=True) after a Linear, as CNNs and GANs write
-    them: one graph (each was a graph break, and in nn.Sequential the whole forward ran as plain
-    Python), forward and a training step as eager."""
+    them: one graph (no graph break per activation, which in nn.Sequential would run the whole
+    forward as plain Python), forward and a training step as eager."""
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.LeakyReLU(0.1, True),
                       nn.Linear(8, 3), nn.Hardtanh(-0.5, 0.5, inplace=True))
@@ -601,9 +600,9 @@ def test_fc_compile_a_network_with_in_place_activations_is_one_graph():
 def test_group_norm_casts_of_broadcast_views_run_in_their_readers(dtype):
     """GroupNorm + SiLU (inference, aot's decomposition): the weight and bias viewed (1, G, C/G, 1)
     and the scale and shift viewed (N, C, 1, 1) by an extern are cast to their own dtype before
-    the core reads them (the core learns an extern's dtype only at run time). Each cast was a
-    copy kernel of the view's shape (5 kernels); the fuser now computes such cheap casts in the
-    kernel that reads them broadcast: 3 kernels, none of them a copy."""
+    the core reads them (the core learns an extern's dtype only at run time). The fuser computes
+    such cheap casts in the kernel that reads them broadcast, not as a copy kernel each of the
+    view's shape: 3 kernels, none of them a copy."""
     torch.manual_seed(0)
     m = nn.Sequential(nn.GroupNorm(8, 32), nn.SiLU()).eval().to(dtype)
     with torch.no_grad():
@@ -625,9 +624,9 @@ def test_group_norm_casts_of_broadcast_views_run_in_their_readers(dtype):
 def test_fc_compile_a_module_called_under_no_grad_then_trained_compiles_for_autograd():
     """A model called under no_grad first (a warm-up, an evaluation), then trained: the no_grad
     graph holds its parameters as data, so it is guarded on grad mode, and a call with grad on
-    traces an autograd-mode graph. Without the guard that call ran the no_grad graph, which
-    raised (.numpy() of a tensor that requires grad), and the frame ran as plain Python at every
-    training step (now a RuntimeWarning, an error in this suite)."""
+    traces an autograd-mode graph. Without the guard that call would run the no_grad graph, which
+    raises (.numpy() of a tensor that requires grad), and the frame would run as plain Python at
+    every training step (a RuntimeWarning, an error in this suite)."""
     torch.manual_seed(0)
     # parameters read only by externs (Linear's matmuls); a LayerNorm's, read by the core,
     # brought the guard with them
@@ -656,8 +655,8 @@ def test_fc_compile_a_module_called_under_no_grad_then_trained_compiles_for_auto
     ("detach", lambda x: x.detach()), ("sin_detach", lambda x: x.sin().detach()),
 ])
 def test_fc_compile_contiguous_and_detach_as_eager(name, fn):
-    """x.t().contiguous() is a C-ordered copy (it was returned as the transposed view of x, so
-    .view(-1) after it raised, and writes reached x); x.detach() is a new tensor, not x."""
+    """x.t().contiguous() is a C-ordered copy, not the transposed view of x (.view(-1) after it
+    would raise, and writes would reach x); x.detach() is a new tensor, not x."""
     f = fastcompile.compile(fn)
     for _ in range(3):
         xe = torch.arange(6.0).view(2, 3)
@@ -676,11 +675,10 @@ def _views_of_inputs_and_outputs(x):
 
 
 def test_fc_compile_views_share_their_base_as_in_eager():
-    """Tensor outputs that view an input or another output were torch.from_numpy tensors over
-    the same memory: no _base, storage_offset() 0, and a version counter of their own, so an
-    in-place update through one was not seen by autograd (a tensor saved for backward updated
-    unnoticed). They are now views of the tensor they view; an output returned twice is one
-    tensor; x.view(torch.int32), of another dtype, still shares x's memory."""
+    """Tensor outputs that view an input or another output are views of the tensor they view,
+    not torch.from_numpy tensors over the same memory (no _base, storage_offset() 0, and a
+    version counter of their own, so autograd would miss an in-place update through one: a
+    tensor saved for backward updated unnoticed); an output returned twice is one tensor; x.view(torch.int32), of another dtype, still shares x's memory."""
     ex = fastcompile.explain(_views_of_inputs_and_outputs)(torch.ones(4, 3))
     assert ex.graph_count == 1 and ex.graph_break_count == 0, ex
     f = fastcompile.compile(_views_of_inputs_and_outputs)
@@ -780,10 +778,10 @@ def _iadd_through_flatten(x, w):
 
 @pytest.mark.parametrize("fn", [_iadd_through_a_view, _imul_a_row, _iadd_a_viewed_base, _iadd_through_flatten])
 def test_fc_compile_autograd_in_place_update_of_a_view_reaches_its_base(fn):
-    """Autograd mode (a weight requires grad): every FX result was 'fresh', views included, so
-    z += 1 on z = y.t() rebound z alone and y came back without the update (and y += 1 missed
-    y's view). A view, and a tensor a view was taken of, are now updated in place only in eager
-    code (a graph break)."""
+    """Autograd mode (a weight requires grad): a view, and a tensor a view was taken of, are
+    updated in place only in eager code (a graph break). Were views 'fresh' FX results, z += 1
+    on z = y.t() would rebind z alone and y come back without the update (and y += 1 miss y's
+    view)."""
     f = fastcompile.compile(fn)
     x = torch.randn(3, 3)
     for _ in range(2):
@@ -811,9 +809,9 @@ def _no_break(x):
 @pytest.mark.parametrize("fn", [_branch_on_a_value, _no_break])
 def test_fc_compile_autograd_mode_graphs_follow_new_sizes(fn, caplog):
     """aot_autograd compiles a graph for the sizes of its first call, and no guard of the frame
-    checks sizes. A new batch size raised in a frame with a graph break ('The expanded size of
-    the tensor (2) must match the existing size (3)'), and a frame without one ran as plain
-    Python at every call. Each set of input sizes now gets its own compiled graph, up to
+    checks sizes: each set of input sizes gets its own compiled graph (else a new batch size
+    raises in a frame with a graph break, 'The expanded size of the tensor (2) must match the
+    existing size (3)', and a frame without one runs as plain Python at every call), up to
     cache_size_limit; past it a graph runs its torch ops uncompiled, with a warning."""
     import logging
     records = []
@@ -853,9 +851,8 @@ def _bn_then_item(x, bn):
 
 def test_fc_compile_a_graph_break_runs_each_extern_once_on_the_first_call():
     """A graph break traces the frame again up to the break (the restart that builds the partial
-    graph), and each trace ran every extern eagerly: BatchNorm in training mode under no_grad
-    updated its running statistics twice on the first call. The restart now replays the first
-    trace's results."""
+    graph): the restart replays the first trace's results, so that BatchNorm in training mode
+    under no_grad updates its running statistics once on the first call, not once per trace."""
     torch.manual_seed(0)
     bn = nn.BatchNorm1d(4)
     ref = copy.deepcopy(bn)
@@ -875,7 +872,7 @@ def test_fc_compile_a_graph_break_runs_each_extern_once_on_the_first_call():
     (lambda: nn.BatchNorm2d(6).double(), (2, 6, 4, 5)),
     (lambda: nn.BatchNorm2d(6, track_running_stats=False), (2, 6, 4, 5)), (lambda: nn.BatchNorm2d(6).half(), (2, 6, 4, 5))])
 def test_fc_compile_batch_norm_in_eval_mode_fuses(make, shape):
-    """BatchNorm in eval mode, float32/float64, is traced as its per-channel scale and shift (it was
+    """BatchNorm in eval mode, float32/float64, is traced as its per-channel scale and shift (not
     one extern call), so BN + ReLU(inplace=True) is one kernel over x; without running statistics
     or in float16 it stays torch's op. A switch to training mode (guarded) updates the statistics
     as eager does."""
@@ -915,8 +912,8 @@ def _set_data(x, y):
 
 def test_a_graph_aot_autograd_refuses_runs_as_plain_torch(caplog):
     """x.data = y on an input: aot_autograd refuses the graph (a set_ on an input it cannot keep;
-    aot_eager takes it). That was BackendCompilerFailed; the graph now runs as plain torch,
-    with a warning, and gives eager's result and input state."""
+    aot_eager takes it). The graph runs as plain torch (not BackendCompilerFailed), with a
+    warning, and gives eager's result and input state."""
     import logging
     with caplog.at_level(logging.WARNING, logger="fastcompile.backends.torch"):
         f = compile_fc(_set_data)
@@ -945,8 +942,8 @@ def _np_split(x):
 
 def test_fc_compile_results_counted_by_size_follow_the_size():
     """x.unbind(0), x.split(2): how many tensors they give follows the input's size, which the
-    graph's guards did not fix: a first dim of 6 after 4 raised "declared nout=4 but returned 6
-    values". The sizes are guarded now; a new size traces again."""
+    graph's guards fix (unguarded, a first dim of 6 after 4 would raise "declared nout=4 but
+    returned 6 values"): a new size traces again."""
     f, g, h = fastcompile.compile(_unbind_first), fastcompile.compile(_split_pair), fastcompile.compile(_np_split)
     for n in (4, 6, 4, 2, 7):
         xe, xc = torch.zeros(n, 5), torch.zeros(n, 5)
