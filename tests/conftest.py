@@ -285,8 +285,8 @@ def _fastcompile_verify():
 
 # Modules whose tests share nothing compiled (each builds, compiles and checks its own graphs,
 # or uses a private cache folder): their tests are spread over the workers one by one.
-XDIST_UNGROUPED = {"test_torch_backend.py", "test_cuda_codegen.py", "test_cpu_runtime.py",
-                   "test_random_graphs.py"}
+XDIST_UNGROUPED = {"test_torch_backend.py", "test_torch_lowering.py", "test_torch_training.py",
+                   "test_cuda_codegen.py", "test_cpu_runtime.py", "test_random_graphs.py"}
 
 
 def pytest_collection_modifyitems(config, items):

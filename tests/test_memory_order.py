@@ -69,7 +69,7 @@ def test_channels_last_flat_kernel_and_3d():
 @pytest.mark.parametrize("other", ["c_order", "strided"])
 def test_disagreeing_inputs_keep_c_order(other):
     """A full-size input of the same rank in C order (or strided) beside a channels_last one:
-    the results stay C order, as before (no order wins)."""
+    the results stay C order (no order wins)."""
     rng = np.random.default_rng(1)
     a = channels_last((2, 8, 4, 4), rng)
     b = rng.standard_normal((2, 8, 4, 4), dtype=np.float32)
@@ -86,9 +86,8 @@ def test_disagreeing_inputs_keep_c_order(other):
 def test_an_expanded_input_does_not_disagree():
     """A full-size input that is an expanded view (zero strides, as the gradient of a global
     average pool, (N, C) expanded to (N, C, H, W), in a CNN's backward) has no order of its own:
-    beside a channels_last input the results are channels_last, as torch's are. Before, it
-    made the segment C order, and each later kernel transposed (a CNN training step with
-    channels_last: 24.6 -> 12.8 ms on 2 cores)."""
+    beside a channels_last input the results are channels_last, as torch's are: were it to make
+    the segment C order, each later kernel would transpose."""
     rng = np.random.default_rng(3)
     a = channels_last((2, 8, 4, 6), rng)
     gp = rng.standard_normal((2, 8, 1, 1), dtype=np.float32)
@@ -274,8 +273,9 @@ def test_inference_convolutions_run_channels_last(monkeypatch):
     m = _resnet_pair(torch).eval()
     x = torch.randn(2, 16, 8, 8)
     copies = []
-    real = fbt._restride
-    monkeypatch.setattr(fbt, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
+    real = fbt.channels_last._restride
+    for where in (fbt.externs, fbt.runner):     # the modules whose generated code calls it
+        monkeypatch.setattr(where, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
     record = []
     torch._dynamo.reset()
     cf = torch.compile(m, backend=functools.partial(fbt.backend, record=record), dynamic=False)
@@ -326,11 +326,12 @@ def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, fr
     base = _resnet_pair(torch, c=8, inplace=inplace).train()
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
     copies = []
-    real = fbt._restride
-    monkeypatch.setattr(fbt, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
+    real = fbt.channels_last._restride
+    for where in (fbt.externs, fbt.runner):     # the modules whose generated code calls it
+        monkeypatch.setattr(where, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
     record = []
     real_lower = fbt.fx_to_graph
-    monkeypatch.setattr(fbt, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
+    monkeypatch.setattr(fbt.compile_fx, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
     torch._dynamo.reset()
     fastcompile.reset()
     cf = torch.compile(mod, backend=fbt.backend, dynamic=False) if frontend == "torch.compile" \
@@ -370,14 +371,15 @@ def test_training_step_converts_the_input_and_weights_to_channels_last_once(monk
                          nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()).train()
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
     conversions = []
-    real = fbt._to_channels_last
+    real = fbt.channels_last._to_channels_last
 
     def counted(t):
         r = real(t)
         if r.data_ptr() != t.data_ptr():        # a copy, not the tensor itself
             conversions.append(tuple(t.shape))
         return r
-    monkeypatch.setattr(fbt, "_to_channels_last", counted)
+    for where in (fbt.channels_last, fbt.externs, fbt.runner):   # each module that calls it
+        monkeypatch.setattr(where, "_to_channels_last", counted)
     torch._dynamo.reset()
     fastcompile.reset()
     cf = torch.compile(mod, backend=fbt.backend, dynamic=False)
@@ -391,7 +393,7 @@ def test_training_step_converts_the_input_and_weights_to_channels_last_once(monk
             # the input and each weight once; the backward's incoming gradient (eager's NCHW)
             assert sorted(conversions) == sorted([(2, 4, 6, 6), (8, 4, 3, 3), (8, 8, 3, 3), (2, 8, 6, 6)]), \
                 conversions
-    assert not fbt._CL_HANDOFF.entries
+    assert not fbt.channels_last._CL_HANDOFF.entries
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "bn_train"])
@@ -399,11 +401,11 @@ def test_training_step_converts_the_input_and_weights_to_channels_last_once(monk
 def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, fx_fails):
     """fastcompile.compile of a module holding convolutions, called under no_grad, is traced in
     autograd mode (aot_autograd's inference graph, as torch.compile(backend=fastcompile)): its
-    convolutions run channels_last and BatchNorm is decomposed into our kernels. The core route
-    called each Conv2d/BatchNorm forward as an opaque extern, NCHW (0.80x Inductor on
-    benchmarks/models.py's CNN inference, 0.90x now). BatchNorm in training mode updates its running statistics once
-    per call, as eager. Where autograd mode cannot trace the frame (fx_fails: made to fail
-    here), the frame is traced the core way, as before: same values, no graph break."""
+    convolutions run channels_last and BatchNorm is decomposed into our kernels (the core route
+    calls each Conv2d/BatchNorm forward as an opaque extern, NCHW). BatchNorm in training mode
+    updates its running statistics once per call, as eager. Where autograd mode cannot trace the
+    frame (fx_fails: made to fail here), the frame is traced the core way: same values, no graph
+    break."""
     torch = _torch()
     import copy
     import fastcompile
@@ -415,7 +417,7 @@ def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, 
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
     record = []
     real_lower = fbt.fx_to_graph
-    monkeypatch.setattr(fbt, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
+    monkeypatch.setattr(fbt.compile_fx, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
     if fx_fails:
         def refuse(self, *a, **k):
             raise Unsupported("refused by the test", [])
@@ -481,7 +483,7 @@ def test_a_backward_without_convolutions_takes_channels_last_values(monkeypatch)
     ref = copy.deepcopy(m)
     record = []
     real_lower = fbt.fx_to_graph
-    monkeypatch.setattr(fbt, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
+    monkeypatch.setattr(fbt.compile_fx, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
     torch._dynamo.reset()
     cf = torch.compile(m, backend=fbt.backend, dynamic=False)
     x = torch.randn(4, 8, 16, 16)

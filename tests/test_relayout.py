@@ -87,8 +87,8 @@ def small_too(monkeypatch):
     """The backend's transpose for tensors of any size (it leaves ones under _RELAYOUT_MIN
     elements to torch, whose call costs less there), so that small shapes test it."""
     _torch()
-    from fastcompile.backends import torch as fbt
-    monkeypatch.setattr(fbt, "_RELAYOUT_MIN", 0)
+    from fastcompile.backends.torch import channels_last as fbcl
+    monkeypatch.setattr(fbcl, "_RELAYOUT_MIN", 0)
 
 
 _SHAPES = [(16, 16, 32, 32), (2, 3, 5, 7), (1, 64, 9, 9), (3, 17, 1, 40), (4, 8, 3, 5, 6)]
@@ -100,20 +100,20 @@ def test_cl_relayout_is_torchs_copy_both_ways(small_too, shape, dtype):
     """NCHW -> channels_last (and channels_last_3d) and back: values, strides and dtype as
     torch's .contiguous(memory_format=...), in new memory."""
     torch = _torch()
-    from fastcompile.backends import torch as fbt
+    from fastcompile.backends.torch import channels_last as fbcl
     fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     x = (torch.randn(shape) * 100).to(getattr(torch, dtype))
     ref = x.contiguous(memory_format=fmt)
-    y = fbt._cl_relayout(x, ref.stride())
+    y = fbcl._cl_relayout(x, ref.stride())
     assert y is not None and y.dtype == x.dtype and y.shape == x.shape and y.stride() == ref.stride()
     assert torch.equal(y, ref) and y.data_ptr() != x.data_ptr()
-    back = fbt._cl_relayout(ref, x.stride())
+    back = fbcl._cl_relayout(ref, x.stride())
     assert back is not None and back.stride() == x.stride() and torch.equal(back, x)
     assert back.data_ptr() != ref.data_ptr()
     if len(shape) == 4:
-        z = fbt._to_channels_last(x)
+        z = fbcl._to_channels_last(x)
         assert z.stride() == ref.stride() and torch.equal(z, ref)
-        assert fbt._to_channels_last(ref) is ref         # already channels_last: itself
+        assert fbcl._to_channels_last(ref) is ref         # already channels_last: itself
 
 
 def test_cl_relayout_leaves_other_cases_to_torch(monkeypatch):
@@ -122,24 +122,24 @@ def test_cl_relayout_leaves_other_cases_to_torch(monkeypatch):
     a tensor autograd must record, fewer than _RELAYOUT_MIN elements; the restride then still
     gives eager's layout."""
     torch = _torch()
-    from fastcompile.backends import torch as fbt
+    from fastcompile.backends.torch import channels_last as fbcl
     x = torch.randn(2, 4, 6, 6)
-    cl = fbt._cl_strides(x.shape)
-    assert fbt._RELAYOUT_MIN > x.numel() and fbt._cl_relayout(x, cl) is None            # small
-    monkeypatch.setattr(fbt, "_RELAYOUT_MIN", 0)
-    assert fbt._cl_relayout(x, cl) is not None
-    assert fbt._cl_relayout(x[:, :, ::2], fbt._cl_strides((2, 4, 3, 6))) is None      # not dense
-    assert fbt._cl_relayout(x.permute(0, 1, 3, 2), cl) is None                          # another order
-    assert fbt._cl_relayout(x, x.permute(0, 3, 2, 1).contiguous().stride()) is None     # another target
-    assert fbt._cl_relayout(torch.randn(2, 1, 6, 6), (36, 36, 6, 1)) is None            # one channel
-    assert fbt._cl_relayout(torch.randn(2, 4, 6, 6, dtype=torch.complex64).conj(), cl) is None
+    cl = fbcl._cl_strides(x.shape)
+    assert fbcl._RELAYOUT_MIN > x.numel() and fbcl._cl_relayout(x, cl) is None            # small
+    monkeypatch.setattr(fbcl, "_RELAYOUT_MIN", 0)
+    assert fbcl._cl_relayout(x, cl) is not None
+    assert fbcl._cl_relayout(x[:, :, ::2], fbcl._cl_strides((2, 4, 3, 6))) is None      # not dense
+    assert fbcl._cl_relayout(x.permute(0, 1, 3, 2), cl) is None                          # another order
+    assert fbcl._cl_relayout(x, x.permute(0, 3, 2, 1).contiguous().stride()) is None     # another target
+    assert fbcl._cl_relayout(torch.randn(2, 1, 6, 6), (36, 36, 6, 1)) is None            # one channel
+    assert fbcl._cl_relayout(torch.randn(2, 4, 6, 6, dtype=torch.complex64).conj(), cl) is None
     w = torch.randn(2, 4, 6, 6, requires_grad=True)
-    assert fbt._cl_relayout(w, cl) is None
+    assert fbcl._cl_relayout(w, cl) is None
     with torch.no_grad():
-        assert torch.equal(fbt._cl_relayout(w, cl), w)
+        assert torch.equal(fbcl._cl_relayout(w, cl), w)
     for t in (x[:, :, ::2], x.permute(0, 1, 3, 2), torch.randn(2, 4, 6, 6, dtype=torch.complex64)):
-        layout = (tuple(t.shape), fbt._cl_strides(t.shape))
-        r = fbt._restride(t, layout)
+        layout = (tuple(t.shape), fbcl._cl_strides(t.shape))
+        r = fbcl._restride(t, layout)
         assert r.stride() == layout[1] and torch.equal(r, t)
 
 
@@ -149,9 +149,10 @@ def _relayouts_per_call(monkeypatch, m, x, calls=2):
     torch = _torch()
     import fastcompile
     from fastcompile.backends import torch as fbt
+    from fastcompile.backends.torch import channels_last as fbcl
     seen = []
-    real = fbt._relayout
-    monkeypatch.setattr(fbt, "_relayout", lambda t, to_cl: seen.append((tuple(t.shape), to_cl)) or real(t, to_cl))
+    real = fbcl._relayout
+    monkeypatch.setattr(fbcl, "_relayout", lambda t, to_cl: seen.append((tuple(t.shape), to_cl)) or real(t, to_cl))
     torch._dynamo.reset()
     fastcompile.reset()
     cf = torch.compile(m, backend=fbt.backend, dynamic=False)

@@ -16,7 +16,7 @@ pytestmark = cudahelp.SKIP
 torch = cudahelp.torch
 F = torch.nn.functional
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__file__)))
-import test_torch_backend as tb           # noqa: E402  (the models and the SGD step of the CPU tests)
+import torchhelp as tb                   # noqa: E402  (the models and the SGD step of the CPU tests)
 from fastcompile.backends import torch as fbt   # noqa: E402
 
 
