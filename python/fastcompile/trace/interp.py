@@ -8,7 +8,6 @@ runloop.py (the loop, value wrapping), opcodes.py, calls.py (calls, inlining),
 record.py (array ops into the graph); helpers.py holds what they share."""
 import builtins as _builtins
 
-from fastcompile._common import TORCH_OPMATH_SCALAR as _TORCH_OPMATH_SCALAR  # noqa: F401 (backends/torch reads it here)
 from fastcompile.graph import Graph
 
 from . import sources as S

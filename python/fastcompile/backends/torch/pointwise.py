@@ -7,7 +7,7 @@ import numpy as np
 import torch
 import torch.fx
 
-from ...trace.interp import _TORCH_OPMATH_SCALAR
+from ..._common import TORCH_OPMATH_SCALAR as _TORCH_OPMATH_SCALAR
 from .registry import _register
 from .values import _NotLowered, _Rec, _core_dtype, _meta, _static_shape
 
