@@ -15,12 +15,13 @@
 #include "runtime/plan.h"
 #include "runtime/profile.h"
 #include "runtime/relayout.h"
-
-
+#include "state.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
+
+FcModState fc_state;
 
 static PyObject *
 mod_configure(PyObject *self, PyObject *cfg)

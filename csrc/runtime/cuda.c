@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/strbuf.h"
+#include "../common/strbuf.h"
 #include "cpu.h"
 #include "cuda.h"
 #include "disk.h"

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../core/strbuf.h"
+#include "../common/strbuf.h"
 #include "../fc_numpy.h"
 #include "alloc.h"
 #include "cuda.h"
