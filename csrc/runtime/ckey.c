@@ -16,6 +16,7 @@
 #include "../common/strbuf.h"
 #include "../state.h"
 #include "disk.h"
+#include "spawn.h"
 #include "sha256.h"
 
 /* The kernel compile line:
@@ -130,7 +131,7 @@ compiler_line(const char *cc_abs)
 
     /* not known yet: ask the compiler */
     fd = memfd_create("fastcompile-cc-version", MFD_CLOEXEC);
-    envp = fc_disk_scrubbed_env();
+    envp = fc_spawn_scrubbed_env();
     if (fd < 0 || envp == NULL || fc_disk_strv_push(&argv, cc_abs) < 0
         || fc_disk_strv_push(&argv, "--version") < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
@@ -138,7 +139,7 @@ compiler_line(const char *cc_abs)
     }
     /* the GIL stays held: a few ms once per compiler, and fc_state.cpu.cc_abs must not
      * change under us */
-    int rc = fc_disk_spawn_wait(argv, envp, fd, FC_PROBE_TIMEOUT_S, &status, &timed_out);
+    int rc = fc_spawn_wait(argv, envp, fd, FC_PROBE_TIMEOUT_S, &status, &timed_out);
     if (rc < 0 || timed_out || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         PyErr_Format(PyExc_RuntimeError, "fastcompile: `%s --version` failed (%s)", cc_abs,
                      rc < 0 ? strerror(errno) : timed_out ? "timed out" : "nonzero exit");
@@ -308,7 +309,7 @@ fc_ckey_ensure_identity(void)
     free(fc_state.cpu.cc_abs);
     free(fc_state.cpu.cc_line);
     fc_state.cpu.cc_line = NULL;
-    fc_state.cpu.cc_abs = fc_disk_find_program(fc_state.cpu.cc && fc_state.cpu.cc[0] ? fc_state.cpu.cc : "cc");
+    fc_state.cpu.cc_abs = fc_spawn_find_program(fc_state.cpu.cc && fc_state.cpu.cc[0] ? fc_state.cpu.cc : "cc");
     if (fc_state.cpu.cc_abs == NULL) {
         PyErr_Format(PyExc_RuntimeError, "fastcompile: C compiler '%s' not found or not "
                      "executable (set FASTCOMPILE_CC or CC)", fc_state.cpu.cc ? fc_state.cpu.cc : "cc");

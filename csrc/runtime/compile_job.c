@@ -18,6 +18,7 @@
 #include "../common/strbuf.h"
 #include "../state.h"
 #include "disk.h"
+#include "spawn.h"
 
 #define FC_LOG_MAX (1 << 20)       /* compiler output kept for the error message */
 #define FC_META_WAIT_READ_MS 100   /* a reader waits this long for a .meta mid-publish */
@@ -83,7 +84,7 @@ static int
 job_prepare_compiler(FcJob *j, const char *pch)
 {
     j->cc = strdup(fc_state.cpu.cc_abs);
-    j->envp = fc_disk_scrubbed_env();
+    j->envp = fc_spawn_scrubbed_env();
     j->timeout_s = fc_state.cpu.timeout_s;
     j->pch_flag = -1;
     if (!j->cc || !j->envp || (pch && (j->pch_gch = fc_cpu_fmt("%s/%s.gch", pch, FC_PCH_HEADER)) == NULL)) {
@@ -384,7 +385,7 @@ run_compiler(FcJob *j, const char *src, size_t len, const char *tmp_c, const cha
 
     double t0 = fc_disk_now_ms();
     j->compiled = 1;
-    if (fc_disk_spawn_wait(argv, j->envp, logfd, j->timeout_s, &status, &timed_out) < 0) {
+    if (fc_spawn_wait(argv, j->envp, logfd, j->timeout_s, &status, &timed_out) < 0) {
         job_fail(j, FC_JOB_OS, "fastcompile: cannot run the C compiler %s: %s", j->cc,
                  strerror(errno));
         goto cleanup;
@@ -399,7 +400,7 @@ run_compiler(FcJob *j, const char *src, size_t len, const char *tmp_c, const cha
                 (k - (size_t)j->pch_flag - 1) * sizeof(char *));
         k--;
         if (ftruncate(logfd, 0) == 0 && lseek(logfd, 0, SEEK_SET) == 0
-            && fc_disk_spawn_wait(argv, j->envp, logfd, j->timeout_s, &again, &timed_out) == 0) {
+            && fc_spawn_wait(argv, j->envp, logfd, j->timeout_s, &again, &timed_out) == 0) {
             j->runs++;
             if (!timed_out && WIFEXITED(again) && WEXITSTATUS(again) == 0) {
                 unlink(j->pch_gch);
@@ -682,7 +683,7 @@ pch_build(FcJob *j)
     argv[k++] = j->c_path;
     fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
     double t0 = fc_disk_now_ms();
-    if (fd < 0 || fc_disk_spawn_wait(argv, j->envp, fd, j->timeout_s, &status, &timed_out) < 0) {
+    if (fd < 0 || fc_spawn_wait(argv, j->envp, fd, j->timeout_s, &status, &timed_out) < 0) {
         job_fail(j, FC_JOB_OS, "cannot run %s: %s", j->cc, strerror(errno));
         goto cleanup;
     }
