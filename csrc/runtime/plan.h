@@ -6,6 +6,7 @@
 
 #include <Python.h>
 
+#include "../core/schedule.h"
 #include "../core/spec.h"
 #include "cpu.h"
 #include "devarray.h"
@@ -39,15 +40,6 @@ typedef struct FcPlan {
     int loaded;               /* kernels loaded (fc_plan_load); 0 from fc_plan_build until then */
     int dev;                  /* 0: CPU kernels (gen_c); d + 1: CUDA device d (gen_cuda) */
 } FcPlan;
-
-/* A segment: the core nodes between two rounds of extern calls. */
-typedef struct {
-    char *in_seg;             /* per graph node */
-    int *inputs; int ninputs; /* nodes it reads from outside (inputs, externs, earlier segments) */
-    int *outputs; int noutputs;
-    FcPlan *plans;
-    int nplans;
-} FcSegment;
 
 typedef struct {
     int num_threads;          /* resolved, >= 1 */
