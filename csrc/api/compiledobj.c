@@ -494,18 +494,17 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
 {
     const FcNode *n = &c->g.nodes[c->g.inputs[k]];
     FcMeta m;
-    PyObject *a;
+    PyObject *a = NULL;      /* owned until it goes to *slot */
     if (dev == 0 && n->ndim == 0 && !PyArray_Check(arg) && is_scalar_arg(arg)) {
         if ((a = PyArray_FROM_O(arg)) == NULL) {     /* new: a 0-d array */
-            return -1;
+            goto error;
         }
         if (!PyArray_Check(a) || PyArray_NDIM((PyArrayObject *)a) != 0 || fc_plan_meta(a, &m) < 0) {
             if (!PyErr_Occurred()) {
                 PyErr_Format(PyExc_TypeError, "fastcompile: argument %d (%.100s) has no 0-d array form", k,
                              Py_TYPE(arg)->tp_name);
             }
-            Py_DECREF(a);
-            return -1;
+            goto error;
         }
     }
     else if (dev > 0) {
@@ -526,36 +525,33 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
             PyErr_Format(PyExc_RuntimeError, "fastcompile: argument %d is a %.100s on CUDA device %d: "
                          "compiled graphs run on CUDA for torch tensors only (torch.from_dlpack makes one "
                          "without a copy)", k, Py_TYPE(arg)->tp_name, d);
-            return -1;
+            goto error;
         }
         PyErr_Format(PyExc_TypeError, "fastcompile: argument %d must be a numpy.ndarray or a CUDA "
                      "torch.Tensor, got %.100s", k, Py_TYPE(arg)->tp_name);
-        return -1;
+        goto error;
     }
     else {
-        if ((a = as_array(arg)) == NULL) {
-            return -1;
-        }
-        if (fc_plan_meta(a, &m) < 0) {
-            Py_DECREF(a);
-            return -1;
+        if ((a = as_array(arg)) == NULL || fc_plan_meta(a, &m) < 0) {
+            goto error;
         }
     }
     if (m.dtype != n->dtype) {
         PyErr_Format(PyExc_TypeError, "fastcompile: argument %d was declared %s but is %s of %s",
                      k, fc_dtypes[n->dtype].name, PyArray_Check(arg) ? "an array" : "a scalar",
                      fc_dtypes[m.dtype].name);
-        Py_DECREF(a);
-        return -1;
+        goto error;
     }
     if (m.ndim != n->ndim) {
         PyErr_Format(PyExc_ValueError, "fastcompile: argument %d was declared with ndim=%d but has ndim=%d",
                      k, n->ndim, m.ndim);
-        Py_DECREF(a);
-        return -1;
+        goto error;
     }
     *slot = a;
     return 0;
+error:
+    Py_XDECREF(a);
+    return -1;
 }
 
 /* s as UTF-8 for a profile() row, or NULL (no exception left set) */
@@ -614,25 +610,22 @@ current_label(const CompiledObject *c)
 static PyObject *
 run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *externs, int tune, int dry)
 {
-    PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
+    PyObject *stack[FC_STACK_VALS], **vals = NULL, *result = NULL;   /* vals: nn slots, owned */
     int nn = c->g.nnodes, dev = 0;
     FcDevMemo memo = {NULL, NULL, 0};          /* CUDA: the call's views, read once each */
 
     if (nargs != c->g.ninputs) {
         PyErr_Format(PyExc_TypeError, "fastcompile: the compiled graph takes %d array%s, got %zd",
                      c->g.ninputs, c->g.ninputs == 1 ? "" : "s", nargs);
-        return NULL;
+        goto done;
     }
     if (call_device(c, args, nargs, &dev, &memo) < 0) {
-        fc_dev_memo_free(&memo);
-        return NULL;
+        goto done;
     }
-    if (nn > FC_STACK_VALS) {
-        vals = PyMem_Malloc(nn * sizeof(PyObject *));
-        if (vals == NULL) {
-            fc_dev_memo_free(&memo);
-            return PyErr_NoMemory();
-        }
+    vals = nn > FC_STACK_VALS ? PyMem_Malloc(nn * sizeof(PyObject *)) : stack;
+    if (vals == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
     memset(vals, 0, nn * sizeof(PyObject *));
     for (int k = 0; k < c->g.ninputs; k++) {
@@ -684,7 +677,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         PyTuple_SET_ITEM(result, k, o);
     }
 done:
-    for (int i = 0; i < nn; i++) {
+    for (int i = 0; vals != NULL && i < nn; i++) {
         Py_XDECREF(vals[i]);
     }
     if (vals != stack) {
