@@ -1,4 +1,4 @@
-"""CPU runtime (csrc/runtime/cpu.c): C source -> private disk cache -> dlopen'd kernel.
+"""CPU runtime (csrc/runtime/cpu.c, pool.c, ...): C source -> private disk cache -> dlopen'd kernel.
 
 Everything goes through the test hook ``_C._cpu_load(source, symbol)``, which
 returns {"so_path", "c_path", "key", "fn"}. Each test uses its own cache folder
@@ -949,7 +949,7 @@ def test_configure_validates(tmp_path):
 # bundles: a batch with more kernels to compile than CPUs, several to a run
 # ---------------------------------------------------------------------------
 
-WORKERS = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)    # cpu.c's worker_count
+WORKERS = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)    # pool.c's fc_pool_width
 
 
 def named_kernel(name, ret, tag=None, body=""):

@@ -569,7 +569,7 @@ compile_each_alone(FcJob *lead)
     }
 }
 
-/* A bundle (see make_bundles): the leader's members, itself first, compiled
+/* A bundle (see fc_pool_make_bundles): the leader's members, itself first, compiled
  * as one translation unit into one .so, which each member publishes under
  * its own key (hard links to one file: the loader maps it once and each
  * member looks up its own symbol). Every member but the first drops its
