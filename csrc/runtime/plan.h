@@ -50,6 +50,13 @@ typedef struct {
     const char *origin;       /* "file:line" of the graph, for kernel headers (borrowed) */
 } FcPlanConfig;
 
+/* fc_state.plan: the plans' configuration (fc_plan_configure). */
+typedef struct {
+    FcPlanConfig c;
+    char version[32];
+    char dump_dir[1024];   /* empty: no dumps */
+} FcPlanRt;
+
 FC_INTERNAL int fc_plan_configure(PyObject *cfg);
 FC_INTERNAL const FcPlanConfig *fc_plan_config(void);
 
