@@ -1,4 +1,4 @@
-/* Runtime, CPU: C source text -> shared object in a private disk cache -> loaded kernel.
+/* Runtime, CPU: the public API of the CPU kernel runtime (configure, load, stats, clear).
  * In: kernel source from gen_c, fastcompile.config. Out: FcLoaded (fn, .so/.c paths, key). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,7 +22,7 @@ static const char *const FC_FORBIDDEN_CFLAGS[] = {
 #define FC_COMPILE_TIMEOUT_S 120   /* default; the config key "compile_timeout" overrides */
 
 /* ---------------------------------------------------------------------------
- * Small string helpers (GIL-free). Files and processes are in disk.c.
+ * Small string helpers (GIL-free). Files are in disk.c, processes in spawn.c.
  * ------------------------------------------------------------------------- */
 
 /* malloc'd printf result, or NULL when out of memory */

@@ -7,23 +7,30 @@
 #include "../state.h"
 #include "devarray.h"
 
+#define FC_DEV_NOBJS (FC_NDTYPES + 10)
+
+/* The addresses of every object r holds (FC_DEV_NOBJS of them), for
+ * release and fc_dev_traverse alike. */
+static void
+held(FcDevRt *r, PyObject **slots[FC_DEV_NOBJS])
+{
+    PyObject **named[] = {&r->tensor_type, &r->empty, &r->full, &r->stream, &r->s_is_cuda,
+                          &r->s_get_device, &r->s_dtype, &r->s_shape, &r->s_stride, &r->s_data_ptr};
+    _Static_assert(sizeof(named) / sizeof(named[0]) + FC_NDTYPES == FC_DEV_NOBJS, "FC_DEV_NOBJS");
+    for (int i = 0; i < FC_NDTYPES; i++) {
+        slots[i] = &r->dtypes[i];
+    }
+    memcpy(slots + FC_NDTYPES, named, sizeof(named));
+}
 
 static void
 release(FcDevRt *r)
 {
-    for (int i = 0; i < FC_NDTYPES; i++) {
-        Py_CLEAR(r->dtypes[i]);
+    PyObject **slots[FC_DEV_NOBJS];
+    held(r, slots);
+    for (int i = 0; i < FC_DEV_NOBJS; i++) {
+        Py_CLEAR(*slots[i]);
     }
-    Py_CLEAR(r->tensor_type);
-    Py_CLEAR(r->empty);
-    Py_CLEAR(r->full);
-    Py_CLEAR(r->stream);
-    Py_CLEAR(r->s_is_cuda);
-    Py_CLEAR(r->s_get_device);
-    Py_CLEAR(r->s_dtype);
-    Py_CLEAR(r->s_shape);
-    Py_CLEAR(r->s_stride);
-    Py_CLEAR(r->s_data_ptr);
     r->loaded = 0;
 }
 
@@ -93,20 +100,11 @@ fc_dev_free(void)
 int
 fc_dev_traverse(visitproc visit, void *arg)
 {
-    FcDevRt *r = &fc_state.dev;
-    for (int i = 0; i < FC_NDTYPES; i++) {
-        Py_VISIT(r->dtypes[i]);
+    PyObject **slots[FC_DEV_NOBJS];
+    held(&fc_state.dev, slots);
+    for (int i = 0; i < FC_DEV_NOBJS; i++) {
+        Py_VISIT(*slots[i]);
     }
-    Py_VISIT(r->tensor_type);
-    Py_VISIT(r->empty);
-    Py_VISIT(r->full);
-    Py_VISIT(r->stream);
-    Py_VISIT(r->s_is_cuda);
-    Py_VISIT(r->s_get_device);
-    Py_VISIT(r->s_dtype);
-    Py_VISIT(r->s_shape);
-    Py_VISIT(r->s_stride);
-    Py_VISIT(r->s_data_ptr);
     return 0;
 }
 
