@@ -15,12 +15,21 @@
 #include "runtime/plan.h"
 #include "runtime/profile.h"
 #include "runtime/relayout.h"
-
-
+#include "state.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
+
+FcModState fc_state = {
+    .plan = {{1, 32768, 0, 0, 0, NULL}, "0", ""},
+    .prof = {NULL, 0, 0, 1, 0},
+};
+
+/* The module object whose GC slots report fc_state: the first one made. A
+ * second fastcompile._C (an import after its sys.modules entry was
+ * dropped) shares the state but must not report its references twice. */
+static PyObject *state_owner;   /* borrowed: cleared by mod_free */
 
 static PyObject *
 mod_configure(PyObject *self, PyObject *cfg)
@@ -103,12 +112,36 @@ mod_exec(PyObject *m)
     if (fc_alloc_init() < 0 || fc_api_init(m) < 0 || fc_hook_init(m) < 0) {
         return -1;
     }
+    if (state_owner == NULL) {
+        state_owner = m;
+    }
+    return 0;
+}
+
+/* fc_state's Python objects (the torch objects devarray.c keeps) are the
+ * module's references, so the GC sees them. m: borrowed. */
+static int
+mod_traverse(PyObject *m, visitproc visit, void *arg)
+{
+    return m == state_owner ? fc_dev_traverse(visit, arg) : 0;
+}
+
+static int
+mod_clear(PyObject *m)
+{
+    if (m == state_owner) {
+        fc_dev_free();          /* loaded again on the next torch tensor */
+    }
     return 0;
 }
 
 static void
 mod_free(void *m)
 {
+    if (state_owner != NULL && m != state_owner) {
+        return;
+    }
+    state_owner = NULL;
     fc_dev_free();
     fc_cuda_free();
     fc_cpu_free();
@@ -127,6 +160,8 @@ static struct PyModuleDef mod_def = {
     .m_size = 0,
     .m_methods = mod_methods,
     .m_slots = mod_slots,
+    .m_traverse = mod_traverse,
+    .m_clear = mod_clear,
     .m_free = mod_free,
 };
 

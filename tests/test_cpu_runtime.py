@@ -1,4 +1,4 @@
-"""CPU runtime (csrc/runtime/cpu.c): C source -> private disk cache -> dlopen'd kernel.
+"""CPU runtime (csrc/runtime/cpu.c, pool.c, ...): C source -> private disk cache -> dlopen'd kernel.
 
 Everything goes through the test hook ``_C._cpu_load(source, symbol)``, which
 returns {"so_path", "c_path", "key", "fn"}. Each test uses its own cache folder
@@ -949,7 +949,7 @@ def test_configure_validates(tmp_path):
 # bundles: a batch with more kernels to compile than CPUs, several to a run
 # ---------------------------------------------------------------------------
 
-WORKERS = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)    # cpu.c's worker_count
+WORKERS = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)    # pool.c's fc_pool_width
 
 
 def named_kernel(name, ret, tag=None, body=""):
@@ -1168,3 +1168,18 @@ def test_bundle_leader_in_a_shard_not_ours_fails_alone(tmp_path):
     res = _C._cpu_load_many(others)
     assert stats_delta(before)["memory_hits"] == n
     assert [call(r) for r in res] == [100 + i for i in range(n)]
+
+
+def test_module_state_shows_torch_objects_to_the_gc():
+    """The torch objects the device-array code keeps (fc_state.dev) are the
+    module's references in gc's view (m_traverse), once a tensor reached a graph."""
+    torch = pytest.importorskip("torch")
+    import gc
+    from fastcompile.graph import Graph
+    g = Graph()
+    x = g.input("float32", 1)
+    g.output(g.call("add", x, x))
+    c = g.compile()
+    with pytest.raises(TypeError):
+        c(torch.ones(3))                   # a CPU tensor: refused, after the bridge loaded
+    assert torch.Tensor in gc.get_referents(_C)

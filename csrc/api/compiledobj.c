@@ -7,8 +7,9 @@
 #include <string.h>
 
 #include "../core/graph.h"
+#include "../core/schedule.h"
 #include "../core/shape.h"
-#include "../core/strbuf.h"
+#include "../common/strbuf.h"
 #include "../fc_numpy.h"
 #include "../runtime/cuda.h"
 #include "../runtime/devarray.h"
@@ -16,11 +17,6 @@
 #include "../runtime/profile.h"
 #include "api.h"
 #include "objects.h"
-
-typedef struct {
-    int level;                /* 0: before any extern */
-    FcSegment seg;
-} SegmentSlot;
 
 typedef struct {
     PyObject_HEAD
@@ -32,15 +28,7 @@ typedef struct {
     PyObject *label;          /* owned str or NULL: names the graph in profile() (else origin) */
     FcProfRef *prof;          /* owned: profile() rows, per node (externs), then the call's, the compiles' */
     PyObject *kernels;        /* owned list of kernel records */
-    int *level;               /* per node */
-    unsigned char *any_arg;   /* per graph input: only externs read it, so it may be any object */
-    int nlevels;
-    /* the call's schedule, by level (CSR: level L's entries are [start[L], start[L + 1])):
-     * the externs that run before its segment, and the values released after it (their
-     * last reader has run), so a freed buffer goes back to the pool within the call */
-    int *ext_start, *ext_nodes;
-    int *free_start, *free_nodes;
-    SegmentSlot *segs;        /* one per level */
+    FcSchedule sched;         /* levels, segments, the call's externs and releases (core/schedule.h) */
     int nplans;
     double compile_ms;
     int autotune;             /* -1: as fastcompile.config.autotune; 0/1: this graph's own choice */
@@ -60,270 +48,6 @@ fc_api_stats(void)
 /* ========================================================================
  * Compiled
  * ====================================================================== */
-
-static int
-add_unique(int **arr, int *n, int v)
-{
-    int *p;
-    for (int i = 0; i < *n; i++) {
-        if ((*arr)[i] == v) {
-            return 0;
-        }
-    }
-    p = PyMem_Realloc(*arr, (*n + 1) * sizeof(int));
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    *arr = p;
-    (*arr)[(*n)++] = v;
-    return 0;
-}
-
-/* Levels are first as early as the inputs allow. A core op then moves down to
- * the earliest level that reads it (the level before, for an extern reader),
- * so it lands in its readers' segment and fuses with them instead of being
- * stored in an early segment and read back later: the backward of unbind,
- * masks made from an arange extern and applied after six more externs, wrote
- * three full-size bool arrays that way. Graph outputs stay where they are.
- * GIL held; 0, or -1 with MemoryError. */
-static int
-sink_levels(CompiledObject *c, const char *live)
-{
-    const FcGraph *g = &c->g;
-    int *bound = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
-    if (bound == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        bound[i] = INT_MAX;
-    }
-    for (int k = 0; k < g->noutputs; k++) {
-        bound[g->outputs[k]] = c->level[g->outputs[k]];
-    }
-    for (int i = g->nnodes - 1; i >= 0; i--) {      /* readers come after what they read */
-        const FcNode *n = &g->nodes[i];
-        int calls = n->op == FC_OP_EXTERN || n->op == FC_OP_ITEM;   /* runs before its level's kernels */
-        int movable = !calls && n->op != FC_OP_INPUT && n->op != FC_OP_CONST;
-        if (!live[i]) {
-            continue;
-        }
-        if (movable && bound[i] != INT_MAX && bound[i] > c->level[i]) {
-            c->level[i] = bound[i];
-        }
-        for (int j = 0; j < n->nin; j++) {
-            int u = n->in[j], b = calls ? c->level[i] - 1 : c->level[i];
-            bound[u] = b < bound[u] ? b : bound[u];
-        }
-    }
-    PyMem_Free(bound);
-    return 0;
-}
-
-/* Levels: externs split the graph; segment L runs after the externs of level L.
- * Dead nodes get level -1: neither computed nor called. A node is live when an
- * output needs it, or it is an extern not declared pure (it may act). Sets
- * c->level (replacing any earlier one) and c->nlevels. GIL held; 0, or -1
- * with MemoryError. */
-static int
-compute_levels(CompiledObject *c)
-{
-    const FcGraph *g = &c->g;
-    int maxl = 0;
-    char *live;
-    PyMem_Free(c->level);
-    c->level = PyMem_Calloc(g->nnodes + 1, sizeof(int));
-    live = PyMem_Calloc(g->nnodes + 1, 1);
-    if (c->level == NULL || live == NULL) {
-        PyMem_Free(live);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int k = 0; k < g->noutputs; k++) {
-        live[g->outputs[k]] = 1;
-    }
-    for (int i = g->nnodes - 1; i >= 0; i--) {      /* nodes are in topological order */
-        const FcNode *n = &g->nodes[i];
-        if (n->op == FC_OP_EXTERN && !n->pure) {
-            live[i] = 1;
-        }
-        for (int j = 0; live[i] && j < n->nin; j++) {
-            live[n->in[j]] = 1;
-        }
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        const FcNode *n = &g->nodes[i];
-        int l = 0;
-        for (int j = 0; j < n->nin; j++) {
-            l = c->level[n->in[j]] > l ? c->level[n->in[j]] : l;
-        }
-        if (n->op == FC_OP_EXTERN) {
-            l += 1;
-        }
-        c->level[i] = live[i] ? l : -1;       /* a live node's inputs are live */
-        maxl = live[i] && l > maxl ? l : maxl;
-    }
-    if (sink_levels(c, live) < 0) {
-        PyMem_Free(live);
-        return -1;
-    }
-    PyMem_Free(live);
-    c->nlevels = maxl + 1;
-    return 0;
-}
-
-/* Levels, then equal work merged within each level (fc_graph_cse; levels
- * again if any was), then one segment per level: its nodes, the values that
- * enter it and those it must leave for later. GIL held; 0, or -1 with an
- * exception set. */
-static int
-build_segments(CompiledObject *c)
-{
-    const FcGraph *g = &c->g;
-    int merged;
-    if (compute_levels(c) < 0 || (merged = fc_graph_cse(&c->g, c->level)) < 0
-        || (merged > 0 && compute_levels(c) < 0)) {
-        return -1;
-    }
-    c->segs = PyMem_Calloc(c->nlevels, sizeof(SegmentSlot));
-    if (c->segs == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int L = 0; L < c->nlevels; L++) {
-        FcSegment *seg = &c->segs[L].seg;
-        c->segs[L].level = L;
-        seg->in_seg = PyMem_Calloc(g->nnodes + 1, 1);
-        if (seg->in_seg == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (int i = 0; i < g->nnodes; i++) {
-            int op = g->nodes[i].op;
-            seg->in_seg[i] = c->level[i] == L && op != FC_OP_INPUT && op != FC_OP_EXTERN && op != FC_OP_ITEM;
-        }
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        const FcNode *n = &g->nodes[i];
-        for (int j = 0; j < n->nin && c->level[i] >= 0; j++) {
-            int u = n->in[j];
-            int op_u = g->nodes[u].op;
-            if (op_u == FC_OP_CONST) {
-                continue;
-            }
-            /* i reads u: u enters i's segment from outside, or leaves u's segment */
-            if (op_u != FC_OP_INPUT && op_u != FC_OP_EXTERN && op_u != FC_OP_ITEM) {
-                FcSegment *su = &c->segs[c->level[u]].seg;
-                int same = n->op != FC_OP_EXTERN && n->op != FC_OP_ITEM && c->level[i] == c->level[u];
-                if (!same && add_unique(&su->outputs, &su->noutputs, u) < 0) {
-                    return -1;
-                }
-            }
-            if (n->op != FC_OP_EXTERN && n->op != FC_OP_ITEM) {
-                FcSegment *si = &c->segs[c->level[i]].seg;
-                if (!si->in_seg[u] && add_unique(&si->inputs, &si->ninputs, u) < 0) {
-                    return -1;
-                }
-            }
-        }
-    }
-    /* an input no kernel reads is only handed to externs (or returned): it may be any object */
-    c->any_arg = PyMem_Calloc(g->ninputs + 1, 1);
-    if (c->any_arg == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int k = 0; k < g->ninputs; k++) {
-        int u = g->inputs[k], read = 0;
-        for (int L = 0; L < c->nlevels && !read; L++) {
-            const FcSegment *seg = &c->segs[L].seg;
-            for (int j = 0; j < seg->ninputs && !read; j++) {
-                read = seg->inputs[j] == u;
-            }
-        }
-        c->any_arg[k] = !read;
-    }
-    for (int k = 0; k < g->noutputs; k++) {
-        int v = g->outputs[k];
-        int op = g->nodes[v].op;
-        if (op != FC_OP_INPUT && op != FC_OP_EXTERN && op != FC_OP_ITEM && op != FC_OP_CONST) {
-            FcSegment *sv = &c->segs[c->level[v]].seg;
-            if (add_unique(&sv->outputs, &sv->noutputs, v) < 0) {
-                return -1;
-            }
-        }
-    }
-    return 0;
-}
-
-/* Bucket the nodes with key[i] in [0, nlevels) by key, in node order, as CSR
- * arrays (*start: nlevels + 1 entries; *nodes: the members). 0, or -1 with
- * MemoryError. */
-static int
-by_level(const int *key, int nnodes, int nlevels, int **start, int **nodes)
-{
-    int *fill = PyMem_Calloc(nlevels + 1, sizeof(int));
-    *start = PyMem_Calloc(nlevels + 2, sizeof(int));
-    *nodes = PyMem_Calloc(nnodes + 1, sizeof(int));
-    if (fill == NULL || *start == NULL || *nodes == NULL) {
-        PyMem_Free(fill);
-        PyErr_NoMemory();
-        return -1;
-    }
-    for (int i = 0; i < nnodes; i++) {
-        if (key[i] >= 0 && key[i] < nlevels) {
-            (*start)[key[i] + 1]++;
-        }
-    }
-    for (int L = 0; L < nlevels; L++) {
-        (*start)[L + 1] += (*start)[L];
-    }
-    for (int i = 0; i < nnodes; i++) {
-        if (key[i] >= 0 && key[i] < nlevels) {
-            (*nodes)[(*start)[key[i]] + fill[key[i]]++] = i;
-        }
-    }
-    PyMem_Free(fill);
-    return 0;
-}
-
-/* The call's schedule (see CompiledObject): the externs of each level, and for
- * each value (an input, a constant, an extern's result, a segment's output) the
- * level after which nothing reads it. Graph outputs are kept to the end; a
- * value nothing reads goes after its own level. GIL held; 0, or -1 with
- * MemoryError. */
-static int
-build_schedule(CompiledObject *c)
-{
-    const FcGraph *g = &c->g;
-    int rc = -1;
-    int *ext = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
-    int *last = PyMem_Malloc((g->nnodes + 1) * sizeof(int));
-    if (ext == NULL || last == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        ext[i] = g->nodes[i].op == FC_OP_EXTERN && c->level[i] > 0 ? c->level[i] : -1;
-        last[i] = c->level[i] >= 0 ? c->level[i] : (g->nodes[i].op == FC_OP_INPUT ? 0 : -1);
-    }
-    for (int i = 0; i < g->nnodes; i++) {
-        const FcNode *n = &g->nodes[i];
-        for (int j = 0; j < n->nin && c->level[i] >= 0; j++) {
-            last[n->in[j]] = c->level[i] > last[n->in[j]] ? c->level[i] : last[n->in[j]];
-        }
-    }
-    for (int k = 0; k < g->noutputs; k++) {
-        last[g->outputs[k]] = -1;          /* kept: the final loop of run_graph releases it */
-    }
-    rc = by_level(ext, g->nnodes, c->nlevels, &c->ext_start, &c->ext_nodes) < 0
-         || by_level(last, g->nnodes, c->nlevels, &c->free_start, &c->free_nodes) < 0 ? -1 : 0;
-done:
-    PyMem_Free(ext);
-    PyMem_Free(last);
-    return rc;
-}
 
 static PyObject *Compiled_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw);
 
@@ -354,16 +78,16 @@ fc_api_compiled_new(GraphObject *graph)
     c->label = NULL;
     c->prof = NULL;
     c->kernels = NULL;
-    c->level = NULL;
-    c->any_arg = NULL;
-    c->ext_start = c->ext_nodes = c->free_start = c->free_nodes = NULL;
-    c->segs = NULL;
-    c->nlevels = 0;
+    c->sched.level = NULL;
+    c->sched.any_arg = NULL;
+    c->sched.ext_start = c->sched.ext_nodes = c->sched.free_start = c->sched.free_nodes = NULL;
+    c->sched.segs = NULL;
+    c->sched.nlevels = 0;
     c->nplans = 0;
     c->compile_ms = 0;
     c->autotune = -1;
     PyObject_GC_Track(c);
-    /* on the copy (build_segments merges equal work): the Graph may grow further */
+    /* on the copy (fc_schedule_build merges equal work): the Graph may grow further */
     if (fc_graph_copy(&c->g, &graph->g) < 0) {
         Py_DECREF(c);
         return NULL;
@@ -373,11 +97,11 @@ fc_api_compiled_new(GraphObject *graph)
     c->origin = fc_api_caller_origin();
     c->kernels = PyList_New(0);
     if (c->externs == NULL || c->views == NULL || c->origin == NULL || c->kernels == NULL
-        || build_segments(c) < 0 || build_schedule(c) < 0) {
+        || fc_schedule_build(&c->g, &c->sched) < 0) {
         Py_DECREF(c);
         return NULL;
     }
-    /* after build_segments: the node count is final */
+    /* after fc_schedule_build: the node count is final */
     c->prof = PyMem_Calloc(c->g.nnodes + 2, sizeof(FcProfRef));
     if (c->prof == NULL) {
         Py_DECREF(c);
@@ -412,8 +136,8 @@ Compiled_dealloc(CompiledObject *c)
     Py_XDECREF(c->origin);
     Py_XDECREF(c->label);
     PyMem_Free(c->prof);
-    for (int L = 0; L < c->nlevels && c->segs; L++) {
-        FcSegment *seg = &c->segs[L].seg;
+    for (int L = 0; L < c->sched.nlevels && c->sched.segs; L++) {
+        FcSegment *seg = &c->sched.segs[L].seg;
         FcPlan *p = seg->plans;
         while (p != NULL) {
             FcPlan *next = p->next;
@@ -424,13 +148,13 @@ Compiled_dealloc(CompiledObject *c)
         PyMem_Free(seg->inputs);
         PyMem_Free(seg->outputs);
     }
-    PyMem_Free(c->segs);
-    PyMem_Free(c->level);
-    PyMem_Free(c->any_arg);
-    PyMem_Free(c->ext_start);
-    PyMem_Free(c->ext_nodes);
-    PyMem_Free(c->free_start);
-    PyMem_Free(c->free_nodes);
+    PyMem_Free(c->sched.segs);
+    PyMem_Free(c->sched.level);
+    PyMem_Free(c->sched.any_arg);
+    PyMem_Free(c->sched.ext_start);
+    PyMem_Free(c->sched.ext_nodes);
+    PyMem_Free(c->sched.free_start);
+    PyMem_Free(c->sched.free_nodes);
     fc_graph_free(&c->g);
     PyObject_GC_Del(c);
 }
@@ -770,18 +494,17 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
 {
     const FcNode *n = &c->g.nodes[c->g.inputs[k]];
     FcMeta m;
-    PyObject *a;
+    PyObject *a = NULL;      /* owned until it goes to *slot */
     if (dev == 0 && n->ndim == 0 && !PyArray_Check(arg) && is_scalar_arg(arg)) {
         if ((a = PyArray_FROM_O(arg)) == NULL) {     /* new: a 0-d array */
-            return -1;
+            goto error;
         }
         if (!PyArray_Check(a) || PyArray_NDIM((PyArrayObject *)a) != 0 || fc_plan_meta(a, &m) < 0) {
             if (!PyErr_Occurred()) {
                 PyErr_Format(PyExc_TypeError, "fastcompile: argument %d (%.100s) has no 0-d array form", k,
                              Py_TYPE(arg)->tp_name);
             }
-            Py_DECREF(a);
-            return -1;
+            goto error;
         }
     }
     else if (dev > 0) {
@@ -792,7 +515,7 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
         fc_dev_meta(&memo->arr[c->g.inputs[k]], &m);
         a = Py_NewRef(arg);
     }
-    else if (!PyArray_Check(arg) && c->any_arg[k]) {   /* only externs read it: passed as it is */
+    else if (!PyArray_Check(arg) && c->sched.any_arg[k]) {   /* only externs read it: passed as it is */
         *slot = Py_NewRef(arg);
         return 0;
     }
@@ -802,36 +525,33 @@ check_input(CompiledObject *c, int k, PyObject *arg, PyObject **slot, int dev, F
             PyErr_Format(PyExc_RuntimeError, "fastcompile: argument %d is a %.100s on CUDA device %d: "
                          "compiled graphs run on CUDA for torch tensors only (torch.from_dlpack makes one "
                          "without a copy)", k, Py_TYPE(arg)->tp_name, d);
-            return -1;
+            goto error;
         }
         PyErr_Format(PyExc_TypeError, "fastcompile: argument %d must be a numpy.ndarray or a CUDA "
                      "torch.Tensor, got %.100s", k, Py_TYPE(arg)->tp_name);
-        return -1;
+        goto error;
     }
     else {
-        if ((a = as_array(arg)) == NULL) {
-            return -1;
-        }
-        if (fc_plan_meta(a, &m) < 0) {
-            Py_DECREF(a);
-            return -1;
+        if ((a = as_array(arg)) == NULL || fc_plan_meta(a, &m) < 0) {
+            goto error;
         }
     }
     if (m.dtype != n->dtype) {
         PyErr_Format(PyExc_TypeError, "fastcompile: argument %d was declared %s but is %s of %s",
                      k, fc_dtypes[n->dtype].name, PyArray_Check(arg) ? "an array" : "a scalar",
                      fc_dtypes[m.dtype].name);
-        Py_DECREF(a);
-        return -1;
+        goto error;
     }
     if (m.ndim != n->ndim) {
         PyErr_Format(PyExc_ValueError, "fastcompile: argument %d was declared with ndim=%d but has ndim=%d",
                      k, n->ndim, m.ndim);
-        Py_DECREF(a);
-        return -1;
+        goto error;
     }
     *slot = a;
     return 0;
+error:
+    Py_XDECREF(a);
+    return -1;
 }
 
 /* s as UTF-8 for a profile() row, or NULL (no exception left set) */
@@ -890,25 +610,22 @@ current_label(const CompiledObject *c)
 static PyObject *
 run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *externs, int tune, int dry)
 {
-    PyObject *stack[FC_STACK_VALS], **vals = stack, *result = NULL;
+    PyObject *stack[FC_STACK_VALS], **vals = NULL, *result = NULL;   /* vals: nn slots, owned */
     int nn = c->g.nnodes, dev = 0;
     FcDevMemo memo = {NULL, NULL, 0};          /* CUDA: the call's views, read once each */
 
     if (nargs != c->g.ninputs) {
         PyErr_Format(PyExc_TypeError, "fastcompile: the compiled graph takes %d array%s, got %zd",
                      c->g.ninputs, c->g.ninputs == 1 ? "" : "s", nargs);
-        return NULL;
+        goto done;
     }
     if (call_device(c, args, nargs, &dev, &memo) < 0) {
-        fc_dev_memo_free(&memo);
-        return NULL;
+        goto done;
     }
-    if (nn > FC_STACK_VALS) {
-        vals = PyMem_Malloc(nn * sizeof(PyObject *));
-        if (vals == NULL) {
-            fc_dev_memo_free(&memo);
-            return PyErr_NoMemory();
-        }
+    vals = nn > FC_STACK_VALS ? PyMem_Malloc(nn * sizeof(PyObject *)) : stack;
+    if (vals == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
     memset(vals, 0, nn * sizeof(PyObject *));
     for (int k = 0; k < c->g.ninputs; k++) {
@@ -916,25 +633,25 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
             goto done;
         }
     }
-    for (int L = 0; L < c->nlevels; L++) {
-        FcSegment *seg = &c->segs[L].seg;
+    for (int L = 0; L < c->sched.nlevels; L++) {
+        FcSegment *seg = &c->sched.segs[L].seg;
         FcPlan *p;
-        for (int e = c->ext_start[L]; e < c->ext_start[L + 1]; e++) {
+        for (int e = c->sched.ext_start[L]; e < c->sched.ext_start[L + 1]; e++) {
             /* stand-ins (_warm, _prebuild, _call_with's replays) are not the externs' time */
             const uint64_t t0 = fc_prof_on && externs == c->externs && !dry ? fc_prof_now() : 0;
-            if (run_extern(c, externs, c->ext_nodes[e], vals, dev) < 0) {
+            if (run_extern(c, externs, c->sched.ext_nodes[e], vals, dev) < 0) {
                 goto done;
             }
             if (t0 != 0 && fc_prof_on) {
-                prof_extern(c, externs, c->ext_nodes[e], fc_prof_now() - t0);
+                prof_extern(c, externs, c->sched.ext_nodes[e], fc_prof_now() - t0);
             }
         }
         if (seg->noutputs > 0 && ((p = find_plan(c, seg, vals, dry, dev, &memo)) == NULL
                                   || fc_plan_run(p, vals, tune, dry, &memo) < 0)) {
             goto done;
         }
-        for (int f = c->free_start[L]; f < c->free_start[L + 1]; f++) {
-            Py_CLEAR(vals[c->free_nodes[f]]);      /* its last reader has run */
+        for (int f = c->sched.free_start[L]; f < c->sched.free_start[L + 1]; f++) {
+            Py_CLEAR(vals[c->sched.free_nodes[f]]);      /* its last reader has run */
         }
     }
     result = PyTuple_New(c->g.noutputs);
@@ -960,7 +677,7 @@ run_graph(CompiledObject *c, PyObject *const *args, Py_ssize_t nargs, PyObject *
         PyTuple_SET_ITEM(result, k, o);
     }
 done:
-    for (int i = 0; i < nn; i++) {
+    for (int i = 0; vals != NULL && i < nn; i++) {
         Py_XDECREF(vals[i]);
     }
     if (vals != stack) {
@@ -1116,8 +833,8 @@ Compiled_load_pending(PyObject *unused, PyObject *graphs)
             goto cleanup;
         }
         CompiledObject *c = (CompiledObject *)o;
-        for (int L = 0; L < c->nlevels; L++) {
-            for (FcPlan *p = c->segs[L].seg.plans; p != NULL; p = p->next) {
+        for (int L = 0; L < c->sched.nlevels; L++) {
+            for (FcPlan *p = c->sched.segs[L].seg.plans; p != NULL; p = p->next) {
                 cap += !p->loaded;
             }
         }
@@ -1131,8 +848,8 @@ Compiled_load_pending(PyObject *unused, PyObject *graphs)
     }
     for (Py_ssize_t i = 0; i < ng; i++) {
         CompiledObject *c = (CompiledObject *)PyTuple_GET_ITEM(seq, i);
-        for (int L = 0; L < c->nlevels; L++) {
-            for (FcPlan *p = c->segs[L].seg.plans; p != NULL && n < cap; p = p->next) {
+        for (int L = 0; L < c->sched.nlevels; L++) {
+            for (FcPlan *p = c->sched.segs[L].seg.plans; p != NULL && n < cap; p = p->next) {
                 if (!p->loaded) {
                     owner[n] = c;
                     plans[n++] = p;
@@ -1194,8 +911,8 @@ Compiled_get_fused(CompiledObject *c, void *closure)
     if (out == NULL) {
         return NULL;
     }
-    for (int L = 0; L < c->nlevels; L++) {
-        for (FcPlan *p = c->segs[L].seg.plans; p != NULL; p = p->next) {
+    for (int L = 0; L < c->sched.nlevels; L++) {
+        for (FcPlan *p = c->sched.segs[L].seg.plans; p != NULL; p = p->next) {
             PyObject *s = PyUnicode_FromString(p->dump);
             if (s == NULL || PyList_Append(out, s) < 0) {
                 Py_XDECREF(s);
@@ -1274,8 +991,8 @@ static PyObject *
 Compiled_get_tuning(CompiledObject *c, void *closure)
 {
     PyObject *out = PyList_New(0);
-    for (int L = 0; out != NULL && L < c->nlevels; L++) {
-        for (FcPlan *p = c->segs[L].seg.plans; p != NULL; p = p->next) {
+    for (int L = 0; out != NULL && L < c->sched.nlevels; L++) {
+        for (FcPlan *p = c->sched.segs[L].seg.plans; p != NULL; p = p->next) {
             if (fc_plan_tuning(p, out) < 0) {
                 Py_CLEAR(out);
                 break;
@@ -1297,7 +1014,7 @@ Compiled_cuda_render(CompiledObject *c, PyObject *args)
     FcMeta *metas = NULL;
     PyObject **arrs = NULL, *r = NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(args);
-    if (c->nlevels != 1) {
+    if (c->sched.nlevels != 1) {
         PyErr_SetString(PyExc_NotImplementedError, "fastcompile: _cuda_render takes graphs without extern calls");
         return NULL;
     }
@@ -1305,7 +1022,7 @@ Compiled_cuda_render(CompiledObject *c, PyObject *args)
         PyErr_Format(PyExc_TypeError, "fastcompile: the graph takes %d inputs, got %zd", c->g.ninputs, n);
         return NULL;
     }
-    seg = &c->segs[0].seg;
+    seg = &c->sched.segs[0].seg;
     metas = PyMem_Calloc(seg->ninputs + 1, sizeof(FcMeta));
     arrs = PyMem_Calloc(c->g.nnodes + 1, sizeof(PyObject *));
     if (metas == NULL || arrs == NULL) {

@@ -7,7 +7,7 @@
 
 #include "../core/graph.h"
 #include "../core/shape.h"
-#include "../core/strbuf.h"
+#include "../common/strbuf.h"
 #include "../fc_numpy.h"
 #include "../runtime/cuda.h"
 #include "../runtime/plan.h"

@@ -980,7 +980,7 @@ fc_fuse(FcSpec *s)
     do {                                                           \
         if (!(cond)) {                                             \
             PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: " __VA_ARGS__); \
-            return -1;                                             \
+            goto error;                                            \
         }                                                          \
     } while (0)
 
@@ -988,7 +988,7 @@ int
 fc_spec_verify(const FcSpec *s)
 {
     const FcGraph *g = s->g;
-    int *pos = NULL;
+    int *pos = NULL, rc = -1;     /* pos: owned */
     for (int i = 0; i < g->nnodes; i++) {
         const FcSNode *sn = &s->sn[i];
         if (!computed(s, i)) {
@@ -1008,7 +1008,7 @@ fc_spec_verify(const FcSpec *s)
     pos = PyMem_Calloc(s->nkernels + 1, sizeof(int));
     if (pos == NULL) {
         PyErr_NoMemory();
-        return -1;
+        goto error;
     }
     for (int o = 0; o < s->nkernels; o++) {
         pos[s->order[o]] = o;
@@ -1017,29 +1017,28 @@ fc_spec_verify(const FcSpec *s)
         const FcKernelIR *K = &s->kernels[k];
         for (int d = 0; d < K->ndeps; d++) {
             if (pos[K->deps[d]] >= pos[k]) {
-                PyMem_Free(pos);
                 PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: kernel %d runs before its input kernel %d",
                              k, K->deps[d]);
-                return -1;
+                goto error;
             }
         }
         for (int m = 1; m < K->nnodes; m++) {
             if (K->nodes[m] <= K->nodes[m - 1]) {
-                PyMem_Free(pos);
                 PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: kernel %d nodes out of order", k);
-                return -1;
+                goto error;
             }
         }
         for (int o = 0; o < K->nops; o++) {
             if (K->ops[o].slot < 0 || K->ops[o].slot >= s->nslots) {
-                PyMem_Free(pos);
                 PyErr_Format(PyExc_RuntimeError, "fc_spec_verify: kernel %d operand %d bad slot", k, o);
-                return -1;
+                goto error;
             }
         }
     }
+    rc = 0;
+error:
     PyMem_Free(pos);
-    return 0;
+    return rc;
 }
 
 void

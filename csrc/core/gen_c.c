@@ -164,27 +164,17 @@ sweep_operands(const Gen *G, const char *need, const int *reds, int nreds, int s
  * through the scalar loop. GCC's own lowering of "omp simd reduction" keeps
  * the partials in a stack array it fills with 16 scalar stores and folds
  * with 16 dependent scalar loads per run: with rows of 128, softmax spent a
- * third of its time there. With fc_unravel's inline 1-d case (fc_kernel.h)
- * and softmax's reciprocal (graph.c), 2 threads, min of 6 interleaved runs:
- * softmax over 8192 rows of 128 1.01 -> 0.73 ms, layernorm over 1024 rows of
- * 256 125 -> 101 us.
+ * third of its time there.
  * The lane count is one vector register of float32, FC_LANES in fc_kernel.h:
  * 8 where kernels are built for 256-bit vectors, 16 for 512-bit ones
- * (FC_VECTOR_BITS, from vector_width_flags in runtime/cpu.c). The lane loop
- * then vectorizes to one iteration, GCC keeps the lanes in registers, and a
- * libmvec call in it takes the full-width variant (softmax's float32 exp was
- * one when the figures below were measured; it is inline since, fc__expf).
- * - 256-bit (Zen 1): 16 lanes (two registers) were kept on the stack and
- *   stored every block; 8 instead, 2 threads: softmax over 97 rows of 1024
- *   119 -> 108 us, layernorm 57 -> 44 us.
- * - 512-bit (Zen 4), 8 -> 16 lanes, 2 threads, paired runs in one process:
- *   softmax over 9765 rows of 1024 3.9 -> 3.0 ms (8 lanes called the 256-bit
- *   expf), logsumexp 2.9 -> 2.5 ms, row sums of 1000 x 1024 60 -> 49 us,
- *   layernorm of 1000 x 1024 192 -> 156 us; layernorm of 9765 x 1024,
- *   memory-bound, 0.98-1.07x (no clear change).
+ * (FC_VECTOR_BITS, from fc_ckey_vector_width_flags in runtime/ckey.c). The
+ * lane loop then vectorizes to one iteration, GCC keeps the lanes in
+ * registers, and a libmvec call in it takes the full-width variant. With
+ * 256-bit vectors, 16 lanes (two registers) were kept on the stack and
+ * stored every block; with 512-bit ones, 8 lanes called the 256-bit libmvec
+ * variants.
  * A sweep that computes in an 8-byte type keeps 8 lanes (one 512-bit
- * register of double): with 16, float64 layernorm over 4000 rows of 1024
- * went 1.6 -> 1.9 ms. */
+ * register of double): 16 made float64 layernorm slower. */
 #define LANES_MAX 16     /* FC_LANES at most: emit_lanes folds from here */
 #define LANES_TEXT(wide) ((wide) ? "FC_LANES" : "8")
 
@@ -584,8 +574,8 @@ cleanup:
 
 /* A flat kernel that does enough arithmetic per element (a transcendental,
  * a division, a pow) to keep the core busy: the hardware prefetcher then
- * falls behind on a cold input (measured: GELU on a 40 MB input just evicted
- * from L3, 2 cores, 5.4 -> 4.6 ms), and an explicit prefetch a few KB ahead
+ * falls behind on a cold input (measured with GELU on an input just evicted
+ * from L3), and an explicit prefetch a few KB ahead
  * keeps it streaming. Cheap kernels are memory-bound already and skip it. */
 static int
 flat_is_heavy(const Gen *G)

@@ -11,7 +11,7 @@
 #define FC_GEN_EXPR_H
 
 #include "spec.h"
-#include "strbuf.h"
+#include "../common/strbuf.h"
 
 #define FC_EXPR_MAX 512           /* bytes of one rendered expression */
 

@@ -28,7 +28,7 @@ FC_INTERNAL int fc_cpu_load(const char *source, const char *symbol, FcLoaded *ou
  * compiled concurrently, up to one compiler per online CPU, several to a
  * compiler run when there are more of them than CPUs and may_bundle is set
  * (only for rendered kernels, whose file-scope names all carry their
- * symbol: see make_bundles). outs[i] for sources[i]/symbols[i]. 0, or -1
+ * symbol: see fc_pool_make_bundles). outs[i] for sources[i]/symbols[i]. 0, or -1
  * with an exception set (the first failure); after a compile failure,
  * outs[i].fn is NULL for each kernel that failed and set for each one that
  * loaded. */

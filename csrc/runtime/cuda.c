@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/strbuf.h"
+#include "../common/strbuf.h"
 #include "cpu.h"
 #include "cuda.h"
 #include "disk.h"
@@ -77,6 +77,8 @@ typedef struct {
                                unsigned, unsigned, CUstream, void **, void **);
     int fmad;                             /* fastcompile.config.cuda_fmad: contract a * b + c */
     int64_t max_grid;                     /* fastcompile.config.cuda_max_grid (0: none) */
+    char nvrtc_req[4096];                 /* fastcompile.config.nvrtc ("": search) */
+    char libcuda_req[4096];               /* fastcompile.config.libcuda ("": libcuda.so.1) */
     CUcontext ctx[16];                    /* retained primary contexts (torch's), per device */
     int probed;
 } FcCudaRt;
@@ -266,14 +268,14 @@ bind_driver(void *h, const char *libname, char *why, size_t whylen)
     return 0;
 }
 
-/* Search order: $FASTCOMPILE_NVRTC (a file or a folder), the
+/* Search order: config.nvrtc ($FASTCOMPILE_NVRTC: a file or a folder), the
  * nvidia-cuda-nvrtc wheel, $CUDA_HOME/lib64, /usr/local/cuda/lib64, the
  * loader's path. Never raises; cu.nvrtc_why says what went wrong. GIL held. */
 static void
 probe_nvrtc(void)
 {
-    const char *env = getenv("FASTCOMPILE_NVRTC");
-    const char *home = getenv("CUDA_HOME");
+    const char *env = cu.nvrtc_req;
+    const char *home = getenv("CUDA_HOME");   /* a place to search, not our knob */
     char *path = NULL;
     void *h = NULL;
     snprintf(cu.nvrtc_why, sizeof(cu.nvrtc_why),
@@ -324,12 +326,12 @@ probe_nvrtc(void)
     cu.nvrtc_why[0] = 0;
 }
 
-/* libcuda.so.1 ($FASTCOMPILE_LIBCUDA overrides), cuInit, device count.
+/* libcuda.so.1 (config.libcuda, $FASTCOMPILE_LIBCUDA, overrides), cuInit, device count.
  * Never raises; cu.cuda_why says why there is no device. GIL held. */
 static void
 probe_driver(void)
 {
-    const char *env = getenv("FASTCOMPILE_LIBCUDA");
+    const char *env = cu.libcuda_req;
     const char *name = env && env[0] ? env : "libcuda.so.1";
     void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
     int rc;
@@ -970,9 +972,43 @@ fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs)
     return r;
 }
 
+/* cfg[name]: a str copied into buf (cap bytes), None as ""; missing: buf
+ * unchanged. 0, or -1 with an exception set. */
+static int
+cfg_path(PyObject *cfg, const char *name, char *buf, size_t cap)
+{
+    PyObject *v = PyDict_GetItemString(cfg, name);     /* borrowed */
+    const char *s;
+    if (v == NULL) {
+        return 0;
+    }
+    if (v == Py_None) {
+        buf[0] = '\0';
+        return 0;
+    }
+    if (!PyUnicode_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "fastcompile config '%s' must be a str, not %.100s", name,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    if ((s = PyUnicode_AsUTF8(v)) == NULL) {
+        return -1;
+    }
+    if (strlen(s) >= cap) {
+        PyErr_Format(PyExc_ValueError, "fastcompile config '%s' is too long", name);
+        return -1;
+    }
+    memcpy(buf, s, strlen(s) + 1);
+    return 0;
+}
+
 int
 fc_cuda_configure(PyObject *cfg)
 {
+    if (cfg_path(cfg, "nvrtc", cu.nvrtc_req, sizeof(cu.nvrtc_req)) < 0
+        || cfg_path(cfg, "libcuda", cu.libcuda_req, sizeof(cu.libcuda_req)) < 0) {
+        return -1;
+    }
     PyObject *v = PyDict_GetItemString(cfg, "cuda_fmad");     /* borrowed */
     if (v != NULL) {
         int on = PyObject_IsTrue(v);

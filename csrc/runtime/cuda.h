@@ -77,7 +77,8 @@ FC_INTERNAL const char *fc_cuda_unavailable(void);
  * self, args: borrowed; returns: new reference. */
 FC_INTERNAL PyObject *fc_cuda_py_info(PyObject *self, PyObject *unused);
 FC_INTERNAL PyObject *fc_cuda_py_compile(PyObject *self, PyObject *args, PyObject *kwargs);
-/* fastcompile.config's CUDA knobs (cuda_fmad). cfg: borrowed dict. 0, or -1 + exception. */
+/* fastcompile.config's CUDA knobs (cuda_fmad, cuda_max_grid, nvrtc, libcuda; the
+ * libraries are found at the first probe). cfg: borrowed dict. 0, or -1 + exception. */
 FC_INTERNAL int fc_cuda_configure(PyObject *cfg);
 FC_INTERNAL void fc_cuda_free(void);
 

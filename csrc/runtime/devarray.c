@@ -4,37 +4,33 @@
 #include <Python.h>
 #include <string.h>
 
+#include "../state.h"
 #include "devarray.h"
 
-/* Module state: python/fastcompile/_cuda_bridge.py and the torch objects it
- * exposes, loaded once a torch tensor first reaches a compiled graph. All
- * owned; released by fc_dev_free. */
-typedef struct {
-    int loaded;
-    PyObject *tensor_type;          /* torch.Tensor */
-    PyObject *dtypes[FC_NDTYPES];   /* torch dtype per FC dtype (NULL: this torch lacks it) */
-    PyObject *empty, *full, *stream;
-    PyObject *s_is_cuda, *s_get_device, *s_dtype, *s_shape, *s_stride, *s_data_ptr;
-} DevRt;
+#define FC_DEV_NOBJS (FC_NDTYPES + 10)
 
-static DevRt dev_rt;
+/* The addresses of every object r holds (FC_DEV_NOBJS of them), for
+ * release and fc_dev_traverse alike. */
+static void
+held(FcDevRt *r, PyObject **slots[FC_DEV_NOBJS])
+{
+    PyObject **named[] = {&r->tensor_type, &r->empty, &r->full, &r->stream, &r->s_is_cuda,
+                          &r->s_get_device, &r->s_dtype, &r->s_shape, &r->s_stride, &r->s_data_ptr};
+    _Static_assert(sizeof(named) / sizeof(named[0]) + FC_NDTYPES == FC_DEV_NOBJS, "FC_DEV_NOBJS");
+    for (int i = 0; i < FC_NDTYPES; i++) {
+        slots[i] = &r->dtypes[i];
+    }
+    memcpy(slots + FC_NDTYPES, named, sizeof(named));
+}
 
 static void
-release(DevRt *r)
+release(FcDevRt *r)
 {
-    for (int i = 0; i < FC_NDTYPES; i++) {
-        Py_CLEAR(r->dtypes[i]);
+    PyObject **slots[FC_DEV_NOBJS];
+    held(r, slots);
+    for (int i = 0; i < FC_DEV_NOBJS; i++) {
+        Py_CLEAR(*slots[i]);
     }
-    Py_CLEAR(r->tensor_type);
-    Py_CLEAR(r->empty);
-    Py_CLEAR(r->full);
-    Py_CLEAR(r->stream);
-    Py_CLEAR(r->s_is_cuda);
-    Py_CLEAR(r->s_get_device);
-    Py_CLEAR(r->s_dtype);
-    Py_CLEAR(r->s_shape);
-    Py_CLEAR(r->s_stride);
-    Py_CLEAR(r->s_data_ptr);
     r->loaded = 0;
 }
 
@@ -45,9 +41,9 @@ static int
 load_bridge(void)
 {
     PyObject *name = NULL, *torch = NULL, *mod = NULL;
-    DevRt r = {0};
+    FcDevRt r = {0};
     int rc = -1;
-    if (dev_rt.loaded) {
+    if (fc_state.dev.loaded) {
         return 1;
     }
     if ((name = PyUnicode_FromString("torch")) == NULL) {
@@ -82,9 +78,9 @@ load_bridge(void)
         PyErr_SetString(PyExc_TypeError, "fastcompile._cuda_bridge.TENSOR is not a type");
         goto cleanup;
     }
-    if (!dev_rt.loaded) {
-        dev_rt = r;                            /* the references move to dev_rt */
-        dev_rt.loaded = 1;
+    if (!fc_state.dev.loaded) {
+        fc_state.dev = r;                            /* the references move to fc_state.dev */
+        fc_state.dev.loaded = 1;
         memset(&r, 0, sizeof(r));
     }
     rc = 1;
@@ -98,7 +94,18 @@ cleanup:
 void
 fc_dev_free(void)
 {
-    release(&dev_rt);
+    release(&fc_state.dev);
+}
+
+int
+fc_dev_traverse(visitproc visit, void *arg)
+{
+    PyObject **slots[FC_DEV_NOBJS];
+    held(&fc_state.dev, slots);
+    for (int i = 0; i < FC_DEV_NOBJS; i++) {
+        Py_VISIT(*slots[i]);
+    }
+    return 0;
 }
 
 /* obj.name() as a C integer; -1 + exception (a real -1 is told apart by PyErr_Occurred) */
@@ -124,10 +131,10 @@ fc_dev_is_cuda(PyObject *obj, int *dev)
     if ((rc = load_bridge()) <= 0) {
         return rc;
     }
-    if (!PyObject_TypeCheck(obj, (PyTypeObject *)dev_rt.tensor_type)) {
+    if (!PyObject_TypeCheck(obj, (PyTypeObject *)fc_state.dev.tensor_type)) {
         return 0;
     }
-    if ((flag = PyObject_GetAttr(obj, dev_rt.s_is_cuda)) == NULL) {
+    if ((flag = PyObject_GetAttr(obj, fc_state.dev.s_is_cuda)) == NULL) {
         return -1;
     }
     on = PyObject_IsTrue(flag);
@@ -135,7 +142,7 @@ fc_dev_is_cuda(PyObject *obj, int *dev)
     if (on <= 0) {
         return on;
     }
-    d = call_int(obj, dev_rt.s_get_device);
+    d = call_int(obj, fc_state.dev.s_get_device);
     if (d < 0) {
         if (!PyErr_Occurred()) {
             PyErr_SetString(PyExc_RuntimeError, "fastcompile: a CUDA tensor reported device -1");
@@ -181,17 +188,17 @@ fc_dev_view(PyObject *t, FcDevArr *a)
     Py_ssize_t nd;
     int rc = -1;
     a->dtype = -1;
-    if (!dev_rt.loaded || !PyObject_TypeCheck(t, (PyTypeObject *)dev_rt.tensor_type)) {
+    if (!fc_state.dev.loaded || !PyObject_TypeCheck(t, (PyTypeObject *)fc_state.dev.tensor_type)) {
         PyErr_Format(PyExc_TypeError, "fastcompile: a graph running on CUDA got a %.100s where a kernel "
                      "needs a CUDA torch.Tensor: a compiled graph runs on one device (its arguments, and "
                      "what its externs return)", Py_TYPE(t)->tp_name);
         return -1;
     }
-    if ((dt = PyObject_GetAttr(t, dev_rt.s_dtype)) == NULL) {
+    if ((dt = PyObject_GetAttr(t, fc_state.dev.s_dtype)) == NULL) {
         return -1;
     }
     for (int i = 0; i < FC_NDTYPES; i++) {
-        if (dev_rt.dtypes[i] == dt) {
+        if (fc_state.dev.dtypes[i] == dt) {
             a->dtype = i;
         }
     }
@@ -200,8 +207,8 @@ fc_dev_view(PyObject *t, FcDevArr *a)
                      "(supported: bool, int8-64, uint8-64, float16, bfloat16, float32, float64)", dt);
         goto cleanup;
     }
-    if ((shape = PyObject_GetAttr(t, dev_rt.s_shape)) == NULL ||
-            (stride = PyObject_CallMethodNoArgs(t, dev_rt.s_stride)) == NULL) {
+    if ((shape = PyObject_GetAttr(t, fc_state.dev.s_shape)) == NULL ||
+            (stride = PyObject_CallMethodNoArgs(t, fc_state.dev.s_stride)) == NULL) {
         goto cleanup;
     }
     if ((nd = PyObject_Length(shape)) < 0) {
@@ -220,15 +227,15 @@ fc_dev_view(PyObject *t, FcDevArr *a)
     for (int k = 0; k < a->nd; k++) {
         a->strides[k] *= (Py_intptr_t)a->itemsize;     /* elements -> bytes, as NumPy */
     }
-    ptr = call_int(t, dev_rt.s_data_ptr);
+    ptr = call_int(t, fc_state.dev.s_data_ptr);
     if (ptr == -1 && PyErr_Occurred()) {
         goto cleanup;
     }
-    d = call_int(t, dev_rt.s_get_device);
+    d = call_int(t, fc_state.dev.s_get_device);
     if (d == -1 && PyErr_Occurred()) {
         goto cleanup;
     }
-    if (d >= 0 && (cuda = PyObject_GetAttr(t, dev_rt.s_is_cuda)) != NULL) {
+    if (d >= 0 && (cuda = PyObject_GetAttr(t, fc_state.dev.s_is_cuda)) != NULL) {
         d = PyObject_IsTrue(cuda) == 1 ? d : -1;     /* XPU, MPS: an index, but no CUDA pointer */
     }
     if (PyErr_Occurred()) {
@@ -291,13 +298,13 @@ fc_dev_empty(int nd, const Py_intptr_t *shape, int dtype, int dev, FcDevArr *a)
         }
         PyTuple_SET_ITEM(tup, d, n);
     }
-    if (dev_rt.dtypes[dtype] == NULL) {
+    if (fc_state.dev.dtypes[dtype] == NULL) {
         PyErr_Format(PyExc_TypeError, "fastcompile: this torch has no %s", fc_dtypes[dtype].name);
         goto cleanup;
     }
-    r = PyObject_CallFunction(dev_rt.empty, "OOi", tup, dev_rt.dtypes[dtype], dev);
+    r = PyObject_CallFunction(fc_state.dev.empty, "OOi", tup, fc_state.dev.dtypes[dtype], dev);
     if (r != NULL && a != NULL) {
-        long long ptr = call_int(r, dev_rt.s_data_ptr);
+        long long ptr = call_int(r, fc_state.dev.s_data_ptr);
         Py_intptr_t st = (Py_intptr_t)fc_dtypes[dtype].size;
         if (ptr == -1 && PyErr_Occurred()) {
             Py_CLEAR(r);
@@ -328,17 +335,17 @@ fc_dev_full(PyObject *value, int dtype, int dev)
         }
         return NULL;
     }
-    if (dev_rt.dtypes[dtype] == NULL) {
+    if (fc_state.dev.dtypes[dtype] == NULL) {
         PyErr_Format(PyExc_TypeError, "fastcompile: this torch has no %s", fc_dtypes[dtype].name);
         return NULL;
     }
-    return PyObject_CallFunction(dev_rt.full, "OOi", value, dev_rt.dtypes[dtype], dev);
+    return PyObject_CallFunction(fc_state.dev.full, "OOi", value, fc_state.dev.dtypes[dtype], dev);
 }
 
 int
 fc_dev_stream(int dev, void **stream)
 {
-    PyObject *r = PyObject_CallFunction(dev_rt.stream, "i", dev);
+    PyObject *r = PyObject_CallFunction(fc_state.dev.stream, "i", dev);
     if (r == NULL) {
         return -1;
     }

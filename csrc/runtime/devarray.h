@@ -19,6 +19,18 @@ typedef struct {
     int64_t itemsize;
 } FcDevArr;
 
+/* Module state: python/fastcompile/_cuda_bridge.py and the torch objects it
+ * exposes, loaded once a torch tensor first reaches a compiled graph. All
+ * owned; released by fc_dev_free (also module.c's
+ * m_clear), visited by fc_dev_traverse (its m_traverse). */
+typedef struct {
+    int loaded;
+    PyObject *tensor_type;          /* torch.Tensor */
+    PyObject *dtypes[FC_NDTYPES];   /* torch dtype per FC dtype (NULL: this torch lacks it) */
+    PyObject *empty, *full, *stream;
+    PyObject *s_is_cuda, *s_get_device, *s_dtype, *s_shape, *s_stride, *s_data_ptr;
+} FcDevRt;
+
 /* 1 and *dev when obj is a torch tensor on a CUDA device; 0 when it is
  * anything else (a NumPy array, a CPU tensor: no error); -1 + exception.
  * Never imports torch: without torch in sys.modules nothing is a CUDA
@@ -69,5 +81,9 @@ FC_INTERNAL int fc_dev_foreign_cuda(PyObject *obj, int *dev);
 
 /* Drops the bridge's references (module free). GIL held. */
 FC_INTERNAL void fc_dev_free(void);
+
+/* The GC's view of fc_state.dev (module.c's m_traverse): visits every
+ * object it holds. Returns what visit returned, else 0. */
+FC_INTERNAL int fc_dev_traverse(visitproc visit, void *arg);
 
 #endif

@@ -1,5 +1,5 @@
-/* Runtime, files and processes: the disk cache's file operations and the compiler's subprocess.
- * In: paths, bytes, argv. Out: files written/published/checked, output of a time-limited child. */
+/* Runtime, files: the disk cache's file operations.
+ * In: paths, bytes. Out: files written/published/checked, string vectors, the clock. */
 #ifndef FC_DISK_H
 #define FC_DISK_H
 
@@ -9,8 +9,7 @@
 
 #include "../core/ir.h"
 
-/* No Python objects here, and everything runs without the GIL unless it says
- * "GIL held" (those read the environment, which os.environ writes race with).
+/* No Python objects here, and everything runs without the GIL.
  * Errors: 0, or -1 with errno set; strings and vectors are malloc'd (free()). */
 
 #define FC_DISK_SUFFIX 48   /* room for fc_disk_temp_suffix's text */
@@ -62,18 +61,5 @@ FC_INTERNAL char *fc_disk_meta_text(const char *key, const char *so_hex, const c
  * .meta. 0 if so, else -1 with why filled in. */
 FC_INTERNAL int fc_disk_check_entry(const char *so, const char *meta_path, const char *key,
                                     const char *version, int wait_ms, char *why, size_t whylen);
-
-/* Absolute path of an executable: name if absolute, a relative path with a
- * slash resolved, a bare name looked up on $PATH (never the CWD). malloc'd;
- * NULL when not found or out of memory. GIL held. */
-FC_INTERNAL char *fc_disk_find_program(const char *name);
-/* Runs argv[0] (absolute) with envp, no shell, stdin /dev/null, stdout and
- * stderr to out_fd, in its own process group, killed after timeout_s.
- * 0 with *status (waitpid's) and *timed_out, or -1 when it could not start. */
-FC_INTERNAL int fc_disk_spawn_wait(char *const argv[], char *const envp[], int out_fd,
-                                   int timeout_s, int *status, int *timed_out);
-/* The child's environment: PATH, HOME, TMPDIR, LANG from ours and nothing
- * else. NULL when out of memory. GIL held. */
-FC_INTERNAL char **fc_disk_scrubbed_env(void);
 
 #endif

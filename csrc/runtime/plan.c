@@ -6,25 +6,21 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../core/strbuf.h"
+#include "../common/strbuf.h"
 #include "../fc_numpy.h"
 #include "alloc.h"
 #include "cuda.h"
 #include "devarray.h"
 #include "disk.h"
+#include "../state.h"
 #include "plan.h"
 #include "tune.h"
 
-static struct {
-    FcPlanConfig c;
-    char version[32];
-    char dump_dir[1024];   /* empty: no dumps */
-} plan_rt = {{1, 32768, 0, 0, 0, NULL}, "0", ""};
 
 const FcPlanConfig *
 fc_plan_config(void)
 {
-    return &plan_rt.c;
+    return &fc_state.plan.c;
 }
 
 /* cfg: borrowed dict (fastcompile.config.resolved()) */
@@ -34,22 +30,22 @@ fc_plan_configure(PyObject *cfg)
     PyObject *v;
     if ((v = PyDict_GetItemString(cfg, "num_threads")) != NULL && PyLong_Check(v)) {
         long n = PyLong_AsLong(v);
-        plan_rt.c.num_threads = n < 1 ? 1 : n > 256 ? 256 : (int)n;
+        fc_state.plan.c.num_threads = n < 1 ? 1 : n > 256 ? 256 : (int)n;
     }
     if ((v = PyDict_GetItemString(cfg, "serial_below")) != NULL && PyLong_Check(v)) {
-        plan_rt.c.serial_below = PyLong_AsLongLong(v);
+        fc_state.plan.c.serial_below = PyLong_AsLongLong(v);
     }
     if ((v = PyDict_GetItemString(cfg, "debug")) != NULL && PyLong_Check(v)) {
-        plan_rt.c.debug = (int)PyLong_AsLong(v);
+        fc_state.plan.c.debug = (int)PyLong_AsLong(v);
     }
     if ((v = PyDict_GetItemString(cfg, "verify")) != NULL) {
-        plan_rt.c.verify = PyObject_IsTrue(v) == 1;
+        fc_state.plan.c.verify = PyObject_IsTrue(v) == 1;
     }
     if ((v = PyDict_GetItemString(cfg, "autotune")) != NULL) {
-        plan_rt.c.autotune = PyObject_IsTrue(v) == 1;
+        fc_state.plan.c.autotune = PyObject_IsTrue(v) == 1;
     }
     if ((v = PyDict_GetItemString(cfg, "dump_dir")) != NULL) {
-        snprintf(plan_rt.dump_dir, sizeof(plan_rt.dump_dir), "%s",
+        snprintf(fc_state.plan.dump_dir, sizeof(fc_state.plan.dump_dir), "%s",
                  PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : "");
     }
     if ((v = PyDict_GetItemString(cfg, "pool_mb")) != NULL && PyLong_Check(v)) {
@@ -57,7 +53,7 @@ fc_plan_configure(PyObject *cfg)
         fc_alloc_set_cap(mb > 0 ? (size_t)mb << 20 : 0);
     }
     if ((v = PyDict_GetItemString(cfg, "version")) != NULL && PyUnicode_Check(v)) {
-        snprintf(plan_rt.version, sizeof(plan_rt.version), "%s", PyUnicode_AsUTF8(v));
+        snprintf(fc_state.plan.version, sizeof(fc_state.plan.version), "%s", PyUnicode_AsUTF8(v));
     }
     return PyErr_Occurred() ? -1 : 0;
 }
@@ -294,7 +290,7 @@ fc_plan_load(FcPlan *const *plans, int n, char *newly)
         }
         j += p->nkernels;
     }
-    if (plan_rt.c.debug >= 1) {
+    if (fc_state.plan.c.debug >= 1) {
         char msg[160];
         snprintf(msg, sizeof(msg), "loaded %d of %d plan%s (%d kernel%s) in one batch in %.1f ms",
                  nloaded, nplans, nplans == 1 ? "" : "s", total, total == 1 ? "" : "s", ms);
@@ -314,11 +310,11 @@ dump_stage(const char *ghash, const char *stage, const char *text)
 {
     char path[1200];
     FILE *f;
-    if (plan_rt.dump_dir[0] == 0) {
+    if (fc_state.plan.dump_dir[0] == 0) {
         return;
     }
-    mkdir(plan_rt.dump_dir, 0700);
-    snprintf(path, sizeof(path), "%s/%s.%s", plan_rt.dump_dir, ghash, stage);
+    mkdir(fc_state.plan.dump_dir, 0700);
+    snprintf(path, sizeof(path), "%s/%s.%s", fc_state.plan.dump_dir, ghash, stage);
     if ((f = fopen(path, "w")) != NULL) {
         fputs(text, f);
         fclose(f);
@@ -374,7 +370,7 @@ kernel_header(const FcSpec *s, int k, const char *name, const char *dump_hash, c
         return NULL;
     }
     fc_str_printf(&b, "fastcompile %s: kernel %s\n * graph %s from %s\n * %d op%s, %s",
-                  plan_rt.version, name, dump_hash, where, nodes,
+                  fc_state.plan.version, name, dump_hash, where, nodes,
                   nodes == 1 ? "" : "s", K->mask ? "reduction" : K->flat ? "pointwise (flat)" : "pointwise");
     fc_str_release(where);
     if (K->mask) {
@@ -450,7 +446,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
     if (fc_shape_infer(s, p->metas) < 0 || fc_fuse(s) < 0) {
         goto error;
     }
-    if (plan_rt.c.verify && fc_spec_verify(s) < 0) {
+    if (fc_state.plan.c.verify && fc_spec_verify(s) < 0) {
         goto error;
     }
     if ((p->dump = fc_spec_dump(s)) == NULL) {
@@ -458,7 +454,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
     }
     snprintf(ghash, sizeof(ghash), "%016llx", (unsigned long long)fc_fnv1a(p->dump));
     dump_stage(ghash, "fused.txt", p->dump);
-    if (plan_rt.c.debug >= 2) {
+    if (fc_state.plan.c.debug >= 2) {
         char *msg = fc_str_replace(p->dump, "\n", "\n  ");
         if (msg != NULL) {
             FcStr b = {0};
@@ -498,7 +494,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
         }
         strcpy(pk->name, name);
         p->nkernels = o + 1;
-        if (plan_rt.c.debug >= 3) {
+        if (fc_state.plan.c.debug >= 3) {
             log_debug(pk->source);
         }
         {
@@ -509,7 +505,7 @@ fc_plan_build(const FcGraph *g, const FcSegment *seg, const FcMeta *metas, const
     }
     p->nkernels = s->nkernels;
     p->compile_ms = fc_disk_now_ms() - t0;
-    if (plan_rt.c.debug >= 1) {
+    if (fc_state.plan.c.debug >= 1) {
         char msg[256];
         snprintf(msg, sizeof(msg), "rendered plan for graph %s (%s): %d kernel%s in %.1f ms",
                  ghash, origin ? origin : "?", p->nkernels, p->nkernels == 1 ? "" : "s", p->compile_ms);
@@ -907,8 +903,7 @@ fill_launch(const FcKernelIR *K, const Operand *ops, const int64_t *sizes, fc_la
  * run's setup for len elements. Such a launch runs as (rows / k, k * len):
  * each stride-0 input is read from a copy of its row repeated k times
  * (tiles[q], raw-malloc'd; the caller frees them), so runs are about
- * FC_TILE_ELEMS long. On 2 Zen 4 cores, a 16-channel channels_last
- * scale-and-add on (8, 16, 32, 32) went from 58 to 31 us (eager: 45). Returns 1 if it
+ * FC_TILE_ELEMS long. Returns 1 if it
  * retiled L, 0 if not (out of memory: the launch runs as it was). */
 #define FC_SHORT_ROW 64
 #define FC_TILE_ELEMS 256
@@ -988,8 +983,8 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
         ops[q].itemsize = PyArray_ITEMSIZE(a);
     }
     fill_launch(K, ops, sizes, &L, elsize);
-    L.nthreads = plan_rt.c.num_threads;
-    L.serial_below = plan_rt.c.serial_below;
+    L.nthreads = fc_state.plan.c.num_threads;
+    L.serial_below = fc_state.plan.c.serial_below;
     /* nothing to compute, unless a reduction with no identity must raise
      * over an empty axis (np.max(np.ones((0, 0)), axis=0) raises) */
     if (L.n_outer == 0 && !(K->mask != 0 && L.n_inner == 0)) {
@@ -1006,7 +1001,7 @@ launch(FcPlan *p, int o, PyArrayObject **arrs, const int64_t *sizes, int autotun
         FcTuneEntry *e = fc_tune_find(&pk->tune, &L);
         if (e == NULL) {
             TuneCtx ctx = {pk->loaded.fn, &L, elsize};
-            err = fc_tune_run(&pk->tune, &L, plan_rt.c.num_threads, bw, tune_launch, &ctx);
+            err = fc_tune_run(&pk->tune, &L, fc_state.plan.c.num_threads, bw, tune_launch, &ctx);
             if (err < 0) {
                 rc = -1;
                 goto cleanup;

@@ -6,6 +6,7 @@
 
 #include <Python.h>
 
+#include "../core/schedule.h"
 #include "../core/spec.h"
 #include "cpu.h"
 #include "devarray.h"
@@ -40,15 +41,6 @@ typedef struct FcPlan {
     int dev;                  /* 0: CPU kernels (gen_c); d + 1: CUDA device d (gen_cuda) */
 } FcPlan;
 
-/* A segment: the core nodes between two rounds of extern calls. */
-typedef struct {
-    char *in_seg;             /* per graph node */
-    int *inputs; int ninputs; /* nodes it reads from outside (inputs, externs, earlier segments) */
-    int *outputs; int noutputs;
-    FcPlan *plans;
-    int nplans;
-} FcSegment;
-
 typedef struct {
     int num_threads;          /* resolved, >= 1 */
     int64_t serial_below;
@@ -57,6 +49,13 @@ typedef struct {
     int autotune;             /* fastcompile.config.autotune: Compiled objects that do not say */
     const char *origin;       /* "file:line" of the graph, for kernel headers (borrowed) */
 } FcPlanConfig;
+
+/* fc_state.plan: the plans' configuration (fc_plan_configure). */
+typedef struct {
+    FcPlanConfig c;
+    char version[32];
+    char dump_dir[1024];   /* empty: no dumps */
+} FcPlanRt;
 
 FC_INTERNAL int fc_plan_configure(PyObject *cfg);
 FC_INTERNAL const FcPlanConfig *fc_plan_config(void);

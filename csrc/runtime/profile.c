@@ -6,23 +6,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "../state.h"
 #include "profile.h"
 
-typedef struct {
-    FcProfKind kind;
-    char *name, *path, *origin;  /* owned (PyMem); path, origin may be NULL */
-    uint64_t calls, ns;
-    int64_t elems, bytes;
-} ProfRow;
 
 int fc_prof_on = 0;
 
-static struct {
-    ProfRow *rows;          /* owned (PyMem), cap entries */
-    int n, cap;
-    unsigned gen;           /* starts at 1: a zeroed FcProfRef never matches */
-    uint64_t dropped;       /* events lost to out of memory */
-} prof = {NULL, 0, 0, 1, 0};
 
 static _Thread_local const char *scope;     /* borrowed, per thread: see fc_prof_scope */
 
@@ -66,7 +55,7 @@ copy_str(const char *s, int *failed)
 }
 
 static void
-free_row(ProfRow *r)
+free_row(FcProfRow *r)
 {
     PyMem_Free(r->name);
     PyMem_Free(r->path);
@@ -77,23 +66,23 @@ free_row(ProfRow *r)
 static int
 find_row(FcProfKind kind, const char *name, const char *path, const char *origin)
 {
-    ProfRow *r;
+    FcProfRow *r;
     int failed = 0;
-    for (int i = 0; i < prof.n; i++) {
-        if (prof.rows[i].kind == kind && strcmp(prof.rows[i].name, name) == 0) {
+    for (int i = 0; i < fc_state.prof.n; i++) {
+        if (fc_state.prof.rows[i].kind == kind && strcmp(fc_state.prof.rows[i].name, name) == 0) {
             return i;
         }
     }
-    if (prof.n == prof.cap) {
-        int cap = prof.cap ? 2 * prof.cap : 64;
-        ProfRow *rows = PyMem_Realloc(prof.rows, cap * sizeof(ProfRow));
+    if (fc_state.prof.n == fc_state.prof.cap) {
+        int cap = fc_state.prof.cap ? 2 * fc_state.prof.cap : 64;
+        FcProfRow *rows = PyMem_Realloc(fc_state.prof.rows, cap * sizeof(FcProfRow));
         if (rows == NULL) {
             return -1;
         }
-        prof.rows = rows;
-        prof.cap = cap;
+        fc_state.prof.rows = rows;
+        fc_state.prof.cap = cap;
     }
-    r = &prof.rows[prof.n];
+    r = &fc_state.prof.rows[fc_state.prof.n];
     memset(r, 0, sizeof(*r));
     r->kind = kind;
     r->name = copy_str(name, &failed);
@@ -103,30 +92,30 @@ find_row(FcProfKind kind, const char *name, const char *path, const char *origin
         free_row(r);
         return -1;
     }
-    return prof.n++;
+    return fc_state.prof.n++;
 }
 
 int
 fc_prof_known(const FcProfRef *ref)
 {
-    return ref->gen == prof.gen;
+    return ref->gen == fc_state.prof.gen;
 }
 
 void
 fc_prof_add(FcProfRef *ref, FcProfKind kind, const char *name, const char *path, const char *origin,
             uint64_t ns, int64_t elems, int64_t bytes)
 {
-    ProfRow *r;
-    if (ref->gen != prof.gen) {
+    FcProfRow *r;
+    if (ref->gen != fc_state.prof.gen) {
         int row = find_row(kind, name != NULL ? name : "?", path, origin);
         if (row < 0) {
-            prof.dropped++;
+            fc_state.prof.dropped++;
             return;
         }
-        ref->gen = prof.gen;
+        ref->gen = fc_state.prof.gen;
         ref->row = row;
     }
-    r = &prof.rows[ref->row];
+    r = &fc_state.prof.rows[ref->row];
     r->calls++;
     r->ns += ns;
     r->elems += elems;
@@ -136,16 +125,16 @@ fc_prof_add(FcProfRef *ref, FcProfKind kind, const char *name, const char *path,
 static void
 reset(void)
 {
-    for (int i = 0; i < prof.n; i++) {
-        free_row(&prof.rows[i]);
+    for (int i = 0; i < fc_state.prof.n; i++) {
+        free_row(&fc_state.prof.rows[i]);
     }
-    PyMem_Free(prof.rows);
-    prof.rows = NULL;
-    prof.n = prof.cap = 0;
-    prof.dropped = 0;
-    prof.gen++;
-    if (prof.gen == 0) {        /* wrapped: 0 is a fresh FcProfRef's */
-        prof.gen = 1;
+    PyMem_Free(fc_state.prof.rows);
+    fc_state.prof.rows = NULL;
+    fc_state.prof.n = fc_state.prof.cap = 0;
+    fc_state.prof.dropped = 0;
+    fc_state.prof.gen++;
+    if (fc_state.prof.gen == 0) {        /* wrapped: 0 is a fresh FcProfRef's */
+        fc_state.prof.gen = 1;
     }
 }
 
@@ -169,14 +158,14 @@ static const char *const kind_names[] = {"kernel", "cuda", "extern", "call", "co
 PyObject *
 fc_prof_py_read(PyObject *self, PyObject *noargs)
 {
-    PyObject *rows = PyList_New(prof.n);    /* owned until returned */
+    PyObject *rows = PyList_New(fc_state.prof.n);    /* owned until returned */
     (void)self;
     (void)noargs;
     if (rows == NULL) {
         return NULL;
     }
-    for (int i = 0; i < prof.n; i++) {
-        const ProfRow *r = &prof.rows[i];
+    for (int i = 0; i < fc_state.prof.n; i++) {
+        const FcProfRow *r = &fc_state.prof.rows[i];
         PyObject *t = Py_BuildValue("(ssKKLLzz)", kind_names[r->kind], r->name,
                                     (unsigned long long)r->calls, (unsigned long long)r->ns,
                                     (long long)r->elems, (long long)r->bytes, r->path, r->origin);
@@ -186,5 +175,5 @@ fc_prof_py_read(PyObject *self, PyObject *noargs)
         }
         PyList_SET_ITEM(rows, i, t);
     }
-    return Py_BuildValue("(NK)", rows, (unsigned long long)prof.dropped);
+    return Py_BuildValue("(NK)", rows, (unsigned long long)fc_state.prof.dropped);
 }

@@ -59,4 +59,19 @@ FC_INTERNAL PyObject *fc_prof_py_set(PyObject *self, PyObject *args);
  * first graph's. */
 FC_INTERNAL PyObject *fc_prof_py_read(PyObject *self, PyObject *noargs);
 
+typedef struct {
+    FcProfKind kind;
+    char *name, *path, *origin;  /* owned (PyMem); path, origin may be NULL */
+    uint64_t calls, ns;
+    int64_t elems, bytes;
+} FcProfRow;
+
+/* fc_state.prof: the rows recorded while profiling. */
+typedef struct {
+    FcProfRow *rows;        /* owned (PyMem), cap entries */
+    int n, cap;
+    unsigned gen;           /* starts at 1: a zeroed FcProfRef never matches */
+    uint64_t dropped;       /* events lost to out of memory */
+} FcProfRt;
+
 #endif

@@ -77,6 +77,10 @@ KNOBS = [
          "CUDA launches use at most this many blocks; 0 (the default): as many as the data needs, one "
          "trip of the grid-stride loop per thread (a block per row for reductions); a smaller grid "
          "makes each thread loop over the data (the tests' way to cover those loops)"),
+    Knob("nvrtc", "FASTCOMPILE_NVRTC", str, None,
+         "NVRTC library to load (a file or a folder); default: the nvidia-cuda-nvrtc wheel, "
+         "$CUDA_HOME/lib64, /usr/local/cuda/lib64, the loader's path"),
+    Knob("libcuda", "FASTCOMPILE_LIBCUDA", str, None, "CUDA driver library to load; default libcuda.so.1"),
     Knob("autotune", "FASTCOMPILE_AUTOTUNE", _bool, False,
          "time a few thread counts and column-block widths per kernel and launch shape on first use; "
          "keep the fastest (torch.compile mode='max-autotune' turns it on for its graphs)"),

@@ -17,7 +17,7 @@
 
 /* Reduction lanes (gen_c.c, sweep_lanes_wide): one vector register of float32,
  * from the vector width the runtime builds kernels for (FC_VECTOR_BITS:
- * vector_width_flags in runtime/cpu.c passes it with -mprefer-vector-width).
+ * fc_ckey_vector_width_flags in runtime/ckey.c passes it with -mprefer-vector-width).
  * -DFC_LANES=8 or 16 in FASTCOMPILE_CFLAGS sets it directly (tests do). */
 #ifndef FC_VECTOR_BITS
 #define FC_VECTOR_BITS 256
@@ -36,11 +36,10 @@
 /* Software prefetch for flat kernels heavy in arithmetic (gen_c.c,
  * flat_is_heavy): the loop walks blocks of FC_PF_BLOCK elements and, before
  * each, touches every cache line of input p that lies FC_PF_BYTES further on
- * (never past hi). Measured on 2 cores, GELU with its 40 MB input evicted
- * from cache: 4.6 ms with prefetch vs 5.4 ms without; no change when the
- * input is cached, nor for memory-bound kernels (which never use it).
- * Prefetching the outputs for writing too (prefetchw) was measured slower
- * (4.9 -> 5.2 ms), and so were 16 KB and 1024-element blocks. Both sizes can
+ * (never past hi). It helps a cold input; it changes nothing when the input
+ * is cached, nor for memory-bound kernels (which never use it).
+ * Prefetching the outputs for writing too (prefetchw) was measured slower,
+ * and so were 16 KB and 1024-element blocks. Both sizes can
  * be set through FASTCOMPILE_CFLAGS (-DFC_PF_BYTES=...) for experiments. */
 #ifndef FC_PF_BLOCK
 #define FC_PF_BLOCK 256
@@ -62,8 +61,6 @@
  * 64-byte aligned buffer on the stack, then streamed to memory with
  * movntdq, which skips the read-for-ownership a normal store of a line not
  * in cache makes (12 -> 8 bytes of traffic per float32 GELU element).
- * Measured on 2 cores, GELU of 1e7 float32 with the input evicted: 4.82 ->
- * 4.36 ms and 5.03 -> 4.66 ms (medians of 60); back to back 4.44 -> 4.35.
  * Smaller outputs keep normal stores, so a consumer finds them in cache.
  * GCC's builtins (the ones behind _mm512_stream_si512 and _mm_sfence), not
  * immintrin.h: that header alone would add tens of ms to every compile. */
@@ -117,8 +114,8 @@ fc_report(int *err, int e)
 
 /* thread tid's share [lo, hi) of n items, in steps of gran items: 16 for
  * elements (whole cache lines of float32 for dense outputs), 1 for a
- * reduction's rows. Rows in steps of 16 left 2 threads 64 and 33 of 97
- * rows: softmax over 97 rows of 1024 took 38 us instead of 30 on Zen 4. */
+ * reduction's rows (rows in steps of 16 left 2 threads 64 and 33 of 97
+ * rows). */
 FC_OUTLINE void
 fc_thread_range(int64_t n, int64_t gran, int tid, int nth, int64_t *lo, int64_t *hi)
 {
@@ -213,9 +210,8 @@ fc_advance_nd(int nd, const int64_t *shape, int64_t *idx, int64_t n)
 /* The 1-d cases of fc_offset, fc_offsets and fc_advance inline (and the 2-d
  * ones of fc_offset and fc_advance, the outer space of a row reduction over a
  * transposed operand), the rest out of line: a reduction over rows calls them
- * once a row and sweep. Layernorm over 1024 rows of 256 (float32, 2 threads):
- * 6-8% less time; the residual add + layernorm of a transformer block, whose
- * attention result is read transposed: kernel 129 -> 111 us. */
+ * once a row and sweep (layernorm, and a row reduction whose operand is read
+ * transposed, run faster so). */
 static inline int64_t
 fc_offset(int nd, const int64_t *idx, const int64_t *stride)
 {

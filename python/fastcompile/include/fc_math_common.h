@@ -80,8 +80,7 @@ FC_FN double fc_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
  *   rounding of c2 itself where n is large.
  * - No branch and nothing computed conditionally: GCC vectorizes a
  *   conditionally computed exp only with AVX-512 masks (each op then waits
- *   for the mask; 20% slower on Zen 4), and not at all with AVX2 (the loop
- *   stayed scalar: 8x slower). Instead every input is made safe (the one
+ *   for the mask), and not at all with AVX2 (the loop stayed scalar). Instead every input is made safe (the one
  *   select, below, picks between two computed values):
  *   c = min(|x|, 14.5) in integer bits (NaN -> 14.5), so c2 <= 210.25,
  *   n >= -152; where n < -125 (c > 13.19) the add would leave the normal
@@ -103,9 +102,8 @@ FC_FN double fc_rsqrt_f64(double x) { return 1.0 / sqrt(x); }
  * rounded exact value) at most 0.998 of it, 4 ULP near x = -0.063, and 0.95
  * for |x| >= 0.5; in real-valued ULP 0.996 (x = -0.34). The rational form
  * replaced a degree-7 polynomial in c / (c + 5 / sqrt2) and a degree-6 exp,
- * 5 FMAs more, which broke the bound (4.5 ULP at x = -0.0648): 0.458 ->
- * 0.341 ns per element on one Zen 4 core (AVX-512), 0.548 -> 0.377 at 256
- * bits. */
+ * 5 FMAs more, which broke the bound (4.5 ULP at x = -0.0648) and was
+ * slower. */
 /* tools/fit_math.py: P / Q = -erfcx(c / sqrt2) / 2 within 1.4e-08 (1 + 4c^2) relative,
  * 1 + r' S(r') = exp(-r' / 2) within 9.2e-08 relative */
 #define FC_GELU_P3 -3.987651169e-01f

@@ -1,4 +1,4 @@
-/* A growable string for the renderers, dumps and runtime messages.
+/* Common, strings: a growable string for the renderers, dumps and runtime messages.
  * In: printf-style pieces. Out: one NUL-terminated PyMem_Raw string (fc_str_release). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

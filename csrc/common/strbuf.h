@@ -1,4 +1,4 @@
-/* A growable string for the renderers, dumps and runtime messages (no Python objects).
+/* Common, strings: a growable string for the renderers, dumps and runtime messages (no Python objects).
  * In: printf-style pieces. Out: one NUL-terminated string, freed with fc_str_release. */
 #ifndef FC_STRBUF_H
 #define FC_STRBUF_H
@@ -6,7 +6,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 
-#include "ir.h"
+#include <stdint.h>
+
+#ifndef FC_INTERNAL
+#define FC_INTERNAL __attribute__((visibility("hidden")))
+#endif
 
 /* Start with FcStr b = {0}. The buffer is PyMem_RawMalloc memory, so everything
  * here runs without the GIL except the two functions that raise (fc_str_take,
