@@ -745,7 +745,7 @@ fc_expr_emit_red_result(FcExprGen *E, int v)
  * local numbered by anything else (operand, lane, dimension) must take
  * another prefix (x, p, s, ob, w, in, out do), or it would be renumbered
  * with the nodes; a new node-numbered local must be listed here, or equal
- * kernels stop sharing (tests: test_cache, test_torch_backend). */
+ * kernels stop sharing (tests: test_cache, test_torch_lowering). */
 static int
 canon_prefix(const char *id, size_t n)
 {

@@ -13,7 +13,7 @@
  * libgomp.so.1: torch's where it has that name, else the one the kernels
  * load), not linked into the extension. libgomp reads OMP_WAIT_POLICY when it
  * loads; linked, it would load at `import fastcompile`, before the torch
- * backend's PASSIVE default (backends/torch.py), and where torch ships its
+ * backend's PASSIVE default (backends/torch/__init__.py), and where torch ships its
  * own renamed libgomp the two runtimes' spinning threads starve each other.
  * Without libgomp, or below SERIAL_BYTES, one thread copies. */
 #define PY_SSIZE_T_CLEAN
