@@ -5,14 +5,23 @@ Build switches (environment):
   FASTCOMPILE_SANITIZE=1     ASan + UBSan (run with LD_PRELOAD=$(gcc -print-file-name=libasan.so))
   FASTCOMPILE_WERROR=1       warnings are errors (CI)
 """
+
 import glob
 import os
 
 import numpy
 from setuptools import Extension, setup
 
-WARN = ["-Wall", "-Wextra", "-Wshadow", "-Wmissing-prototypes", "-Wno-unused-parameter",
-        "-Wno-missing-field-initializers", "-Wno-cast-function-type", "-Wno-format-truncation"]
+WARN = [
+    "-Wall",
+    "-Wextra",
+    "-Wshadow",
+    "-Wmissing-prototypes",
+    "-Wno-unused-parameter",
+    "-Wno-missing-field-initializers",
+    "-Wno-cast-function-type",
+    "-Wno-format-truncation",
+]
 # -fopenmp-simd: "omp simd" loops (runtime/relayout.c), no OpenMP runtime linked: libgomp
 # would then load at import, before the torch backend sets OMP_WAIT_POLICY (relayout.c
 # finds it at run time instead)
@@ -43,8 +52,11 @@ ext = Extension(
     extra_compile_args=cflags,
     extra_link_args=ldflags,
     libraries=["dl"],
-    depends=sorted(glob.glob("csrc/**/*.h", recursive=True) + glob.glob("csrc/**/*.def", recursive=True)
-                   + glob.glob("python/fastcompile/include/*.h")),
+    depends=sorted(
+        glob.glob("csrc/**/*.h", recursive=True)
+        + glob.glob("csrc/**/*.def", recursive=True)
+        + glob.glob("python/fastcompile/include/*.h")
+    ),
 )
 
 setup(ext_modules=[ext])

@@ -17,6 +17,7 @@ Columns:
   vs ind      the same against inductor
   layout      the output's layout matches eager's (strides), values within 1e-4
 """
+
 import argparse
 import copy
 import os
@@ -29,15 +30,15 @@ _tmp = tempfile.mkdtemp(prefix="fc-bench-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_tmp, "inductor"))
 os.environ.setdefault("FASTCOMPILE_CACHE_DIR", os.path.join(_tmp, "fastcompile"))
 
-import torch                           # noqa: E402
-import torch.nn as nn                  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import fastcompile                                             # noqa: E402
-from fastcompile.backends.torch import backend as fc_backend   # noqa: E402
+import fastcompile  # noqa: E402
+from fastcompile.backends.torch import backend as fc_backend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from models import paired                                      # noqa: E402  (the same bootstrap as models.py)
+from models import paired  # noqa: E402  (the same bootstrap as models.py)
 
 CONFIGS = ("eager", "fastcompile", "fc.compile", "inductor")
 
@@ -75,6 +76,7 @@ def make(cfg, m):
 
 def bench(c, channels_last, iters):
     import time
+
     torch.manual_seed(0)
     base = model(c)
     x = torch.randn(8, c, 32, 32)
@@ -90,7 +92,7 @@ def bench(c, channels_last, iters):
         for cfg, f in runs.items():
             for _ in range(3):
                 out = f(x)
-            ok[cfg] = (torch.allclose(out, ref, rtol=1e-4, atol=1e-4) and out.stride() == ref.stride())
+            ok[cfg] = torch.allclose(out, ref, rtol=1e-4, atol=1e-4) and out.stride() == ref.stride()
         ts = {cfg: [] for cfg in CONFIGS}
         rng = random.Random(1)
         for _ in range(iters):
@@ -102,8 +104,17 @@ def bench(c, channels_last, iters):
                 ts[cfg].append(time.perf_counter() - t0)
     rows = []
     for cfg in CONFIGS:
-        rows.append((c, "channels_last" if channels_last else "NCHW", cfg, statistics.median(ts[cfg]) * 1e3,
-                     paired(ts["eager"], ts[cfg]), paired(ts["inductor"], ts[cfg]), ok[cfg]))
+        rows.append(
+            (
+                c,
+                "channels_last" if channels_last else "NCHW",
+                cfg,
+                statistics.median(ts[cfg]) * 1e3,
+                paired(ts["eager"], ts[cfg]),
+                paired(ts["inductor"], ts[cfg]),
+                ok[cfg],
+            )
+        )
     return rows
 
 
@@ -118,8 +129,10 @@ def main(argv=None):
     for c in (16, 64):
         for cl in (False, True):
             rows += bench(c, cl, iters)
-    print("%4s %-14s %-12s %9s  %-21s %-21s %s" % ("C", "layout", "backend", "ms/iter", "vs eager (95% CI)",
-                                                  "vs ind (95% CI)", "matches eager"))
+    print(
+        "%4s %-14s %-12s %9s  %-21s %-21s %s"
+        % ("C", "layout", "backend", "ms/iter", "vs eager (95% CI)", "vs ind (95% CI)", "matches eager")
+    )
     for c, lay, cfg, ms, ve, vi, ok in rows:
         print("%4d %-14s %-12s %9.3f  %.3f (%.3f-%.3f)   %.3f (%.3f-%.3f)   %s" % ((c, lay, cfg, ms) + ve + vi + (ok,)))
 

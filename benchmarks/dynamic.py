@@ -20,6 +20,7 @@ reset and empty compiler caches:
 Configurations run one after another, each paired with eager, so compare them through their
 "vs eager" columns; one absolute time on this shared machine means little.
 """
+
 import argparse
 import copy
 import os
@@ -28,9 +29,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import models as M                                   # noqa: E402  (sets the compiler cache dirs first)
-import torch                                         # noqa: E402
-import fastcompile                                   # noqa: E402
+import models as M  # noqa: E402  (sets the compiler cache dirs first)
+import torch  # noqa: E402
+import fastcompile  # noqa: E402
 
 CONFIGS = ("fastcompile", "fc.compile", "inductor")
 
@@ -44,6 +45,7 @@ def run_case(name, make_model, make_x, sizes, train, cycles):
         fastcompile.reset()
         fastcompile.cache_clear(disk=True)
         from torch._dynamo.utils import counters
+
         counters.clear()
         ref = copy.deepcopy(base).train(train)
         mod = copy.deepcopy(base).train(train)
@@ -64,8 +66,10 @@ def run_case(name, make_model, make_x, sizes, train, cycles):
                 step(run, xs[n])
                 times.append(time.perf_counter() - t0)
         graphs = counters["stats"]["unique_graphs"] if cfg != "fc.compile" else "-"
-        rows.append((name, "train" if train else "infer", cfg, first, graphs,
-                     statistics.median(times) * 1e3) + M.paired(eager, times))
+        rows.append(
+            (name, "train" if train else "infer", cfg, first, graphs, statistics.median(times) * 1e3)
+            + M.paired(eager, times)
+        )
         torch._dynamo.reset()
         fastcompile.reset()
     return rows
@@ -83,16 +87,20 @@ def main(argv=None):
     else:
         d, w, cycles = 256, 512, args.cycles
         mlp_sizes, seqs = (512, 512, 512, 320), (128, 128, 96, 128, 64)
-    cases = [("mlp", lambda: M.mlp(w), lambda n: torch.randn(n, w), mlp_sizes),
-             ("transformer", lambda: M.Block(d, 8 if d >= 256 else 4), lambda n: torch.randn(8, n, d), seqs)]
+    cases = [
+        ("mlp", lambda: M.mlp(w), lambda n: torch.randn(n, w), mlp_sizes),
+        ("transformer", lambda: M.Block(d, 8 if d >= 256 else 4), lambda n: torch.randn(8, n, d), seqs),
+    ]
     print("torch %s, %d threads, %s" % (torch.__version__, torch.get_num_threads(), "quick" if args.quick else "full"))
     M.prewarm()
     rows = []
     for name, make_model, make_x, sizes in cases:
         for train in (False, True):
             rows += run_case(name, make_model, make_x, sizes, train, cycles)
-    print("%-12s %-6s %-12s %8s %7s %10s  %s" % ("model", "mode", "backend", "first s", "graphs", "steady ms",
-                                                 "vs eager (95% CI)"))
+    print(
+        "%-12s %-6s %-12s %8s %7s %10s  %s"
+        % ("model", "mode", "backend", "first s", "graphs", "steady ms", "vs eager (95% CI)")
+    )
     for name, mode, cfg, first, graphs, ms, med, lo, hi in rows:
         print("%-12s %-6s %-12s %8.2f %7s %10.3f  %.3f (%.3f-%.3f)" % (name, mode, cfg, first, graphs, ms, med, lo, hi))
 

@@ -16,6 +16,7 @@ NVRTC's own compile time (the kernel's source again as new text).
 A result that differs from eager is printed as WRONG and timed all the same; the run then ends
 with exit status 2. Refuses to run without a GPU.
 """
+
 import argparse
 import statistics
 import sys
@@ -30,6 +31,7 @@ def die(msg):
 
 def timed(fn, reps=50, warmup=5):
     import torch
+
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -58,9 +60,14 @@ def cases(torch):
 
     def layernorm(x, y):
         return F.layer_norm(x.view(-1, 4096), (4096,))
+
     # name -> (fn, inputs read, outputs written), in arrays of n elements
-    return {"gelu": (gelu, 1, 1), "x*sigmoid(x)*y": (silu_mul, 2, 1), "softmax": (softmax, 1, 1),
-            "layernorm": (layernorm, 1, 1)}
+    return {
+        "gelu": (gelu, 1, 1),
+        "x*sigmoid(x)*y": (silu_mul, 2, 1),
+        "softmax": (softmax, 1, 1),
+        "layernorm": (layernorm, 1, 1),
+    }
 
 
 def _layernorm(g, x):
@@ -71,10 +78,12 @@ def _layernorm(g, x):
 
 
 # the four workloads as core graphs: name -> (build(g, *inputs), rank, inputs)
-BUILDS = {"gelu": (lambda g, x: [g.call("gelu", x)], 1, 1),
-          "x*sigmoid(x)*y": (lambda g, x, y: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), y)], 1, 2),
-          "softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], 2, 1),
-          "layernorm": (_layernorm, 2, 1)}
+BUILDS = {
+    "gelu": (lambda g, x: [g.call("gelu", x)], 1, 1),
+    "x*sigmoid(x)*y": (lambda g, x, y: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), y)], 1, 2),
+    "softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], 2, 1),
+    "layernorm": (_layernorm, 2, 1),
+}
 
 
 def fc_graphs(dname):
@@ -87,17 +96,21 @@ def fc_graphs(dname):
         ins = [g.input(dname, nd) for _ in range(nin)]
         g.output(*build(g, *ins))
         return g.compile()
+
     gelu, silu, smax, ln = (one(k) for k in ("gelu", "x*sigmoid(x)*y", "softmax", "layernorm"))
-    return {"gelu": (gelu, lambda x, y: gelu(x)[0]),
-            "x*sigmoid(x)*y": (silu, lambda x, y: silu(x, y)[0]),
-            "softmax": (smax, lambda x, y: smax(x.view(-1, 4096))[0]),
-            "layernorm": (ln, lambda x, y: ln(x.view(-1, 4096))[0])}
+    return {
+        "gelu": (gelu, lambda x, y: gelu(x)[0]),
+        "x*sigmoid(x)*y": (silu, lambda x, y: silu(x, y)[0]),
+        "softmax": (smax, lambda x, y: smax(x.view(-1, 4096))[0]),
+        "layernorm": (ln, lambda x, y: ln(x.view(-1, 4096))[0]),
+    }
 
 
 def nvrtc_ms(compiled):
     """NVRTC's own time for the graph's kernels (sum), each compiled as new text (a comment
     line in front: no in-memory cache hit), for the device's arch; median of 3"""
     from fastcompile import _C
+
     runs = []
     for rep in range(3):
         t = 0.0
@@ -127,6 +140,7 @@ def overhead(torch):
             torch.cuda.synchronize()
             runs.append((time.perf_counter() - t0) / 2000 * 1e6)
         return statistics.median(runs)
+
     f(x, None)
     eager = per_call(lambda a, b: F.gelu(a))
     ours = per_call(f)
@@ -146,22 +160,34 @@ def main():
     except ImportError:
         die("needs torch with CUDA")
     import fastcompile
+
     info = fastcompile.cuda_info()
     if not torch.cuda.is_available() or info["device_count"] == 0:
-        die("needs a CUDA GPU and none is usable here (%s); nothing was measured"
-            % (info["why_no_device"] or "torch.cuda.is_available() is False"))
-    fastcompile.config.set(cache_dir=tempfile.mkdtemp(prefix="fc-gpu-bench-"))   # cold NVRTC compiles
-    print("device: %s, torch %s, NVRTC %s (%s), driver %s" % (
-        torch.cuda.get_device_name(0), torch.__version__, info["nvrtc_version"] or "missing",
-        info["nvrtc_path"], info["driver_version"]))
+        die(
+            "needs a CUDA GPU and none is usable here (%s); nothing was measured"
+            % (info["why_no_device"] or "torch.cuda.is_available() is False")
+        )
+    fastcompile.config.set(cache_dir=tempfile.mkdtemp(prefix="fc-gpu-bench-"))  # cold NVRTC compiles
+    print(
+        "device: %s, torch %s, NVRTC %s (%s), driver %s"
+        % (
+            torch.cuda.get_device_name(0),
+            torch.__version__,
+            info["nvrtc_version"] or "missing",
+            info["nvrtc_path"],
+            info["driver_version"],
+        )
+    )
     print()
-    print("| workload | dtype | n | copy GB/s | eager | jit.script | inductor | fastcompile | fc fmad "
-          "| fc % copy | fmad % copy | x eager | x jit | x inductor | x inductor (fmad) |")
+    print(
+        "| workload | dtype | n | copy GB/s | eager | jit.script | inductor | fastcompile | fc fmad "
+        "| fc % copy | fmad % copy | x eager | x jit | x inductor | x inductor (fmad) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     compile_ms = []
-    wrong = []                     # rows whose result differs from eager: reported, and exit 1
+    wrong = []  # rows whose result differs from eager: reported, and exit 1
     dyn = torch._dynamo.config
-    for knob in ("recompile_limit", "cache_size_limit"):     # every (dtype, size) compiles anew
+    for knob in ("recompile_limit", "cache_size_limit"):  # every (dtype, size) compiles anew
         if hasattr(dyn, knob):
             setattr(dyn, knob, 1 << 16)
     for dname in args.dtypes.split(","):
@@ -174,13 +200,13 @@ def main():
             x = torch.randn(n, device="cuda", dtype=dt)
             y = torch.randn(n, device="cuda", dtype=dt)
             out = torch.empty_like(x)
-            t_copy = timed(lambda: out.copy_(x))
+            t_copy = timed(lambda: out.copy_(x))  # noqa: F821 (deleted only at the loop's end)
             copy_bw = 2 * n * x.element_size() / t_copy / 1e9
             for name, (fn, nin, nout) in cases(torch).items():
                 nbytes = (nin + nout) * n * x.element_size()
                 want = fn(x, y)
                 for label, fmad, (compiled, call) in (("", False, fcs[name]), (" fmad", True, fmads[name])):
-                    fastcompile.config.set(cuda_fmad=fmad)       # read when the first call compiles
+                    fastcompile.config.set(cuda_fmad=fmad)  # read when the first call compiles
                     t0 = time.perf_counter()
                     got = call(x, y)
                     torch.cuda.synchronize()
@@ -191,7 +217,9 @@ def main():
                     err = (got.float() - want.float()).abs().max().item()
                     tol = 1e-3 if dname == "float32" else 5e-2
                     if not err <= tol * max(1.0, want.float().abs().max().item()):
-                        wrong.append("%s%s %s 2^%d: fastcompile differs from eager by %g" % (name, label, dname, lg, err))
+                        wrong.append(
+                            "%s%s %s 2^%d: fastcompile differs from eager by %g" % (name, label, dname, lg, err)
+                        )
                         print("WRONG: " + wrong[-1], flush=True)
                 impls = {"eager": fn}
                 if name == "gelu":
@@ -200,7 +228,7 @@ def main():
                     impls["inductor"] = torch.compile(fn, dynamic=False)
                 impls["fc"] = fcs[name][1]
                 impls["fmad"] = fmads[name][1]
-                t = {k: timed(lambda f=f: f(x, y)) for k, f in impls.items()}
+                t = {k: timed(lambda f=f: f(x, y)) for k, f in impls.items()}  # noqa: F821 (as above)
                 gbs = {k: nbytes / v / 1e9 for k, v in t.items()}
 
                 def cell(k):
@@ -208,10 +236,28 @@ def main():
 
                 def ratio(k, ours="fc"):
                     return "%.2f" % (t[k] / t[ours]) if k in t else "-"
-                print("| %s | %s | 2^%d | %.0f | %s | %s | %s | %s | %s | %.0f%% | %.0f%% | %s | %s | %s | %s |" % (
-                    name, dname, lg, copy_bw, cell("eager"), cell("jit"), cell("inductor"), cell("fc"),
-                    cell("fmad"), 100 * gbs["fc"] / copy_bw, 100 * gbs["fmad"] / copy_bw, ratio("eager"),
-                    ratio("jit"), ratio("inductor"), ratio("inductor", "fmad")), flush=True)
+
+                print(
+                    "| %s | %s | 2^%d | %.0f | %s | %s | %s | %s | %s | %.0f%% | %.0f%% | %s | %s | %s | %s |"
+                    % (
+                        name,
+                        dname,
+                        lg,
+                        copy_bw,
+                        cell("eager"),
+                        cell("jit"),
+                        cell("inductor"),
+                        cell("fc"),
+                        cell("fmad"),
+                        100 * gbs["fc"] / copy_bw,
+                        100 * gbs["fmad"] / copy_bw,
+                        ratio("eager"),
+                        ratio("jit"),
+                        ratio("inductor"),
+                        ratio("inductor", "fmad"),
+                    ),
+                    flush=True,
+                )
             del x, y, out
             torch.cuda.empty_cache()
     print()
@@ -220,13 +266,17 @@ def main():
     print("per graph: the first call (NVRTC compile, cold cache, + load + run), and NVRTC alone")
     print("(the kernel's source compiled again as new text, median of 3):")
     for name, dname, ms, nv, nk in compile_ms:
-        print("  %-20s %-9s first call %7.1f ms, NVRTC %6.1f ms  (%d kernel%s)"
-              % (name, dname, ms, nv, nk, "" if nk == 1 else "s"))
+        print(
+            "  %-20s %-9s first call %7.1f ms, NVRTC %6.1f ms  (%d kernel%s)"
+            % (name, dname, ms, nv, nk, "" if nk == 1 else "s")
+        )
     st = fastcompile.stats() if hasattr(fastcompile, "stats") else {}
     if st:
         print("fastcompile.stats():", {k: v for k, v in st.items() if "cuda" in k or "compile" in k})
     if wrong:
-        die("%d result(s) differ from eager (the rows are timed all the same):\n  %s" % (len(wrong), "\n  ".join(wrong)))
+        die(
+            "%d result(s) differ from eager (the rows are timed all the same):\n  %s" % (len(wrong), "\n  ".join(wrong))
+        )
 
 
 if __name__ == "__main__":

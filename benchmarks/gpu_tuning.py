@@ -14,6 +14,7 @@ thing). The first row of each workload is the runtime's default. "blocks/SM" is 
 __launch_bounds__ asks for (FC_CU_RED_BLOCKS; by default gen_cuda's choice, red_blocks), which caps
 the registers. Needs a GPU and CuPy; refuses to run without them.
 """
+
 import argparse
 import os
 import re
@@ -22,7 +23,7 @@ import sys
 
 import numpy as np
 
-from gpu import BUILDS          # the four workloads of benchmarks/gpu.py (this folder)
+from gpu import BUILDS  # the four workloads of benchmarks/gpu.py (this folder)
 
 
 def die(msg):
@@ -59,6 +60,7 @@ fc_tune(char *p0, char *p1, char *p2, long long n_outer, long long n_inner)
 
 def kernel_of(build, dname, nd, nin):
     from fastcompile.graph import Graph
+
     g = Graph()
     ins = [g.input(dname, nd) for _ in range(nin)]
     g.output(*build(g, *ins))
@@ -84,21 +86,42 @@ def variants(reduction, sms, n, V, rows, per_thread):
         for t in (128, 256, 512):
             for u in (1, 2, 4):
                 one_shot = -(-n // (t * u * V))
-                for grid, gl in ((min(-(-n // (t * 4)), sms * 8 * 256 // t), "8 blocks of 256/SM"),
-                                 (one_shot, "one trip")):
-                    out.append(("%d threads, %d vector%s, grid %s" % (t, u, "s" if u > 1 else "", gl),
-                                {"FC_CU_THREADS": t, "FC_CU_VEC_UNROLL": u}, t, grid))
+                for grid, gl in (
+                    (min(-(-n // (t * 4)), sms * 8 * 256 // t), "8 blocks of 256/SM"),
+                    (one_shot, "one trip"),
+                ):
+                    out.append(
+                        (
+                            "%d threads, %d vector%s, grid %s" % (t, u, "s" if u > 1 else "", gl),
+                            {"FC_CU_THREADS": t, "FC_CU_VEC_UNROLL": u},
+                            t,
+                            grid,
+                        )
+                    )
         return out
-    out = [("default: 256 threads, 16 a thread, 4 blocks/SM, grid a block per row", {}, 256, rows),
-           ("what-if, not the runtime's arithmetic: float accumulators (default launch)",
-            {}, 256, rows, float_accumulators)]
+    out = [
+        ("default: 256 threads, 16 a thread, 4 blocks/SM, grid a block per row", {}, 256, rows),
+        (
+            "what-if, not the runtime's arithmetic: float accumulators (default launch)",
+            {},
+            256,
+            rows,
+            float_accumulators,
+        ),
+    ]
     for t, rc in ((128, 32), (256, 16), (512, 8), (1024, 4)):
         if rc % V:
             continue
         for blocks in sorted({max(1, 1024 // t), max(1, 2048 // t)}):
             for grid, gl in ((min(rows, sms * 32), "32/SM"), (rows, "a block per row")):
-                out.append(("%d threads, %d a thread, %d blocks/SM, grid %s" % (t, rc, blocks, gl),
-                            {"FC_CU_THREADS": t, "FC_CU_ROWCACHE": rc, "FC_CU_RED_BLOCKS": blocks}, t, grid))
+                out.append(
+                    (
+                        "%d threads, %d a thread, %d blocks/SM, grid %s" % (t, rc, blocks, gl),
+                        {"FC_CU_THREADS": t, "FC_CU_ROWCACHE": rc, "FC_CU_RED_BLOCKS": blocks},
+                        t,
+                        grid,
+                    )
+                )
     return out
 
 
@@ -116,9 +139,10 @@ def main():
     try:
         if cp.cuda.runtime.getDeviceCount() == 0:
             raise RuntimeError("no device")
-    except Exception as e:           # noqa: BLE001 (any CUDA error: no GPU to measure)
+    except Exception as e:  # noqa: BLE001 (any CUDA error: no GPU to measure)
         die("needs a CUDA GPU (%s); nothing was measured" % e)
     import fastcompile
+
     inc = os.path.join(os.path.dirname(fastcompile.__file__), "include")
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -139,15 +163,17 @@ def main():
             ts.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
         return statistics.median(ts)
 
-    print("device: %s, %d SMs, CuPy %s, 2^%d elements" % (
-        cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), sms, cp.__version__, args.log2))
+    print(
+        "device: %s, %d SMs, CuPy %s, 2^%d elements"
+        % (cp.cuda.runtime.getDeviceProperties(dev.id)["name"].decode(), sms, cp.__version__, args.log2)
+    )
     for dname in args.dtypes.split(","):
         size = 4 if dname == "float32" else 2
         src_f = cp.random.standard_normal(n, dtype=cp.float32)
         y_f = cp.random.standard_normal(n, dtype=cp.float32)
         if dname == "float32":
             x, y = src_f, y_f
-        else:                        # bfloat16 bits (truncated float32)
+        else:  # bfloat16 bits (truncated float32)
             x = (src_f.view(cp.uint32) >> 16).astype(cp.uint16)
             y = (y_f.view(cp.uint32) >> 16).astype(cp.uint16)
         out = cp.empty_like(x)
@@ -163,17 +189,19 @@ def main():
             V = 16 // size
             reduction = bool(k["reduction"])
             bounds = re.search(r"__launch_bounds__\(FC_CU_THREADS(, FC_CU_RED_BLOCKS_OR\(\d+\))?\)", k["source"])
-            src = k["source"] + ENTRY % dict(name=k["name"], nops=k["nops"], nd=max(1, k["nd"]),
-                                             bounds=bounds.group(1) or "")
+            src = k["source"] + ENTRY % dict(
+                name=k["name"], nops=k["nops"], nd=max(1, k["nd"]), bounds=bounds.group(1) or ""
+            )
             nbytes = (nin + 1) * n * size
             ref = None
             for label, macros, threads, grid, *xform in variants(reduction, sms, n, V, rows, k["per_thread"]):
-                opts = ["--std=c++17", "--fmad=false", "-I" + inc, "-DFC_CU_INDEX=32"] + \
-                    ["-D%s=%d" % kv for kv in macros.items()]
+                opts = ["--std=c++17", "--fmad=false", "-I" + inc, "-DFC_CU_INDEX=32"] + [
+                    "-D%s=%d" % kv for kv in macros.items()
+                ]
                 try:
                     code = xform[0](src) if xform else src
                     fn = cp.RawModule(code=code, options=tuple(opts)).get_function("fc_tune")
-                except Exception as e:      # noqa: BLE001 (a variant that does not compile: say so, go on)
+                except Exception as e:  # noqa: BLE001 (a variant that does not compile: say so, go on)
                     print("| %s | %s | | does not compile: %s | | |" % (name, label, str(e).splitlines()[0][:80]))
                     continue
                 ptrs = [out, x] + ([y] if nin > 1 else [out])
@@ -181,9 +209,9 @@ def main():
 
                 def launch(fn=fn, grid=grid, threads=threads, ptrs=ptrs, n_outer=n_outer, n_inner=n_inner):
                     fn((grid,), (threads,), (ptrs[0], ptrs[1], ptrs[2], np.int64(n_outer), np.int64(n_inner)))
+
                 launch()
-                got = out.view(cp.float32) if dname == "float32" else \
-                    (out.astype(cp.uint32) << 16).view(cp.float32)
+                got = out.view(cp.float32) if dname == "float32" else (out.astype(cp.uint32) << 16).view(cp.float32)
                 if ref is None:
                     ref = got.copy()
                     diff = 0.0
@@ -191,8 +219,11 @@ def main():
                     diff = float(cp.abs(got - ref).max())
                 t = timed(launch)
                 regs = "%s (%s)" % (getattr(fn, "num_regs", "?"), getattr(fn, "local_size_bytes", "?"))
-                print("| %s | %s | %s | %.0f | %.0f%% | %.3g |" % (name, label, regs, nbytes / t / 1e9,
-                                                                 100 * nbytes / t / 1e9 / copy_bw, diff), flush=True)
+                print(
+                    "| %s | %s | %s | %.0f | %.0f%% | %.3g |"
+                    % (name, label, regs, nbytes / t / 1e9, 100 * nbytes / t / 1e9 / copy_bw, diff),
+                    flush=True,
+                )
             del ref
 
 

@@ -43,9 +43,9 @@ backward graphs, one eager run). "ind / floor" is the most any such backend coul
 Inductor's cold compile when its first call waits for aot_autograd; "ind / async" is Inductor's
 cold compile over our async first call (which does not).
 """
+
 import argparse
 import copy
-import functools
 import os
 import statistics
 import sys
@@ -56,14 +56,25 @@ import time
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few iterations (smoke run)")
-    ap.add_argument("--small", action="store_true",
-                    help="host-bound sizes (a transformer block of width 64 on 2 x 16 tokens, an MLP of "
-                    "width 64 on 16 rows), timed as the full run: what each backend adds per call")
-    ap.add_argument("--seconds", type=float, default=30.0,
-                    help="timed interleaved iterations per model and mode take about this long (default 30)")
-    ap.add_argument("--omp-wait-policy", choices=("active", "passive"), type=str.lower,
-                    help="set OMP_WAIT_POLICY for everyone before torch loads (default: leave it unset, as "
-                    "users run; the fastcompile backend's own default of PASSIVE comes too late to act)")
+    ap.add_argument(
+        "--small",
+        action="store_true",
+        help="host-bound sizes (a transformer block of width 64 on 2 x 16 tokens, an MLP of "
+        "width 64 on 16 rows), timed as the full run: what each backend adds per call",
+    )
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        default=30.0,
+        help="timed interleaved iterations per model and mode take about this long (default 30)",
+    )
+    ap.add_argument(
+        "--omp-wait-policy",
+        choices=("active", "passive"),
+        type=str.lower,
+        help="set OMP_WAIT_POLICY for everyone before torch loads (default: leave it unset, as "
+        "users run; the fastcompile backend's own default of PASSIVE comes too late to act)",
+    )
     return ap.parse_args(argv)
 
 
@@ -73,18 +84,18 @@ def parse_args(argv=None):
 ARGS = parse_args() if __name__ == "__main__" else None
 if ARGS is not None and ARGS.omp_wait_policy:
     os.environ["OMP_WAIT_POLICY"] = ARGS.omp_wait_policy.upper()
-OMP_POLICY_AT_LOAD = os.environ.get("OMP_WAIT_POLICY", "unset")   # what torch's libgomp reads
+OMP_POLICY_AT_LOAD = os.environ.get("OMP_WAIT_POLICY", "unset")  # what torch's libgomp reads
 _tmp = tempfile.mkdtemp(prefix="fc-bench-")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_tmp, "inductor"))
 os.environ.setdefault("FASTCOMPILE_CACHE_DIR", os.path.join(_tmp, "fastcompile"))
 
-import torch                         # noqa: E402
-import torch.nn as nn                # noqa: E402
-import torch.nn.functional as F      # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
-import fastcompile                                             # noqa: E402
-from fastcompile.backends.torch import backend as fc_backend   # noqa: E402
+import fastcompile  # noqa: E402
+from fastcompile.backends.torch import backend as fc_backend  # noqa: E402
 
 
 class Block(nn.Module):
@@ -103,14 +114,17 @@ class Block(nn.Module):
 def cnn(c_in, c):
     """Two conv + BatchNorm2d + ReLU blocks, a global average pool and a linear head: an NCHW
     model, which Inductor and the fastcompile backend both run channels_last inside."""
+
     def blk(ci, co):
         return [nn.Conv2d(ci, co, 3, padding=1, bias=False), nn.BatchNorm2d(co), nn.ReLU()]
+
     return nn.Sequential(*blk(c_in, c), *blk(c, c), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, 10))
 
 
 def mlp(d):
-    return nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.LayerNorm(4 * d), nn.Linear(4 * d, 4 * d),
-                         nn.SiLU(), nn.Linear(4 * d, d))
+    return nn.Sequential(
+        nn.Linear(d, 4 * d), nn.GELU(), nn.LayerNorm(4 * d), nn.Linear(4 * d, 4 * d), nn.SiLU(), nn.Linear(4 * d, d)
+    )
 
 
 def _status_kb(field):
@@ -125,6 +139,7 @@ def cpu_name():
     """The CPU's model name, vendor, family and model (Linux: /proc/cpuinfo), so that figures from
     machines of different kinds are not compared by mistake; the platform's name elsewhere."""
     import platform
+
     try:
         with open("/proc/cpuinfo") as f:
             text = f.read()
@@ -134,8 +149,12 @@ def cpu_name():
     for line in text.splitlines():
         key, _, val = line.partition(":")
         first.setdefault(key.strip(), val.strip())
-    return "%s (%s, family %s model %s)" % (first.get("model name", "?"), first.get("vendor_id", "?"),
-                                           first.get("cpu family", "?"), first.get("model", "?"))
+    return "%s (%s, family %s model %s)" % (
+        first.get("model name", "?"),
+        first.get("vendor_id", "?"),
+        first.get("cpu family", "?"),
+        first.get("model", "?"),
+    )
 
 
 def peak_reset():
@@ -156,9 +175,11 @@ def peak_since(rss0):
 
 def make_step(model, train):
     if not train:
+
         def infer(run, x):
             with torch.no_grad():
                 return run(x)
+
         return infer
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
@@ -169,6 +190,7 @@ def make_step(model, train):
         loss.backward()
         opt.step()
         return loss
+
     return step
 
 
@@ -194,7 +216,7 @@ def prewarm():
         with torch.no_grad():
             make()(x)
         reset()
-    torch.compile(lin, backend="aot_eager")(x).sum().backward()      # floor_cold's backend
+    torch.compile(lin, backend="aot_eager")(x).sum().backward()  # floor_cold's backend
     torch._dynamo.reset()
     fastcompile.reset()
 
@@ -205,6 +227,7 @@ def interleaved(configs, iters, seed=0):
     end configurations twice in a row every other iteration, on caches their own previous step
     left warm, and always put the same one after each of the others."""
     import random
+
     rng = random.Random(seed)
     last = None
     for _ in range(iters):
@@ -229,7 +252,7 @@ def bench(name, make_model, x, train, iters, warmup, seconds=0.0):
         model = models[cfg] = copy.deepcopy(base).train(train)
         step = steps[cfg] = make_step(model, train)
         if cfg in ("fastcompile", "fc.compile"):
-            fastcompile.cache_clear(disk=True)      # cold: no kernel from an earlier configuration
+            fastcompile.cache_clear(disk=True)  # cold: no kernel from an earlier configuration
         if cfg == "eager":
             run, cold, warm = model, 0.0, 0.0
         else:
@@ -238,7 +261,7 @@ def bench(name, make_model, x, train, iters, warmup, seconds=0.0):
             t0 = time.perf_counter()
             step(run, x)
             cold = time.perf_counter() - t0
-            reset()                                  # warm: compiled again, on-disk caches kept
+            reset()  # warm: compiled again, on-disk caches kept
             run = make()
             t0 = time.perf_counter()
             step(run, x)
@@ -246,8 +269,9 @@ def bench(name, make_model, x, train, iters, warmup, seconds=0.0):
         rss0 = peak_reset()
         for _ in range(warmup):
             step(run, x)
-        info[cfg] = (cold, warm, peak_since(rss0)) + (async_first_call(base, train, x, cfg)
-                                                      if cfg in ("fastcompile", "fc.compile") else (None, None))
+        info[cfg] = (cold, warm, peak_since(rss0)) + (
+            async_first_call(base, train, x, cfg) if cfg in ("fastcompile", "fc.compile") else (None, None)
+        )
     floor = floor_cold(base, train, x)
     torch._dynamo.reset()
     fastcompile.reset()
@@ -257,7 +281,7 @@ def bench(name, make_model, x, train, iters, warmup, seconds=0.0):
         for _ in range(warmup):
             steps[cfg](runs[cfg], x)
     ts = {cfg: [] for cfg in CONFIGS}
-    if seconds:         # as many iterations as fit the time budget, at least `iters`
+    if seconds:  # as many iterations as fit the time budget, at least `iters`
         t0 = time.perf_counter()
         for cfg in CONFIGS:
             steps[cfg](runs[cfg], x)
@@ -274,12 +298,22 @@ def bench(name, make_model, x, train, iters, warmup, seconds=0.0):
         cold, warm, peak, first, ready = info[cfg]
         vs = paired(ts["inductor"], ts[cfg])
         rows.append([name, "train" if train else "infer", cfg, med, eager / med, vs, cold, warm, first, ready, peak])
-    FLOORS.append((name, "train" if train else "infer", floor, info["fastcompile"][0], info["fc.compile"][0],
-                   info["inductor"][0], info["fastcompile"][3], info["fc.compile"][3]))
+    FLOORS.append(
+        (
+            name,
+            "train" if train else "infer",
+            floor,
+            info["fastcompile"][0],
+            info["fc.compile"][0],
+            info["inductor"][0],
+            info["fastcompile"][3],
+            info["fc.compile"][3],
+        )
+    )
     return rows
 
 
-FLOORS = []     # per model and mode: (name, mode, floor s, fastcompile cold, fc.compile cold, inductor cold,
+FLOORS = []  # per model and mode: (name, mode, floor s, fastcompile cold, fc.compile cold, inductor cold,
 #                async first call of fastcompile and of fc.compile)
 
 
@@ -302,6 +336,7 @@ def paired(base, other, resamples=2000):
     """(median, low, high) of base[i] / other[i]: the median ratio of paired samples and a 95%
     percentile-bootstrap interval of it (fixed seed: the same samples give the same interval)."""
     import random
+
     ratios = [b / o for b, o in zip(base, other)]
     rng = random.Random(0)
     meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
@@ -325,7 +360,7 @@ def async_first_call(base, train, x, cfg):
         first = time.perf_counter() - t0
         while fastcompile.pending_compiles():
             step(run, x)
-        step(run, x)                     # the first step on the kernels (a traced graph's waits for them)
+        step(run, x)  # the first step on the kernels (a traced graph's waits for them)
         ready = time.perf_counter() - t0
     finally:
         fastcompile.config.set(async_compile=False)
@@ -338,30 +373,53 @@ def main(args):
     torch.manual_seed(0)
     if args.quick:
         iters, warmup = 5, 2
-        cases = [("transformer", lambda: Block(64, 4), torch.randn(4, 32, 64)),
-                 ("mlp", lambda: mlp(64), torch.randn(64, 64)),
-                 ("cnn", lambda: cnn(8, 8), torch.randn(2, 8, 16, 16))]
+        cases = [
+            ("transformer", lambda: Block(64, 4), torch.randn(4, 32, 64)),
+            ("mlp", lambda: mlp(64), torch.randn(64, 64)),
+            ("cnn", lambda: cnn(8, 8), torch.randn(2, 8, 16, 16)),
+        ]
     elif args.small:
         iters, warmup = 60, 5
-        cases = [("transformer", lambda: Block(64, 4), torch.randn(2, 16, 64)),
-                 ("mlp", lambda: mlp(64), torch.randn(16, 64)),
-                 ("cnn", lambda: cnn(8, 8), torch.randn(2, 8, 8, 8))]
+        cases = [
+            ("transformer", lambda: Block(64, 4), torch.randn(2, 16, 64)),
+            ("mlp", lambda: mlp(64), torch.randn(16, 64)),
+            ("cnn", lambda: cnn(8, 8), torch.randn(2, 8, 8, 8)),
+        ]
     else:
         iters, warmup = 60, 5
-        cases = [("transformer", lambda: Block(256, 8), torch.randn(8, 128, 256)),
-                 ("mlp", lambda: mlp(512), torch.randn(512, 512)),
-                 ("cnn", lambda: cnn(16, 32), torch.randn(16, 16, 32, 32))]
-    print("torch %s, %d threads, %s, OMP_WAIT_POLICY %s" % (
-        torch.__version__, torch.get_num_threads(), "quick" if args.quick else "small" if args.small else "full",
-        OMP_POLICY_AT_LOAD))
+        cases = [
+            ("transformer", lambda: Block(256, 8), torch.randn(8, 128, 256)),
+            ("mlp", lambda: mlp(512), torch.randn(512, 512)),
+            ("cnn", lambda: cnn(16, 32), torch.randn(16, 16, 32, 32)),
+        ]
+    print(
+        "torch %s, %d threads, %s, OMP_WAIT_POLICY %s"
+        % (
+            torch.__version__,
+            torch.get_num_threads(),
+            "quick" if args.quick else "small" if args.small else "full",
+            OMP_POLICY_AT_LOAD,
+        )
+    )
     print("cpu: %s" % cpu_name())
     prewarm()
     rows = []
     for name, make, x in cases:
         for train in (False, True):
             rows += bench(name, make, x, train, iters, warmup, 0.0 if args.quick else args.seconds)
-    hdr = ("model", "mode", "backend", "ms/iter", "speedup", "vs ind (95% CI)", "cold s", "warm s", "async s",
-           "ready s", "peak MB")
+    hdr = (
+        "model",
+        "mode",
+        "backend",
+        "ms/iter",
+        "speedup",
+        "vs ind (95% CI)",
+        "cold s",
+        "warm s",
+        "async s",
+        "ready s",
+        "peak MB",
+    )
     print("%-12s %-6s %-12s %9s %8s %-19s %8s %8s %8s %8s %8s" % hdr)
     for r in rows:
         vs = "%.3f (%.3f-%.3f)" % r[5]
@@ -369,12 +427,26 @@ def main(args):
         print("%-12s %-6s %-12s %9.3f %7.2fx %-19s %8.2f %8.2f %s %s %8.1f" % tuple(r))
     print()
     print("cold compile against the floor (aot_eager: Dynamo + aot_autograd + one eager run) and inductor")
-    print("%-12s %-6s %8s %10s %10s %10s %12s %12s %12s %14s" % (
-        "model", "mode", "floor s", "fc cold s", "fc.compile", "ind cold s", "ind / fc", "ind / floor",
-        "ind / async", "ind / fcc async"))
+    print(
+        "%-12s %-6s %8s %10s %10s %10s %12s %12s %12s %14s"
+        % (
+            "model",
+            "mode",
+            "floor s",
+            "fc cold s",
+            "fc.compile",
+            "ind cold s",
+            "ind / fc",
+            "ind / floor",
+            "ind / async",
+            "ind / fcc async",
+        )
+    )
     for name, mode, floor, fc, fcc, ind, first, ffirst in FLOORS:
-        print("%-12s %-6s %8.2f %10.2f %10.2f %10.2f %11.1fx %11.1fx %11.1fx %13.1fx" % (
-            name, mode, floor, fc, fcc, ind, ind / fc, ind / floor, ind / first, ind / ffirst))
+        print(
+            "%-12s %-6s %8.2f %10.2f %10.2f %10.2f %11.1fx %11.1fx %11.1fx %13.1fx"
+            % (name, mode, floor, fc, fcc, ind, ind / fc, ind / floor, ind / first, ind / ffirst)
+        )
 
 
 if __name__ == "__main__":

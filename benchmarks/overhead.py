@@ -18,6 +18,7 @@ Tracing time: the first call of a fresh function with the kernels already in the
 with backend="eager", which is tracing + guard building and no code generation).
 Figures are medians of repeated batches; this prints figures and never fails on them.
 """
+
 import argparse
 import json
 import os
@@ -30,8 +31,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
 
-import fastcompile                      # noqa: E402
-import fastcompile.graph as fg          # noqa: E402
+import fastcompile  # noqa: E402
+import fastcompile.graph as fg  # noqa: E402
 
 
 def f4(a, b, c, d):
@@ -120,14 +121,18 @@ def main():
     for name, us in rows.items():
         print("%-34s %8.3f us per call" % (name, us))
     print("-" * 72)
-    print("%-34s %8.3f us   target <= 1 us: %s" % ("fastcompile cache hit (guards+dispatch)", hit,
-                                                  "met" if hit <= 1.0 else "NOT MET"))
+    print(
+        "%-34s %8.3f us   target <= 1 us: %s"
+        % ("fastcompile cache hit (guards+dispatch)", hit, "met" if hit <= 1.0 else "NOT MET")
+    )
     if dynamo_hit is not None:
         print("%-34s %8.3f us   (torch.compile backend=eager minus torch eager)" % ("Dynamo cache hit", dynamo_hit))
         inductor_total = rows["torch.compile (inductor)"]
         ratio = inductor_total / rows["fastcompile.compile"]
-        print("%-34s %8.1fx  target >= 10x: %s" % ("torch.compile / fastcompile per call", ratio,
-                                                  "met" if ratio >= 10 else "NOT MET"))
+        print(
+            "%-34s %8.1fx  target >= 10x: %s"
+            % ("torch.compile / fastcompile per call", ratio, "met" if ratio >= 10 else "NOT MET")
+        )
         result["dynamo_hit_us"] = dynamo_hit
         result["ratio_vs_inductor"] = ratio
     result["fastcompile_hit_us"] = hit

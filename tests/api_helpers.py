@@ -1,5 +1,6 @@
 """What the frontend tests (test_api*.py) share: a clean fastcompile around each test, and
 the hook's cache entries of a function."""
+
 import warnings
 
 import pytest
@@ -14,7 +15,7 @@ def clean():
     """Imported by a test module, it runs around each of its tests."""
     fastcompile.reset()
     with warnings.catch_warnings():
-        warnings.simplefilter("error", FastcompileWarning)     # an internal error must fail the test
+        warnings.simplefilter("error", FastcompileWarning)  # an internal error must fail the test
         yield
     assert _C.set_eval_frame(None) is None, "a test left this thread's hook mode on"
     fastcompile.reset()

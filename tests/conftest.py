@@ -56,6 +56,7 @@ Tolerance table (rtol, atol)::
   own float32 semantics, e.g. overflow of squares in var, are the contract).
 * bool and integer results are always exact.
 """
+
 import gc
 import os
 import subprocess
@@ -98,8 +99,7 @@ def _fmt_mismatch(actual, expected, bad, limit=8):
     return "\n".join(lines)
 
 
-def assert_close_np(actual, expected, dtype=None, kind="exact", *, rtol=None, atol=None,
-                    signed_zeros=True, err_msg=""):
+def assert_close_np(actual, expected, dtype=None, kind="exact", *, rtol=None, atol=None, signed_zeros=True, err_msg=""):
     """Compare a fastcompile result with a NumPy reference; see the module docstring."""
     where = (" [%s]" % err_msg) if err_msg else ""
     assert isinstance(actual, np.ndarray), "result is %s, not an ndarray%s" % (type(actual).__name__, where)
@@ -109,8 +109,9 @@ def assert_close_np(actual, expected, dtype=None, kind="exact", *, rtol=None, at
     assert actual.shape == expected.shape, "shape: got %s, expected %s%s" % (actual.shape, expected.shape, where)
     if expected.dtype != want:
         # a higher-precision float reference: round it once to the result dtype
-        assert expected.dtype.kind == "f" and want.kind == "f" and expected.dtype.itemsize > want.itemsize, \
+        assert expected.dtype.kind == "f" and want.kind == "f" and expected.dtype.itemsize > want.itemsize, (
             "reference dtype %s cannot stand for %s%s" % (expected.dtype, want, where)
+        )
         with np.errstate(all="ignore"):
             expected = expected.astype(want)
     if want.kind != "f":
@@ -142,6 +143,7 @@ def assert_close_np(actual, expected, dtype=None, kind="exact", *, rtol=None, at
 # running graphs
 # ---------------------------------------------------------------------------
 
+
 def run_graph(build, arrays):
     """build(g, *inputs) -> list of Values; returns the outputs of one call."""
     g = Graph()
@@ -160,8 +162,9 @@ def run_threads(work, n, switch=1e-5):
         try:
             barrier.wait()
             work(i)
-        except Exception as e:                 # pragma: no cover - the caller asserts on them
+        except Exception as e:  # pragma: no cover - the caller asserts on them
             errors.append(repr(e))
+
     old = sys.getswitchinterval()
     sys.setswitchinterval(switch)
     try:
@@ -206,16 +209,21 @@ def run_isolated(code):
     """Run `code` in a fresh interpreter (for graphs that may crash it); returns the
     CompletedProcess. The child uses this session's kernel cache and verifier setting, and does
     not import torch (NO_TORCH)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
-               FASTCOMPILE_CACHE_DIR=str(fastcompile.config.get("cache_dir") or ""),
-               FASTCOMPILE_VERIFY="1")
-    return subprocess.run([sys.executable, "-c", NO_TORCH + textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        FASTCOMPILE_CACHE_DIR=str(fastcompile.config.get("cache_dir") or ""),
+        FASTCOMPILE_VERIFY="1",
+    )
+    return subprocess.run(
+        [sys.executable, "-c", NO_TORCH + textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 # ---------------------------------------------------------------------------
 # layouts: the same logical values stored in different ways (2-D)
 # ---------------------------------------------------------------------------
+
 
 def lay_contig(a):
     return np.ascontiguousarray(a)
@@ -249,6 +257,7 @@ def lay_large(a):
 # ---------------------------------------------------------------------------
 # fixtures
 # ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _fastcompile_cache_dir(tmp_path_factory):
@@ -285,8 +294,14 @@ def _fastcompile_verify():
 
 # Modules whose tests share nothing compiled (each builds, compiles and checks its own graphs,
 # or uses a private cache folder): their tests are spread over the workers one by one.
-XDIST_UNGROUPED = {"test_torch_backend.py", "test_torch_lowering.py", "test_torch_training.py",
-                   "test_cuda_codegen.py", "test_cpu_runtime.py", "test_random_graphs.py"}
+XDIST_UNGROUPED = {
+    "test_torch_backend.py",
+    "test_torch_lowering.py",
+    "test_torch_training.py",
+    "test_cuda_codegen.py",
+    "test_cpu_runtime.py",
+    "test_random_graphs.py",
+}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,6 +11,7 @@ Here: goldens, the hook (references, threads, recursion), exceptions, guards and
 fullgraph and reset, nn.Module, async compile. What a trace reads and writes of Python values:
 test_api_values.py. Shared fixtures: api_helpers.py.
 """
+
 import gc
 import io
 import os
@@ -43,6 +44,7 @@ THIS = os.path.basename(__file__)
 def line_of(fn, text):
     """The line number of the first source line of fn containing text."""
     import inspect
+
     lines, start = inspect.getsourcelines(fn)
     for i, ln in enumerate(lines):
         if text in ln:
@@ -54,15 +56,16 @@ def line_of(fn, text):
 # golden explain() texts
 # ----------------------------------------------------------------------------------------------
 
+
 def normalize(text):
     """explain() text -> the same text with machine-, run- and version-specific parts as tokens."""
     text = re.sub(r"(?:[^\s()'\"]*/)?[0-9a-f]{2}/[0-9a-f]{64}\.c\b", "<kernel cache>/<sha256>.c", text)
     text = re.sub(r"\bfc_[0-9a-f]{16}\b", "fc_<hash>", text)
     text = re.sub(r"0x[0-9a-fA-F]+", "0x<addr>", text)
     text = re.sub(r"in \d+(?:\.\d+)? ms", "in <t> ms", text)
-    text = re.sub(r"(?:[^\s()'\"]*/)([\w.-]+\.py)\b", r"\1", text)           # paths -> basenames
+    text = re.sub(r"(?:[^\s()'\"]*/)([\w.-]+\.py)\b", r"\1", text)  # paths -> basenames
     text = re.sub(r"__resume\w+", lambda m: re.sub(r"_at_\d+", "_at_<offset>", m.group(0)), text)
-    text = re.sub(r"POP_JUMP_(?:FORWARD_|BACKWARD_)?IF_", "POP_JUMP_IF_", text)   # 3.11 vs 3.12 names
+    text = re.sub(r"POP_JUMP_(?:FORWARD_|BACKWARD_)?IF_", "POP_JUMP_IF_", text)  # 3.11 vs 3.12 names
     # guards sorted within each frame: 3.12 inlines comprehensions, so loads (and guards) come
     # in another order than on 3.11
     out, block = [], None
@@ -97,13 +100,15 @@ def check_golden(name, text):
 
 
 def test_normalize():
-    raw = ("Frame f (/a/b/tests/x.py:3): 1 graph(s), 0 break(s), traced and compiled in 12.5 ms\n"
-           "  graph 0: fc_0123456789abcdef  /root/.cache/fastcompile/4a/" + "4a" * 32 + ".c\n"
-           "  Guards (2):\n"
-           "    G['m'] is <MLP object at 0x7f29561a9670>\n"
-           "    G['a'] is module numpy\n"
-           "Frame __resume___resume_f_at_40_at_152 (tests/x.py:3)\n"
-           "  data-dependent branch (POP_JUMP_FORWARD_IF_FALSE)")
+    raw = (
+        "Frame f (/a/b/tests/x.py:3): 1 graph(s), 0 break(s), traced and compiled in 12.5 ms\n"
+        "  graph 0: fc_0123456789abcdef  /root/.cache/fastcompile/4a/" + "4a" * 32 + ".c\n"
+        "  Guards (2):\n"
+        "    G['m'] is <MLP object at 0x7f29561a9670>\n"
+        "    G['a'] is module numpy\n"
+        "Frame __resume___resume_f_at_40_at_152 (tests/x.py:3)\n"
+        "  data-dependent branch (POP_JUMP_FORWARD_IF_FALSE)"
+    )
     assert normalize(raw) == (
         "Frame f (x.py:3): 1 graph(s), 0 break(s), traced and compiled in <t> ms\n"
         "  graph 0: fc_<hash>  <kernel cache>/<sha256>.c\n"
@@ -111,7 +116,8 @@ def test_normalize():
         "    G['a'] is module numpy\n"
         "    G['m'] is <MLP object at 0x<addr>>\n"
         "Frame __resume___resume_f_at_<offset>_at_<offset> (x.py:3)\n"
-        "  data-dependent branch (POP_JUMP_IF_FALSE)")
+        "  data-dependent branch (POP_JUMP_IF_FALSE)"
+    )
 
 
 def _case_ids(cases):
@@ -144,19 +150,19 @@ def test_corpus_compiled_and_explained(case, capsys, request):
         pytest.importorskip("torch", reason="torch is not installed for this Python")
     name = request.node.callspec.id
     compiled = fastcompile.compile(case.fn)
-    for _ in range(2):                              # a trace, then a cache hit
+    for _ in range(2):  # a trace, then a cache hit
         args = case.args()
         expected = case.fn(*args, **case.kwargs)
         printed = capsys.readouterr().out
         got = compiled(*args, **case.kwargs)
-        assert capsys.readouterr().out == printed   # side effects once, in order
+        assert capsys.readouterr().out == printed  # side effects once, in order
         check_result(got, expected)
     assert _C.code_state(case.fn.__code__) == "active"
-    if case.fn is not C.br_side_effect:         # see test_outside_list_append_does_not_recompile
+    if case.fn is not C.br_side_effect:  # see test_outside_list_append_does_not_recompile
         assert len(entries(case.fn)) == 1, "recompiled on same-shaped arguments: %r" % entries(case.fn)
-    C.LOG.clear()                                   # the golden holds guards on it (br_side_effect)
+    C.LOG.clear()  # the golden holds guards on it (br_side_effect)
     if case.torch:
-        C.torch.manual_seed(0)                      # values reach guards after a break (.item())
+        C.torch.manual_seed(0)  # values reach guards after a break (.item())
     out = fastcompile.explain(case.fn)(*case.args(), **case.kwargs)
     capsys.readouterr()
     text = str(out)
@@ -185,7 +191,7 @@ def test_outside_list_append_does_not_recompile():
     n = len(C.LOG)
     for _ in range(3):
         same(f(x), x + 1)
-    assert len(C.LOG) == n + 3                      # the append ran at every call
+    assert len(C.LOG) == n + 3  # the append ran at every call
     assert len(entries(C.br_side_effect)) == 1
 
 
@@ -194,7 +200,7 @@ _OUTSIDE_DICT = {}
 
 def _dict_insert(x):
     y = x + 1
-    _OUTSIDE_DICT[id(y)] = 1                       # a store into an outside dict: a graph break
+    _OUTSIDE_DICT[id(y)] = 1  # a store into an outside dict: a graph break
     return y * 2
 
 
@@ -206,7 +212,7 @@ def test_outside_dict_insert_does_not_recompile():
     try:
         for _ in range(3):
             same(f(x), (x + 1) * 2)
-        assert len(_OUTSIDE_DICT) >= n + 1          # the stores ran (ids may repeat)
+        assert len(_OUTSIDE_DICT) >= n + 1  # the stores ran (ids may repeat)
         assert len(entries(_dict_insert)) == 1
     finally:
         _OUTSIDE_DICT.clear()
@@ -224,12 +230,12 @@ def test_an_outside_dict_whose_items_are_read_is_still_guarded():
     x = C.a2(5, 6)
     try:
         same(f(x), _read_outside_dict(x))
-        _SCALES["a"] = 5.0                          # a float item changed: read at each call
+        _SCALES["a"] = 5.0  # a float item changed: read at each call
         same(f(x), _read_outside_dict(x))
         assert len(entries(_read_outside_dict)) == 1
-        _SCALES["k"] = 4                            # an int item changed: traced again
+        _SCALES["k"] = 4  # an int item changed: traced again
         same(f(x), _read_outside_dict(x))
-        _SCALES["b"] = 1.0                          # the length changed: traced again
+        _SCALES["b"] = 1.0  # the length changed: traced again
         same(f(x), _read_outside_dict(x))
         assert len(entries(_read_outside_dict)) == 3
     finally:
@@ -249,12 +255,12 @@ def test_an_outside_list_whose_items_are_read_is_still_guarded():
     x = C.a2(5, 6)
     try:
         same(f(x), _sum_outside(x))
-        _OUTSIDE.append(3.0)                        # the length changed: traced again
+        _OUTSIDE.append(3.0)  # the length changed: traced again
         same(f(x), _sum_outside(x))
-        _OUTSIDE[0] = 5.0                           # a float item changed: read at each call
+        _OUTSIDE[0] = 5.0  # a float item changed: read at each call
         same(f(x), _sum_outside(x))
         assert len(entries(_sum_outside)) == 2
-        _OUTSIDE[0] = 5                             # its type changed: traced again
+        _OUTSIDE[0] = 5  # its type changed: traced again
         same(f(x), _sum_outside(x))
         assert len(entries(_sum_outside)) == 3
     finally:
@@ -266,7 +272,7 @@ def test_every_golden_has_a_case():
     if not os.path.isdir(GOLDEN):
         pytest.skip("no goldens yet")
     names = {f[:-4] for f in os.listdir(GOLDEN) if f.endswith(".txt")}
-    if C.torch is None:                         # no torch cases without torch
+    if C.torch is None:  # no torch cases without torch
         names = {n for n in names if not n.startswith("th_")}
     assert names <= set(CASE_IDS), "stale goldens: %s" % sorted(names - set(CASE_IDS))
 
@@ -278,8 +284,11 @@ def test_explain_fields_and_report():
     assert out.ops_per_graph == [["mul", "sum", "gt"], ["sub"]] or out.ops_per_graph[0][:2] == ["mul", "sum"]
     (b,) = out.break_reasons
     assert "data-dependent branch" in b.reason and "hint:" in b.reason
-    assert b.user_stack[-1][:3] == (C.br_data_branch.__code__.co_filename,
-                                    line_of(C.br_data_branch, "if y.sum()"), "br_data_branch")
+    assert b.user_stack[-1][:3] == (
+        C.br_data_branch.__code__.co_filename,
+        line_of(C.br_data_branch, "if y.sum()"),
+        "br_data_branch",
+    )
     assert len(out.compile_times) == 2 and all(t >= 0 for _, t in out.compile_times)
     assert out.kernels and all(os.path.exists(path) and path.endswith(".c") for _, _, path in out.kernels)
     assert "L['x'] is ndarray float32 ndim=2" in "\n".join(out.out_guards)
@@ -289,6 +298,7 @@ def test_explain_fields_and_report():
 # ----------------------------------------------------------------------------------------------
 # the hook: references, threads, recursion, generators
 # ----------------------------------------------------------------------------------------------
+
 
 def _axpy(x, y):
     return x * 2.0 + y
@@ -311,16 +321,14 @@ def _frames():
 def test_refcounts_unchanged_after_10000_calls(fn):
     x, y = C.a2(4, 5), C.a2(4, 5, seed=1)
     f = fastcompile.compile(fn)
-    np.testing.assert_array_equal(f(x, y), fn(x, y))       # traced
-    f(x, y)                                                  # resume functions traced too
+    np.testing.assert_array_equal(f(x, y), fn(x, y))  # traced
+    f(x, y)  # resume functions traced too
     gc.collect()
-    before = (sys.getrefcount(fn.__code__), sys.getrefcount(fn), sys.getrefcount(x), sys.getrefcount(y),
-              _frames())
+    before = (sys.getrefcount(fn.__code__), sys.getrefcount(fn), sys.getrefcount(x), sys.getrefcount(y), _frames())
     for _ in range(10000):
         f(x, y)
     gc.collect()
-    after = (sys.getrefcount(fn.__code__), sys.getrefcount(fn), sys.getrefcount(x), sys.getrefcount(y),
-             _frames())
+    after = (sys.getrefcount(fn.__code__), sys.getrefcount(fn), sys.getrefcount(x), sys.getrefcount(y), _frames())
     assert after == before
     (e,) = entries(fn)
     assert e.hits >= 10000
@@ -348,11 +356,13 @@ def test_two_threads():
                 assert_close = np.testing.assert_allclose
                 assert got.dtype == want.dtype
                 assert_close(got, want, rtol=1e-5)
-        except BaseException as e:          # noqa: B902  reported below
+        except BaseException as e:  # noqa: B902  reported below
             errors.append(e)
 
-    ts = [threading.Thread(target=work, args=(fa, _t_double, np.float32, 0)),
-          threading.Thread(target=work, args=(fb, _t_reduce, np.float64, 1000))]
+    ts = [
+        threading.Thread(target=work, args=(fa, _t_double, np.float32, 0)),
+        threading.Thread(target=work, args=(fb, _t_reduce, np.float64, 1000)),
+    ]
     for t in ts:
         t.start()
     for t in ts:
@@ -381,7 +391,7 @@ def test_recursion():
         np.testing.assert_allclose(f(x, n), _rec(x, n), rtol=1e-6)
     g = fastcompile.compile(_rec_break)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FastcompileWarning)     # n differs at every level: past 8 variants
+        warnings.simplefilter("ignore", FastcompileWarning)  # n differs at every level: past 8 variants
         for n in (1, 4, 12):
             np.testing.assert_allclose(g(x, n), _rec_break(x, n), rtol=1e-6)
     assert sys.getrecursionlimit() > 100
@@ -412,7 +422,7 @@ def test_generators_untouched():
     f = fastcompile.compile(_uses_gen)
     for _ in range(2):
         np.testing.assert_allclose(f(x), _uses_gen(x), rtol=1e-6)
-    assert entries(_gen) == []                  # the generator's own frames are never compiled
+    assert entries(_gen) == []  # the generator's own frames are never compiled
     g = fastcompile.compile(_gen_fn)
     it = g(x)
     assert isinstance(it, types.GeneratorType)
@@ -425,6 +435,7 @@ def test_generators_untouched():
 # ----------------------------------------------------------------------------------------------
 # exceptions: type, message, traceback
 # ----------------------------------------------------------------------------------------------
+
 
 def _bcast(x, y):
     z = x * 2
@@ -507,9 +518,9 @@ def test_exception_shapes_do_not_broadcast_in_a_fused_kernel():
     exc, tb = _run(f, x, bad)
     assert type(exc) is ValueError and str(exc) == str(want)
     assert len(entries(_bcast)) == 1
-    assert os.path.basename(tb[0].filename) == THIS and tb[0].name == "_run"          # the caller
+    assert os.path.basename(tb[0].filename) == THIS and tb[0].name == "_run"  # the caller
     assert os.path.basename(tb[-1].filename) == THIS and tb[-1].name == "_bcast"
-    np.testing.assert_array_equal(f(x, y), _bcast(x, y))                              # still compiled
+    np.testing.assert_array_equal(f(x, y), _bcast(x, y))  # still compiled
 
 
 def test_exception_in_a_fused_kernel_names_the_user_line():
@@ -523,6 +534,7 @@ def test_exception_in_a_fused_kernel_names_the_user_line():
 # ----------------------------------------------------------------------------------------------
 # guards and recompiles
 # ----------------------------------------------------------------------------------------------
+
 
 def _record(compiled):
     """Recompile lines of a compiled function (its ConvertFrame's recorder)."""
@@ -543,12 +555,16 @@ def test_size_change_does_not_recompile():
     assert len(entries(_sq)) == 1 and entries(_sq)[0].hits == 3
 
 
-@pytest.mark.parametrize("variant,expect", [
-    (lambda x: x.astype(np.float64), ["ndarray float32", "float64"]),             # dtype
-    (lambda x: x[None], ["ndim=2", "ndim=3"]),                                    # rank
-    (lambda x: x.T, ["contig=C", "contig=non-C"]),                                # contiguity
-    (lambda x: x[:1], ["size1_mask=0b0", "size1_mask=0b1"]),                      # a size becomes 1
-], ids=["dtype", "rank", "contiguity", "size1"])
+@pytest.mark.parametrize(
+    "variant,expect",
+    [
+        (lambda x: x.astype(np.float64), ["ndarray float32", "float64"]),  # dtype
+        (lambda x: x[None], ["ndim=2", "ndim=3"]),  # rank
+        (lambda x: x.T, ["contig=C", "contig=non-C"]),  # contiguity
+        (lambda x: x[:1], ["size1_mask=0b0", "size1_mask=0b1"]),  # a size becomes 1
+    ],
+    ids=["dtype", "rank", "contiguity", "size1"],
+)
 def test_array_meta_change_recompiles(variant, expect):
     f = fastcompile.compile(_sq)
     rec = _record(f)
@@ -564,7 +580,7 @@ def test_array_meta_change_recompiles(variant, expect):
     before, now = line.split("; now ")
     assert expect[0] in before and expect[1] in now, line
     f(x), f(y)
-    assert len(entries(_sq)) == 2                # both variants hit now
+    assert len(entries(_sq)) == 2  # both variants hit now
 
 
 def _glob(x):
@@ -588,9 +604,11 @@ def test_global_change_recompiles(specialize):
             C.OFFSET = np.float32(0.25)
             np.testing.assert_array_equal(f(x), C.np_global(x))
             assert len(entries(C.np_global)) == 1 + 2 * specialize
-            assert rec.recompiles == ([where + "G['SCALE'] == 2.0; now 3.0",
-                                       where + "G['OFFSET'] == np.float32(0.5); now np.float32(0.25)"]
-                                      if specialize else [])
+            assert rec.recompiles == (
+                [where + "G['SCALE'] == 2.0; now 3.0", where + "G['OFFSET'] == np.float32(0.5); now np.float32(0.25)"]
+                if specialize
+                else []
+            )
     finally:
         C.SCALE, C.OFFSET = old, old_off
     np.testing.assert_array_equal(f(x), C.np_global(x))
@@ -598,7 +616,7 @@ def test_global_change_recompiles(specialize):
 
 
 def _outer_two_dtypes(a, b):
-    print("", end="", file=_SINK)       # a break: the inner calls are frames of their own
+    print("", end="", file=_SINK)  # a break: the inner calls are frames of their own
     return _inner_frame(a), _inner_frame(b)
 
 
@@ -609,8 +627,7 @@ def _inner_frame(v):
 
 def test_explain_lists_recompiles():
     out = fastcompile.explain(_outer_two_dtypes)(C.a2(3), C.a2(3, dtype=np.float64))
-    assert any("_inner_frame" in r and "float32" in r and "float64" in r for r in out.recompiles), \
-        out.recompiles
+    assert any("_inner_frame" in r and "float32" in r and "float64" in r for r in out.recompiles), out.recompiles
     assert "Recompiles:" in str(out)
 
 
@@ -624,12 +641,15 @@ def test_ninth_variant_runs_uncompiled_with_a_warning():
     for k in range(8):
         np.testing.assert_array_equal(f(x, k), _k(x, k))
     assert len(entries(_k)) == 8
-    with pytest.warns(FastcompileWarning, match=r"_k .*compiled for 8 different inputs.*"
-                      r"guard failed: L\['k'\] == 7; now 8"):
+    with pytest.warns(
+        FastcompileWarning,
+        match=r"_k .*compiled for 8 different inputs.*"
+        r"guard failed: L\['k'\] == 7; now 8",
+    ):
         np.testing.assert_array_equal(f(x, 8), _k(x, 8))
     assert _C.code_state(_k.__code__) == "run_only"
-    np.testing.assert_array_equal(f(x, 9), _k(x, 9))          # no more warnings, still right
-    np.testing.assert_array_equal(f(x, 3), _k(x, 3))          # old entries still hit
+    np.testing.assert_array_equal(f(x, 9), _k(x, 9))  # no more warnings, still right
+    np.testing.assert_array_equal(f(x, 3), _k(x, 3))  # old entries still hit
     assert len(entries(_k)) == 8
 
 
@@ -661,7 +681,7 @@ def test_torch_dtype_contiguity_requires_grad_recompile():
     assert len(entries(_th)) == 4
     r = x.clone().requires_grad_(True)
     got = f(r)
-    assert len(entries(_th)) == 5                                          # a new entry: autograd mode
+    assert len(entries(_th)) == 5  # a new entry: autograd mode
     assert got.requires_grad and type(got.grad_fn).__name__ == "CompiledFunctionBackward"
     torch.testing.assert_close(got, _th(r))
 
@@ -670,11 +690,12 @@ def test_torch_dtype_contiguity_requires_grad_recompile():
 # fullgraph, reset
 # ----------------------------------------------------------------------------------------------
 
+
 def test_fullgraph_raises_at_the_first_break(capsys):
     f = fastcompile.compile(C.br_two, fullgraph=True)
     with pytest.raises(trace.Unsupported) as e:
         f(C.a2(5, 6))
-    assert capsys.readouterr().out == ""          # nothing of the frame ran
+    assert capsys.readouterr().out == ""  # nothing of the frame ran
     assert "call to builtin print" in e.value.reason
     where = "%s:%d" % (C.__file__, line_of(C.br_two, 'print("a")'))
     assert where in str(e.value), str(e.value)
@@ -697,8 +718,8 @@ def test_reset_drops_entries_and_retraces():
     assert entries(_sq) == [] and _C.code_state(_sq.__code__) == "none"
     rec = _record(f)
     f(x)
-    assert len(entries(_sq)) == 1 and entries(_sq)[0].hits == 0      # traced again
-    assert rec.recompiles == []                                       # a fresh trace, no recompile
+    assert len(entries(_sq)) == 1 and entries(_sq)[0].hits == 0  # traced again
+    assert rec.recompiles == []  # a fresh trace, no recompile
 
 
 def _make_fn():
@@ -706,6 +727,7 @@ def _make_fn():
 
     def scaled(x):
         return x * k + 1
+
     return scaled
 
 
@@ -722,7 +744,7 @@ def test_reset_and_del_do_not_leak_the_function():
 
 
 def test_reset_and_del_do_not_leak_a_function_with_breaks():
-    src = ("def brk(x):\n    y = x + 1\n    print('', end='', file=sink)\n    return y * 2\n")
+    src = "def brk(x):\n    y = x + 1\n    print('', end='', file=sink)\n    return y * 2\n"
     ns = {"sink": _SINK, "np": np}
     exec(compile(src, os.path.join(HERE, "generated_brk.py"), "exec"), ns)
     fn = ns.pop("brk")
@@ -749,12 +771,12 @@ def _kept_pair(x, y):
 
 def _kept_sum(x, y):
     z = np.exp(x) * y + 1
-    return z, z.sum()                   # a NumPy scalar out: run(), no fast target
+    return z, z.sum()  # a NumPy scalar out: run(), no fast target
 
 
 def _kept_break(x, y):
     z = np.exp(x) * y + 1
-    print("", end="", file=_SINK)       # graph break: the slow path (no fast target)
+    print("", end="", file=_SINK)  # graph break: the slow path (no fast target)
     return z * 2, y
 
 
@@ -775,11 +797,11 @@ def test_a_compiled_function_keeps_neither_the_first_calls_inputs_nor_the_traces
         same(got, want)
         refs = [weakref.ref(x), weakref.ref(y)]
         del x, y, got, want
-        fastcompile.pending_compiles(wait=True, timeout=120)      # async: the build holds them till done
+        fastcompile.pending_compiles(wait=True, timeout=120)  # async: the build holds them till done
         gc.collect()
         assert [r() is None for r in refs] == [True, True]
         assert _live_vars() == vars0
-        x2 = C.a2(777, seed=2)                 # and the target still runs, on new inputs
+        x2 = C.a2(777, seed=2)  # and the target still runs, on new inputs
         same(f(x2, x2), fn(x2, x2))
     finally:
         fastcompile.config.set(async_compile=old)
@@ -809,6 +831,7 @@ def test_a_compiled_module_keeps_no_input_of_its_first_call(train):
 # nn.Module
 # ----------------------------------------------------------------------------------------------
 
+
 def _modules():
     torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
     nn = torch.nn
@@ -823,6 +846,7 @@ def _modules():
 
         def forward(self, x):
             return self.fc2(self.drop(torch.relu(self.fc1(x))))
+
     return torch, [seq, MLP()]
 
 
@@ -831,7 +855,7 @@ def test_module_eval_matches_eager_and_training_recompiles(which):
     torch, mods = _modules()
     m = mods[which].eval()
     cm = fastcompile.compile(m)
-    assert cm.training is False and isinstance(cm(torch.zeros(1, 8)), torch.Tensor)   # grad on: a break
+    assert cm.training is False and isinstance(cm(torch.zeros(1, 8)), torch.Tensor)  # grad on: a break
     fastcompile.reset()
     code = type(m).forward.__code__
     x = torch.randn(5, 8)
@@ -839,20 +863,20 @@ def test_module_eval_matches_eager_and_training_recompiles(which):
         for _ in range(2):
             torch.testing.assert_close(cm(x), m(x))
         y = torch.randn(9, 8)
-        torch.testing.assert_close(cm(y), m(y))        # another batch size: the same entry
+        torch.testing.assert_close(cm(y), m(y))  # another batch size: the same entry
         (e,) = _C.code_entries(code)
-        assert e.target is not code                   # compiled: a graph, not the plain code
+        assert e.target is not code  # compiled: a graph, not the plain code
         out = fastcompile.explain(cm)(x)
         assert out.graph_count >= 1 and out.graph_break_count == 0, str(out)
         fastcompile.reset()
         cm(x)
-        cm.train()                                    # reaches the module
+        cm.train()  # reaches the module
         assert m.training
         torch.manual_seed(1)
         got = cm(x)
         torch.manual_seed(1)
         want = m(x)
-        torch.testing.assert_close(got, want)         # dropout (MLP) runs as torch does
+        torch.testing.assert_close(got, want)  # dropout (MLP) runs as torch does
         assert len(_C.code_entries(code)) == 2
     m.eval()
     with torch.no_grad():
@@ -862,6 +886,7 @@ def test_module_eval_matches_eager_and_training_recompiles(which):
 
 def _train_two_steps(model, run, x, lr=0.1):
     import torch
+
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     for _ in range(2):
         loss = (run(x) ** 2).mean()
@@ -876,6 +901,7 @@ def test_training_step_through_a_graph_break(capsys):
     print and into the resume function's graph; two SGD steps match eager."""
     torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
     import copy
+
     nn = torch.nn
 
     class M(nn.Module):
@@ -901,10 +927,10 @@ def test_training_step_through_a_graph_break(capsys):
     assert capsys.readouterr().out.count("between") == 4
     (e,) = _C.code_entries(M.forward.__code__)
     res = e.info.result
-    assert len(res.breaks) == 1 and res.code is not None              # resumed after the print
+    assert len(res.breaks) == 1 and res.code is not None  # resumed after the print
     assert isinstance(res.graphs[0].graph, torch.fx.Graph)
     assert type(cm(x).grad_fn).__name__ == "CompiledFunctionBackward"  # the resume graph too
-    with torch.no_grad():                                              # grad off: another entry
+    with torch.no_grad():  # grad off: another entry
         torch.testing.assert_close(cm(x), mod(x))
     assert len(_C.code_entries(M.forward.__code__)) == 2
 
@@ -955,7 +981,7 @@ def test_exception_inside_a_with_block_of_a_resume_function():
         exc, tb = _run(f, x, {"a": 2.0}, "b")
         assert type(exc) is KeyError and exc.args == ("b",)
         assert tb[-1].lineno == line_of(_with_body_raises, "z = np.log(y)")
-        assert np.geterr()["invalid"] == "warn"               # __exit__ ran
+        assert np.geterr()["invalid"] == "warn"  # __exit__ ran
 
 
 def test_import_does_not_import_torch_and_torch_imported_later_is_traced(tmp_path):
@@ -963,6 +989,7 @@ def test_import_does_not_import_torch_and_torch_imported_later_is_traced(tmp_pat
     imported afterwards is still traced into one graph, with no break."""
     pytest.importorskip("torch")
     import subprocess
+
     code = (
         "import sys, fastcompile\n"
         "assert 'torch' not in sys.modules, 'import fastcompile imported torch'\n"
@@ -974,7 +1001,8 @@ def test_import_does_not_import_torch_and_torch_imported_later_is_traced(tmp_pat
         "assert e.graph_count == 1 and e.graph_break_count == 0, str(e)\n"
         "g = fastcompile.compile(f)\n"
         "assert torch.equal(g(x), torch.relu(x) * 2 + 1)\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(tmp_path / "cache"))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
@@ -1011,7 +1039,7 @@ def test_dropout_in_training_is_one_graph_and_draws_as_eager():
         torch.manual_seed(100 + step)
         want = ref(x)
         torch.testing.assert_close(got, want)
-        assert (got == 0).float().mean() > 0.1           # dropout really dropped
+        assert (got == 0).float().mean() > 0.1  # dropout really dropped
         got.square().mean().backward()
         want.square().mean().backward()
         for (n, p), q in zip(net.named_parameters(), ref.parameters()):
@@ -1021,7 +1049,7 @@ def test_dropout_in_training_is_one_graph_and_draws_as_eager():
         after_ours = torch.rand(4)
         torch.manual_seed(7)
         ref(x)
-        assert torch.equal(after_ours, torch.rand(4))     # the RNG advanced exactly as eager's
+        assert torch.equal(after_ours, torch.rand(4))  # the RNG advanced exactly as eager's
     net.eval()
     with torch.no_grad():
         torch.testing.assert_close(cm(x), ref.eval()(x))
@@ -1032,6 +1060,7 @@ def test_dropout_in_training_is_one_graph_and_draws_as_eager():
 # async compile (config.async_compile) on our tracer's core route: the first call returns the
 # values the trace computed, the kernels build in a background thread, the next call waits
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def async_on():
@@ -1045,6 +1074,7 @@ def async_on():
 def held_build(monkeypatch):
     """The background builds wait for gate.set(); builds: the Compiled of each build queued."""
     from fastcompile.trace import graph_call
+
     gate, builds = threading.Event(), []
     submit, work = graph_call._submit, graph_call._work
 
@@ -1055,6 +1085,7 @@ def held_build(monkeypatch):
     def held():
         assert gate.wait(60), "the test never let the build go"
         work()
+
     monkeypatch.setattr(graph_call, "_submit", queued)
     monkeypatch.setattr(graph_call, "_work", held)
     yield gate, builds
@@ -1069,21 +1100,21 @@ def test_async_compile_first_call_returns_the_traced_values_then_the_kernels(asy
     w = np.random.rand(16, 8)
 
     def f(x):
-        return np.tanh(x @ w) * 1.25 + x.sum()       # a matmul extern between kernels
+        return np.tanh(x @ w) * 1.25 + x.sum()  # a matmul extern between kernels
 
     cf = fastcompile.compile(f)
     x = np.random.rand(32, 16)
-    np.testing.assert_array_equal(cf(x), f(x))        # NumPy's own values: no kernel ran
+    np.testing.assert_array_equal(cf(x), f(x))  # NumPy's own values: no kernel ran
     (compiled,) = builds
     assert compiled.nplans == 0 and fastcompile.pending_compiles() == base + 1
     gate.set()
     y = np.random.rand(32, 16)
-    np.testing.assert_allclose(cf(y), f(y), rtol=1e-6)    # waits for the build, runs the kernels
+    np.testing.assert_allclose(cf(y), f(y), rtol=1e-6)  # waits for the build, runs the kernels
     assert fastcompile.pending_compiles() == base
     plans = compiled.nplans
     assert plans > 0 and len(compiled.kernels) > 0
     np.testing.assert_allclose(cf(x), f(x), rtol=1e-6)
-    assert compiled.nplans == plans                   # the build had the layouts of real calls
+    assert compiled.nplans == plans  # the build had the layouts of real calls
 
 
 def test_async_compile_fast_target_runs_the_compiled_from_c_once_built(async_on, held_build):
@@ -1148,6 +1179,7 @@ def test_async_compile_traced_values_only_for_the_traced_inputs(async_on, held_b
 
     def f(x):
         return np.exp(x) - 1.5
+
     x, y = np.random.rand(100), np.random.rand(100)
     result = trace.trace_function(f, x)
     out = result.target(*trace.slot_values(f, (y,), {}, result.slots))
@@ -1165,7 +1197,7 @@ def test_async_compile_traced_values_of_a_partial_graph_and_a_break(async_on, he
 
     def f(x):
         y = np.sqrt(x) * 3.0
-        log.append(float(y[0]))                       # a break: the list is outside the frame
+        log.append(float(y[0]))  # a break: the list is outside the frame
         return y + 1.0
 
     cf = fastcompile.compile(f)
@@ -1182,14 +1214,15 @@ def test_async_compile_first_calls_of_many_graphs_build_in_one_batch(async_on, h
     core for each."""
     gate, builds = held_build
     gc.collect()
-    base = fastcompile.pending_compiles()             # what other tests left (nothing building)
-    salt = np.random.rand()                           # kernels of this run's own: compiled now
+    base = fastcompile.pending_compiles()  # what other tests left (nothing building)
+    salt = np.random.rand()  # kernels of this run's own: compiled now
     fns = []
     for i in range(5):
         c = 1.0 + salt + i
 
         def f(x, c=c):
             return np.tanh(x) * c + c
+
         fns.append((f, fastcompile.compile(f)))
     x = np.random.rand(1000)
     before = fastcompile.stats()["compiler_runs"]
@@ -1213,12 +1246,13 @@ def test_first_call_compiles_every_segment_in_one_batch():
     """A graph with kernels on both sides of an extern (a matmul): its first call compiles them
     in one batch, side by side (one compiler per core), not each segment's when the call reaches
     it. The dry run that finds the later segments' layouts uses the trace's extern results."""
-    salt = np.random.rand()                   # kernels of this run's own: compiled now
+    salt = np.random.rand()  # kernels of this run's own: compiled now
 
     def f(x, w):
         y = np.tanh(x * (1.5 + salt) + 0.25)
         z = y @ w
         return np.exp(-z) * (3.0 + salt) - z
+
     x, w = np.random.rand(64, 32), np.random.rand(32, 48)
     with fastcompile.config.overriding(specialize_float=True):
         cf = fastcompile.compile(f)
@@ -1228,7 +1262,7 @@ def test_first_call_compiles_every_segment_in_one_batch():
         np.testing.assert_allclose(cf(x * 2, w), f(x * 2, w), rtol=1e-12)
     assert after["compiles"] - before["compiles"] == 2
     assert after["compile_batches"] - before["compile_batches"] == 1
-    assert fastcompile.stats()["compiles"] == after["compiles"]     # the second call: none
+    assert fastcompile.stats()["compiles"] == after["compiles"]  # the second call: none
 
 
 def test_explain_turns_async_compile_off_for_its_own_thread_only():
@@ -1268,6 +1302,7 @@ def test_async_compile_general_path_next_call_waits_for_the_build(async_on, held
     """A target off the fast path (a dict result): the first call returns the traced values, the
     next call waits for the background build before it runs the graph."""
     import time
+
     gate, builds = held_build
 
     def f(x):
@@ -1284,6 +1319,7 @@ def test_async_compile_general_path_next_call_waits_for_the_build(async_on, held
         time.sleep(0.3)
         opened.append(time.monotonic())
         gate.set()
+
     t = threading.Thread(target=let_go)
     t.start()
     y = np.random.rand(64)

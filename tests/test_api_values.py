@@ -3,6 +3,7 @@ under two sources, writes into arguments, dtypes and layouts outside the core, a
 classes, instances and modules (guarded as read, or read by Python), values guarded by value,
 float16 next to Python scalars, closure cells, and floats read at each call instead of baked in.
 Shared fixtures: api_helpers.py."""
+
 import contextlib
 import io
 import math
@@ -19,7 +20,7 @@ import trace_corpus as C
 from api_helpers import clean, entries  # noqa: F401 (clean: an autouse fixture)
 from test_trace import same
 
-_SINK = io.StringIO()       # print() target of the functions below: a side effect, not output
+_SINK = io.StringIO()  # print() target of the functions below: a side effect, not output
 
 
 def test_one_array_under_two_sources_at_trace_is_two_inputs():
@@ -30,7 +31,7 @@ def test_one_array_under_two_sources_at_trace_is_two_inputs():
     log = []
 
     def pick(x, y):
-        log.append(1)                                 # a break: mutation of an outside list
+        log.append(1)  # a break: mutation of an outside list
         return y if same[0] else x * 7.0
 
     def f(x):
@@ -66,29 +67,97 @@ def test_one_array_under_two_sources_at_trace_is_two_inputs():
         np.testing.assert_allclose(cg(x), want, rtol=1e-12)
 
 
-def _w_ufunc_pos_out(a, o): np.exp(a, o); return o + 1
-def _w_ufunc_pos_out_self(a, o): np.negative(a, out=a); np.exp(a, a); return a          # noqa: E702
-def _w_sum_pos_out(a, o): np.sum(a, 1, None, o[:, 0]); return o * 2
-def _w_dot_pos_out(a, o): np.dot(a[:, :4], a[:4, :6], o); return o - 1
-def _w_reduce_pos_out(a, o): np.add.reduce(a, 1, None, o[:, 1]); return o * 1
-def _w_clip_method_out(a, o): a.clip(0, 1, o); return o + a
-def _w_round_method_out(a, o): a.round(1, o); return o + 1
-def _w_cumsum_method_out(a, o): a.cumsum(1, None, o); return o * 1
-def _w_ufunc_at(a, o): np.add.at(a, [0, 1, 1], 1.0); return a * 2
-def _w_iadd_dunder(a, o): a.__iadd__(1); return a * 2
-def _w_imul_dunder(a, o): a.__imul__(o); return a + 1
-def _w_setitem_dunder(a, o): a.__setitem__((0, 0), 5.0); return a * 2
-def _w_fresh_iadd_dunder(a, o): b = a * 2; b.__iadd__(o); return b * 3
-def _w_operator_iadd(a, o): __import__("operator").iadd(a, 1.5); return a * 2
+def _w_ufunc_pos_out(a, o):
+    np.exp(a, o)
+    return o + 1
 
 
-WRITES_NUMPY = [_w_ufunc_pos_out, _w_ufunc_pos_out_self, _w_sum_pos_out, _w_dot_pos_out, _w_reduce_pos_out,
-                _w_clip_method_out, _w_round_method_out, _w_cumsum_method_out, _w_ufunc_at]
+def _w_ufunc_pos_out_self(a, o):
+    np.negative(a, out=a)
+    np.exp(a, a)
+    return a  # noqa: E702
+
+
+def _w_sum_pos_out(a, o):
+    np.sum(a, 1, None, o[:, 0])
+    return o * 2
+
+
+def _w_dot_pos_out(a, o):
+    np.dot(a[:, :4], a[:4, :6], o)
+    return o - 1
+
+
+def _w_reduce_pos_out(a, o):
+    np.add.reduce(a, 1, None, o[:, 1])
+    return o * 1
+
+
+def _w_clip_method_out(a, o):
+    a.clip(0, 1, o)
+    return o + a
+
+
+def _w_round_method_out(a, o):
+    a.round(1, o)
+    return o + 1
+
+
+def _w_cumsum_method_out(a, o):
+    a.cumsum(1, None, o)
+    return o * 1
+
+
+def _w_ufunc_at(a, o):
+    np.add.at(a, [0, 1, 1], 1.0)
+    return a * 2
+
+
+def _w_iadd_dunder(a, o):
+    a.__iadd__(1)
+    return a * 2
+
+
+def _w_imul_dunder(a, o):
+    a.__imul__(o)
+    return a + 1
+
+
+def _w_setitem_dunder(a, o):
+    a.__setitem__((0, 0), 5.0)
+    return a * 2
+
+
+def _w_fresh_iadd_dunder(a, o):
+    b = a * 2
+    b.__iadd__(o)
+    return b * 3
+
+
+def _w_operator_iadd(a, o):
+    __import__("operator").iadd(a, 1.5)
+    return a * 2
+
+
+WRITES_NUMPY = [
+    _w_ufunc_pos_out,
+    _w_ufunc_pos_out_self,
+    _w_sum_pos_out,
+    _w_dot_pos_out,
+    _w_reduce_pos_out,
+    _w_clip_method_out,
+    _w_round_method_out,
+    _w_cumsum_method_out,
+    _w_ufunc_at,
+]
 WRITES_ANY = [_w_iadd_dunder, _w_imul_dunder, _w_setitem_dunder, _w_fresh_iadd_dunder, _w_operator_iadd]
 
 
-@pytest.mark.parametrize("fn,kind", [(f, "numpy") for f in WRITES_NUMPY + WRITES_ANY] + [(f, "torch") for f in WRITES_ANY],
-                         ids=lambda v: v.__name__[3:] if callable(v) else v)
+@pytest.mark.parametrize(
+    "fn,kind",
+    [(f, "numpy") for f in WRITES_NUMPY + WRITES_ANY] + [(f, "torch") for f in WRITES_ANY],
+    ids=lambda v: v.__name__[3:] if callable(v) else v,
+)
 def test_writes_into_arguments_happen_as_in_python(fn, kind):
     """A call that writes into an array it is given: NumPy's out by position (a ufunc's outputs
     after its inputs, np.sum's, np.dot's and ndarray methods' out parameter), ufunc.at, and the
@@ -100,7 +169,7 @@ def test_writes_into_arguments_happen_as_in_python(fn, kind):
     rng = np.random.default_rng(0)
     x, o = rng.standard_normal((4, 6)).astype(np.float32), np.zeros((4, 6), np.float32)
     compiled = fastcompile.compile(fn)
-    for k in range(3):                       # a trace, then cache hits
+    for k in range(3):  # a trace, then cache hits
         a1, o1, a2, o2 = x + k, o.copy(), x + k, o.copy()
         if kind == "torch":
             a1, o1, a2, o2 = (torch.from_numpy(v) for v in (a1, o1, a2, o2))
@@ -115,8 +184,10 @@ def test_writes_into_arguments_happen_as_in_python(fn, kind):
 def test_astype_to_float16_rounds_as_numpy():
     """a.astype(np.float16) rounds to float16 even where the kernel reads it again as float32:
     quantizing through a half type is what the user asked for, not a no-op in the kernel."""
+
     def f(a):
         return a.astype(np.float16).astype(np.float32) * 2, (a * 3).astype(np.float16)
+
     x = np.random.default_rng(1).standard_normal((64, 33)).astype(np.float32) * 100
     compiled = fastcompile.compile(f)
     for _ in range(2):
@@ -144,7 +215,7 @@ def test_dtypes_outside_the_core_run_as_numpy_without_an_internal_error(case):
         for _ in range(2):
             got, want = compiled(x), fn(x)
             assert got.dtype == want.dtype
-            np.testing.assert_allclose(got, want, rtol=1e-6)        # sin: libmvec's, not NumPy's
+            np.testing.assert_allclose(got, want, rtol=1e-6)  # sin: libmvec's, not NumPy's
 
 
 @pytest.mark.parametrize("case", ["to_complex", "bfloat16_method", "float8", "quantized", "sparse", "view_as_real"])
@@ -190,6 +261,7 @@ def test_in_place_operators_on_a_fresh_tensor_stay_in_the_graph():
         b = (a * 10).long()
         b += 1.5
         return b
+
     x = torch.randn(5, 3)
     out = fastcompile.explain(f)(x)
     assert (out.graph_count, out.graph_break_count) == (1, 0), str(out)
@@ -204,7 +276,7 @@ def test_in_place_operators_on_a_fresh_tensor_stay_in_the_graph():
 
 
 class _Cfg:
-    scale = 1.5                          # a class attribute: instances read it until they set their own
+    scale = 1.5  # a class attribute: instances read it until they set their own
     table = np.ones(3, np.float32)
 
 
@@ -231,10 +303,17 @@ def test_class_attributes_and_absent_attributes_are_guarded():
     the class's value nor an absent name's default is baked in without a guard."""
     x = np.arange(3, dtype=np.float32)
     f, g = fastcompile.compile(_reads_class_attrs), fastcompile.compile(_reads_absent_attrs)
-    changes = [lambda: None, lambda: setattr(_CFG, "scale", 3.0), lambda: setattr(_Cfg, "scale", 5.0),
-               lambda: delattr(_CFG, "scale"), lambda: setattr(_Cfg, "table", np.zeros(3, np.float32)),
-               lambda: setattr(_CFG, "extra", 7.0), lambda: setattr(_Cfg, "extra", 9.0),
-               lambda: delattr(_CFG, "extra"), lambda: delattr(_Cfg, "extra")]
+    changes = [
+        lambda: None,
+        lambda: setattr(_CFG, "scale", 3.0),
+        lambda: setattr(_Cfg, "scale", 5.0),
+        lambda: delattr(_CFG, "scale"),
+        lambda: setattr(_Cfg, "table", np.zeros(3, np.float32)),
+        lambda: setattr(_CFG, "extra", 7.0),
+        lambda: setattr(_Cfg, "extra", 9.0),
+        lambda: delattr(_CFG, "extra"),
+        lambda: delattr(_Cfg, "extra"),
+    ]
     try:
         for k, change in enumerate(changes):
             change()
@@ -287,15 +366,17 @@ def test_methods_replaced_after_compile_are_seen():
     f = fastcompile.compile(_calls_methods)
     saved = dict(_Ops.__dict__)
     other = _Ops(7.0)
-    changes = [lambda: None,
-               lambda: setattr(_Ops, "scale", lambda self, a: a * 3),
-               lambda: setattr(_OPS, "scale", lambda a: a * 50),
-               lambda: setattr(_Ops, "prop", property(lambda self: 42.0)),
-               lambda: setattr(_Ops, "twice", staticmethod(lambda a: a * 5)),
-               lambda: setattr(_Ops, "k", 9.0),
-               lambda: setattr(_Ops, "by_k", classmethod(lambda cls, a: a - cls.k)),
-               lambda: globals().__setitem__("_BOUND", other.scale),
-               lambda: setattr(other, "s", 11.0)]
+    changes = [
+        lambda: None,
+        lambda: setattr(_Ops, "scale", lambda self, a: a * 3),
+        lambda: setattr(_OPS, "scale", lambda a: a * 50),
+        lambda: setattr(_Ops, "prop", property(lambda self: 42.0)),
+        lambda: setattr(_Ops, "twice", staticmethod(lambda a: a * 5)),
+        lambda: setattr(_Ops, "k", 9.0),
+        lambda: setattr(_Ops, "by_k", classmethod(lambda cls, a: a - cls.k)),
+        lambda: globals().__setitem__("_BOUND", other.scale),
+        lambda: setattr(other, "s", 11.0),
+    ]
     try:
         for k, change in enumerate(changes):
             change()
@@ -385,6 +466,7 @@ def test_thread_local_attributes_are_read_per_thread():
         if k is not None:
             _TLS.k = k
         got[k] = [f(x).tolist() for _ in range(2)]
+
     for k in (None, 3.0, 5.0):
         t = threading.Thread(target=run, args=(k,))
         t.start()
@@ -418,14 +500,29 @@ def _scaled_by(x, s):
 
 def _max_then_branch(x):
     m = x.max()
-    if m > 0:                   # a data-dependent branch: m reaches the resume function as a NumPy scalar
+    if m > 0:  # a data-dependent branch: m reaches the resume function as a NumPy scalar
         return x / m
     return x
 
 
-@pytest.mark.parametrize("case", ["np_float32", "np_float64", "np_int64_shape", "np_bool", "py_minus_zero",
-                                  "complex", "slice", "range", "namedtuple", "enum", "fraction",
-                                  "slots", "slots_dataclass"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "np_float32",
+        "np_float64",
+        "np_int64_shape",
+        "np_bool",
+        "py_minus_zero",
+        "complex",
+        "slice",
+        "range",
+        "namedtuple",
+        "enum",
+        "fraction",
+        "slots",
+        "slots_dataclass",
+    ],
+)
 def test_values_of_arguments_are_guarded_by_value(case):
     """Arguments whose value the trace uses are guarded by value, so a later call with another
     value recompiles instead of reusing the first call's: NumPy scalars (not by type only, with
@@ -433,6 +530,7 @@ def test_values_of_arguments_are_guarded_by_value(case):
     slices, ranges, namedtuples, enum members, fractions, and the members of __slots__
     objects."""
     from fractions import Fraction
+
     x = np.arange(6, dtype=np.float32)
     cases = {
         "np_float32": (_scaled_by, [np.float32(1.5), np.float32(2.5), np.float32(-0.0)]),
@@ -455,7 +553,9 @@ def test_values_of_arguments_are_guarded_by_value(case):
         for v in values:
             for _ in range(2):
                 got, want = compiled(x, v), fn(x, v)
-                for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+                for g, w in zip(
+                    got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)
+                ):
                     assert g.dtype == w.dtype and g.shape == w.shape, (v, g, w)
                     np.testing.assert_array_equal(g, w, err_msg=repr(v))
                     if g.dtype.kind == "f":
@@ -463,7 +563,7 @@ def test_values_of_arguments_are_guarded_by_value(case):
     if case == "slots":
         obj = _Slotted(2.0)
         compiled(x, obj)
-        obj.scale = 3.0                      # the member changes in place
+        obj.scale = 3.0  # the member changes in place
         np.testing.assert_array_equal(compiled(x, obj), x * 3.0)
 
 
@@ -479,8 +579,10 @@ def test_a_numpy_scalar_across_a_graph_break_is_read_at_each_call():
 def test_a_bound_method_of_an_array_as_an_argument():
     """op(x) with op = w1.dot, then w2.dot: results as Python's. Describing the identity guard
     that failed compared the method's __self__ (an ndarray) with ==, and raised ValueError."""
+
     def f(x, op):
         return op(x) + 1
+
     x = np.ones(3)
     compiled = fastcompile.compile(f)
     for k in (1.0, 2.0, 3.0):
@@ -497,9 +599,9 @@ def test_python_scalars_with_float16_arrays_are_float16(case):
     fns = {
         "mul_int": lambda a: a * 100000,
         "mul_float": lambda a: a * 100000.0,
-        "div": lambda a: a / 2 ** 31,
-        "rfloordiv": lambda a: 2 ** 31 // a,
-        "rmod": lambda a: 2 ** 31 % a,
+        "div": lambda a: a / 2**31,
+        "rfloordiv": lambda a: 2**31 // a,
+        "rmod": lambda a: 2**31 % a,
         "where": lambda a: np.where(a > 0, a, 1e5),
         "fraction": lambda a: a * 0.1 + 3,
     }
@@ -517,6 +619,7 @@ def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_
     """An inlined function's closure cells are read at call time (CellSource), not once as
     constants of the trace: a rebound cell (nonlocal) recompiles, a list in one is guarded, and
     appending to it is a graph break that runs (not a local list's append, dropped)."""
+
     def make():
         c = 2.0
         log = []
@@ -534,6 +637,7 @@ def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_
         def set_c(v):
             nonlocal c
             c = v
+
         return f, set_c, log, note
 
     f, set_c, log, note = make()
@@ -542,14 +646,15 @@ def test_closure_cells_of_inlined_functions_are_guarded_and_their_mutation_is_a_
     np.testing.assert_allclose(cf(x), x * 2.0 + 1.0)
     set_c(3.0)
     np.testing.assert_allclose(cf(x), x * 3.0 + 1.0)
-    assert len(log) == 2                              # both calls appended
-    for _ in range(4):                                # appending changes no guard: no recompile
+    assert len(log) == 2  # both calls appended
+    for _ in range(4):  # appending changes no guard: no recompile
         np.testing.assert_allclose(cf(x), x * 3.0 + 1.0)
     assert len(log) == 6
-    assert len(entries(note)) == 1                    # not one more entry per call
+    assert len(entries(note)) == 1  # not one more entry per call
 
 
 # ---------------------------------------------------------------------------- floats read at each call
+
 
 def _lr_step(x, lr):
     return x - lr * x * 2
@@ -578,8 +683,10 @@ def test_a_float_with_float16_arrays_is_a_float16_at_each_call():
     """NumPy rounds a Python float to float16 before multiplying a float16 array (x * 1e5 is
     x * inf): the graph reads float16(s), computed by Python at each call: one trace, right
     for every value."""
+
     def h(x, s):
         return x * s
+
     f = fastcompile.compile(h)
     x = np.linspace(-2, 2, 9).astype(np.float16)
     with np.errstate(all="ignore"):
@@ -621,6 +728,7 @@ _G_LIST = [1.5]
 def _many_float_sources(x, d=0.5, **kw):
     def inner(y):
         return y * d
+
     return inner(x) * _OPT.lr + _G_LR * x + _G_TABLE["mom"] + _G_LIST[0] + kw["k"]
 
 
@@ -635,8 +743,9 @@ def test_floats_from_every_source_are_read_at_each_call():
         for step in range(4):
             _OPT.lr, _G_LR = 0.5 + step, 0.25 * step
             _G_TABLE["mom"], _G_LIST[0] = 0.9 - step, 1.5 * step
-            np.testing.assert_array_equal(f(x, 0.1 * step, k=2.0 ** step),
-                                          _many_float_sources(x, 0.1 * step, k=2.0 ** step))
+            np.testing.assert_array_equal(
+                f(x, 0.1 * step, k=2.0**step), _many_float_sources(x, 0.1 * step, k=2.0**step)
+            )
         assert len(entries(_many_float_sources)) == 1
     finally:
         _OPT.lr, _G_LR, _G_TABLE["mom"], _G_LIST[0] = 0.5, old, 0.9, 1.5
@@ -680,8 +789,9 @@ def _float_as_python_value(x, lr):
     return x[: int(lr * 10)] + np.full_like(x[: int(lr * 10)], lr)
 
 
-@pytest.mark.parametrize("fn, values", [(_float_branch, [0.1, 0.2, 0.1, 0.3, 0.3]),
-                                        (_float_as_python_value, [0.2, 0.3, 0.2, 0.5])])
+@pytest.mark.parametrize(
+    "fn, values", [(_float_branch, [0.1, 0.2, 0.1, 0.3, 0.3]), (_float_as_python_value, [0.2, 0.3, 0.2, 0.5])]
+)
 def test_a_float_whose_value_the_trace_uses_is_guarded_by_value(fn, values):
     """A float the trace uses as a Python value (a branch, a slice bound, a NumPy call it does not
     compile) is baked in and guarded by value: one trace per value, each right."""
@@ -713,8 +823,15 @@ def test_scalars_crossing_a_graph_break_are_read_at_each_call():
     assert "Floats read at each call: L['m'], L['s']" in str(out), str(out)
 
 
-@pytest.mark.parametrize("scalar, dtype", [(np.float64(0.1), "float32"), (np.float32(0.1), "float16"),
-                                           (np.float16(0.1), "float32"), (np.float32(3.5), "int64")])
+@pytest.mark.parametrize(
+    "scalar, dtype",
+    [
+        (np.float64(0.1), "float32"),
+        (np.float32(0.1), "float16"),
+        (np.float16(0.1), "float32"),
+        (np.float32(3.5), "int64"),
+    ],
+)
 def test_numpy_float_scalars_are_read_at_each_call_strongly_typed(scalar, dtype):
     f = fastcompile.compile(_lr_step)
     x = np.arange(-4, 4).astype(dtype)
@@ -724,12 +841,12 @@ def test_numpy_float_scalars_are_read_at_each_call_strongly_typed(scalar, dtype)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
     assert len(entries(_lr_step)) == 1
-    np.testing.assert_array_equal(f(x, 0.5), _lr_step(x, 0.5))   # a Python float: another trace
+    np.testing.assert_array_equal(f(x, 0.5), _lr_step(x, 0.5))  # a Python float: another trace
     assert len(entries(_lr_step)) == 2
 
 
 def _pow_op(x, e):
-    return x ** e + np.power(x, e)
+    return x**e + np.power(x, e)
 
 
 def test_a_float_exponent_is_baked_in():
@@ -764,15 +881,15 @@ def test_defaults_of_an_inlined_function_are_read_through_it():
     saved = _helper_with_defaults.__defaults__, _helper_with_defaults.__kwdefaults__
     try:
         same(f(x), _calls_helper_with_defaults(x))
-        _helper_with_defaults.__defaults__ = (5.0, 3, np.ones(4))     # a float and an array: read
+        _helper_with_defaults.__defaults__ = (5.0, 3, np.ones(4))  # a float and an array: read
         same(f(x), _calls_helper_with_defaults(x))
         assert len(entries(_calls_helper_with_defaults)) == 1
-        _helper_with_defaults.__defaults__ = (5.0, 7, np.ones(4))     # an int: traced again
+        _helper_with_defaults.__defaults__ = (5.0, 7, np.ones(4))  # an int: traced again
         same(f(x), _calls_helper_with_defaults(x))
         _helper_with_defaults.__kwdefaults__ = {"bias": 10}
         same(f(x), _calls_helper_with_defaults(x))
         assert len(entries(_calls_helper_with_defaults)) == 3
-        _helper_with_defaults.__defaults__ = (5.0,)                   # too few: Python's TypeError
+        _helper_with_defaults.__defaults__ = (5.0,)  # too few: Python's TypeError
         with pytest.raises(TypeError, match="missing 2 required positional arguments"):
             f(x)
     finally:
@@ -810,8 +927,8 @@ def test_builtins_on_a_float_read_at_each_call_are_pythons(scalar):
 
 
 def _unused_float_arith(x, lr, t):
-    inv = 1.0 / t                   # never used afterwards
-    r = math.sqrt(lr)               # nor this
+    inv = 1.0 / t  # noqa: F841 (never used afterwards)
+    r = math.sqrt(lr)  # noqa: F841 (nor this)
     return x * lr
 
 
@@ -854,14 +971,23 @@ def test_identity_of_equal_ints_and_strings_is_pythons():
     ints, None and unequal values stay compiled."""
     f = fastcompile.compile(_identity)
     x = np.ones(3)
-    n = 10 ** 6
-    for a, b in [(n, n), (n, int(str(n))), (5, 5), ("ab", "ab"), ("ab", "".join(["a", "b"])),
-                 (None, None), (1, None), (n, n + 1)]:
+    n = 10**6
+    for a, b in [
+        (n, n),
+        (n, int(str(n))),
+        (5, 5),
+        ("ab", "ab"),
+        ("ab", "".join(["a", "b"])),
+        (None, None),
+        (1, None),
+        (n, n + 1),
+    ]:
         same(f(x, a, b), _identity(x, a, b))
 
 
 def _torch_scalar_checks(x, lo, v):
     import torch
+
     return torch.clamp(x, -lo, lo), torch.where(x > 0, x, v)
 
 
@@ -910,6 +1036,7 @@ def _nested_constant_defaults(x, lr):
 
     def inner(y, lr=0, *, k=2):
         return y * lr * k
+
     total = x
     for s in (1.0, 2.0, 3.0):
         total = total + inner(x, **cfg) * s

@@ -6,6 +6,7 @@ are not in it.
 On disk: content-addressed by source, compiler, flags, CPU and version.
 Every key component is flipped here and must cause a miss.
 """
+
 import os
 import subprocess
 import sys
@@ -59,12 +60,15 @@ def test_input_key_components_miss(cache_dir, flip):
     f = gelu_graph().compile()
     x = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
     if flip == "zero_last_stride":
-        x = x[:, ::2]                       # non-contiguous, last stride 8
+        x = x[:, ::2]  # non-contiguous, last stride 8
     f(x)
     assert f.nplans == 1
-    other = {"size1": lambda: x[:, :1], "contiguity": lambda: x.T,
-             # same shape, still non-contiguous, but the last dim is an expanded one
-             "zero_last_stride": lambda: np.broadcast_to(x[:, :1], x.shape)}[flip]()
+    other = {
+        "size1": lambda: x[:, :1],
+        "contiguity": lambda: x.T,
+        # same shape, still non-contiguous, but the last dim is an expanded one
+        "zero_last_stride": lambda: np.broadcast_to(x[:, :1], x.shape),
+    }[flip]()
     (y,) = f(other)
     assert f.nplans == 2, "flipping %s must build a new plan" % flip
     expected = 0.5 * other * (1 + np.vectorize(__import__("math").erf)(other / np.sqrt(2)))
@@ -78,8 +82,9 @@ def test_extern_result_key_components_miss(cache_dir, flip):
     g = Graph()
     x = g.input("float64", 2)
     mode = g.input("int8", 0)
-    y = g.extern(lambda a, m: (a.astype(np.float32) if m else a) if flip == "dtype"
-                 else (a.reshape(-1) if m else a), x, mode)
+    y = g.extern(
+        lambda a, m: (a.astype(np.float32) if m else a) if flip == "dtype" else (a.reshape(-1) if m else a), x, mode
+    )
     g.output(g.call("exp", y))
     f = g.compile()
     a = np.linspace(-1, 1, 6).reshape(2, 3)
@@ -98,7 +103,7 @@ def test_compiler_flags_and_version_miss(cache_dir):
     x = np.ones((2, 3), np.float32)
     gelu_graph().compile()(x)
     n0 = compiles()
-    gelu_graph().compile()(x)                   # same key: memory hit, no compile
+    gelu_graph().compile()(x)  # same key: memory hit, no compile
     assert compiles() == n0
     try:
         fastcompile.config.set(cflags="-DFASTCOMPILE_TEST_FLAG=1")
@@ -112,7 +117,7 @@ def test_compiler_flags_and_version_miss(cache_dir):
         gelu_graph().compile()(x)
         assert compiles() == n0 + 2, "the fastcompile version is part of the key"
     finally:
-        fastcompile.config.set()               # back to the real version
+        fastcompile.config.set()  # back to the real version
 
 
 WARM_SCRIPT = NO_TORCH + textwrap.dedent("""
@@ -133,8 +138,7 @@ WARM_SCRIPT = NO_TORCH + textwrap.dedent("""
 
 def run_script(cache, script=WARM_SCRIPT):
     env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(cache))
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return out
 
@@ -155,7 +159,7 @@ def test_truncated_shared_object_recompiles_with_warning(cache_dir):
     so = f.kernels[0].so_path
     with open(so, "r+b") as fh:
         fh.truncate(100)
-    fastcompile.cache_clear(disk=False)        # forget it in memory; the disk copy is now broken
+    fastcompile.cache_clear(disk=False)  # forget it in memory; the disk copy is now broken
     n0 = compiles()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -180,16 +184,24 @@ RACE_SCRIPT = NO_TORCH + textwrap.dedent("""
 def test_four_processes_racing_on_one_key(tmp_path):
     cache = tmp_path / "race"
     env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(cache))
-    procs = [subprocess.Popen([sys.executable, "-c", RACE_SCRIPT], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACE_SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
         assert out.strip() == "ok"
     published = [f for _, _, files in os.walk(cache) for f in files if f.endswith(".so")]
     assert len(published) == 1, published
-    leftovers = [f for _, _, files in os.walk(cache) for f in files
-                 if ".tmp" in f or (f.count(".") > 1 and f != "fc_kernel.h.gch")]
+    leftovers = [
+        f
+        for _, _, files in os.walk(cache)
+        for f in files
+        if ".tmp" in f or (f.count(".") > 1 and f != "fc_kernel.h.gch")
+    ]
     assert leftovers == []
 
 
@@ -225,8 +237,8 @@ def test_kernels_of_one_plan_compile_as_one_batch(cache_dir):
     one of them on disk."""
     g = Graph()
     x = g.input("float32", 2)
-    s = g.call("softmax", x, axis=0)                    # a column reduction ...
-    r = g.call("sum", g.call("exp", x), axis=-1)        # ... and a row one: several kernels
+    s = g.call("softmax", x, axis=0)  # a column reduction ...
+    r = g.call("sum", g.call("exp", x), axis=-1)  # ... and a row one: several kernels
     g.output(s, g.call("tanh", r))
     f = g.compile()
     a = np.random.default_rng(0).standard_normal((33, 70), dtype=np.float32)
@@ -252,7 +264,7 @@ def test_kernels_equal_but_for_their_place_in_the_graph_compile_once(cache_dir):
     g = Graph()
     x = g.input("float32", 2)
     a = g.call("softmax", x, axis=-1)
-    b = g.extern(lambda v: v * 2.0 + 1.0, a)          # splits the graph: a kernel on each side
+    b = g.extern(lambda v: v * 2.0 + 1.0, a)  # splits the graph: a kernel on each side
     c = g.call("softmax", g.call("mul", b, b), axis=-1)
     d = g.extern(lambda v: v - 0.25, c)
     g.output(c, g.call("sum", g.call("mul", d, d), axis=-1))
@@ -290,7 +302,8 @@ def test_comment_end_in_the_callers_path_does_not_break_the_kernel(tmp_path):
     d = tmp_path / "odd*"
     d.mkdir()
     script = d / "make.py"
-    script.write_text(textwrap.dedent("""\
+    script.write_text(
+        textwrap.dedent("""\
         import numpy as np
         from fastcompile.graph import Graph
         g = Graph()
@@ -300,9 +313,11 @@ def test_comment_end_in_the_callers_path_does_not_break_the_kernel(tmp_path):
         (y,) = f(np.array([1.0, -2.0], np.float32))
         print(repr(y.tolist()))
         print(f.kernels[0].source.splitlines()[1])
-        """))
-    env = dict(os.environ, FASTCOMPILE_CACHE_DIR=str(tmp_path / "cache"),
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        """)
+    )
+    env = dict(
+        os.environ, FASTCOMPILE_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join(p for p in sys.path if p)
+    )
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     values, header = r.stdout.splitlines()
@@ -329,7 +344,7 @@ def test_batch_compile_bundles_kernels_per_compiler_run(cache_dir, bundles):
     the results are the same either way."""
     workers = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)
     n = workers + 2
-    k = 1.0 + 2.0 ** -7 * (3 if bundles else 5)
+    k = 1.0 + 2.0**-7 * (3 if bundles else 5)
     c = _segments_graph(n, k)
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     old = fastcompile.config.get("compile_bundles")

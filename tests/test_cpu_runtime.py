@@ -5,6 +5,7 @@ returns {"so_path", "c_path", "key", "fn"}. Each test uses its own cache folder
 and its own kernel source (the in-memory table is process-wide), and runs the
 "other process" side of a scenario in a real subprocess.
 """
+
 import ctypes
 import hashlib
 import json
@@ -37,13 +38,17 @@ pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
 def kernel(ret=42, tag=None, include="fc_launch.h", body=""):
     """A unique, valid kernel source: fc_k runs `body` (C statements) and returns `ret`;
     `include` is the header it starts with (fc_kernel.h for the kernels' helpers)."""
-    return textwrap.dedent(f"""\
+    return (
+        textwrap.dedent(f"""\
         #include "{include}"
         /* test kernel {tag or uuid.uuid4().hex} */
         __attribute__((visibility("default"))) int fc_k(const fc_launch *L)
         {{
             (void)L;
-        """) + textwrap.indent(textwrap.dedent(body), "    ") + f"    return {ret};\n}}\n"
+        """)
+        + textwrap.indent(textwrap.dedent(body), "    ")
+        + f"    return {ret};\n}}\n"
+    )
 
 
 def call(res):
@@ -63,9 +68,17 @@ def mapped_inode(addr):
 def make_cfg(cache_dir, **over):
     """The precompiled header is off unless a test asks for it (pch=True): the
     tests here count compiler runs, and the header build is one more."""
-    cfg = {"cc": CC, "cflags": "", "include_dir": INCLUDE, "cache_dir": str(cache_dir),
-           "version": "test-1", "always_compile": False, "debug": 0, "dump_dir": None,
-           "pch": False}
+    cfg = {
+        "cc": CC,
+        "cflags": "",
+        "include_dir": INCLUDE,
+        "cache_dir": str(cache_dir),
+        "version": "test-1",
+        "always_compile": False,
+        "debug": 0,
+        "dump_dir": None,
+        "pch": False,
+    }
     cfg.update(over)
     return cfg
 
@@ -86,6 +99,7 @@ def _restore_config():
     yield
     import fastcompile
     from fastcompile import config
+
     _C._configure(dict(config.resolved(), version=getattr(fastcompile, "__version__", None)))
 
 
@@ -96,7 +110,9 @@ def cache(tmp_path):
     return d
 
 
-CHILD = NO_TORCH + r"""
+CHILD = (
+    NO_TORCH
+    + r"""
 import json, sys, warnings, os, time, ctypes
 sys.path.insert(0, sys.argv[1])
 from fastcompile import _C
@@ -117,6 +133,7 @@ with warnings.catch_warnings(record=True) as w:
 print(json.dumps({"res": res, "ret": ret, "err": err, "stats": _C.stats(),
                   "warnings": [str(x.message) for x in w]}))
 """
+)
 
 
 def child(tmp_path, cfg, source, start_file=None, wait=True):
@@ -126,8 +143,9 @@ def child(tmp_path, cfg, source, start_file=None, wait=True):
         script.write_text(CHILD)
     job = tmp_path / f"job-{uuid.uuid4().hex}.json"
     job.write_text(json.dumps({"cfg": cfg, "source": source, "start_file": start_file}))
-    p = subprocess.Popen([sys.executable, str(script), PKG_ROOT, str(job)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(script), PKG_ROOT, str(job)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     if not wait:
         return p
     return finish(p)
@@ -137,10 +155,11 @@ def wait_ready(start_file, procs, timeout=300):
     """Until every child waits at the start line (each has written start_file.ready.<pid>)."""
     deadline = time.monotonic() + timeout
     while True:
-        ready = [f for f in os.listdir(os.path.dirname(start_file))
-                 if f.startswith(os.path.basename(start_file) + ".ready.")]
+        ready = [
+            f for f in os.listdir(os.path.dirname(start_file)) if f.startswith(os.path.basename(start_file) + ".ready.")
+        ]
         if len(ready) >= len(procs) or any(p.poll() is not None for p in procs):
-            return   # all at the line (or one died: finish() reports its stderr)
+            return  # all at the line (or one died: finish() reports its stderr)
         if time.monotonic() > deadline:
             for p in procs:
                 p.kill()
@@ -165,6 +184,7 @@ def fake_cc(tmp_path, body, name="cc"):
 # ---------------------------------------------------------------------------
 # compile, memory hit, disk hit
 # ---------------------------------------------------------------------------
+
 
 def test_compile_then_memory_hit(cache):
     src = kernel(7)
@@ -284,6 +304,7 @@ def test_always_compile_skips_disk_reads(tmp_path):
 # the key: every component flips it
 # ---------------------------------------------------------------------------
 
+
 def test_key_components_flip(tmp_path):
     inc = tmp_path / "include"
     shutil.copytree(INCLUDE, inc)
@@ -299,14 +320,14 @@ def test_key_components_flip(tmp_path):
         return r["key"], stats_delta(before)["compiles"]
 
     k0, n0 = key(base)
-    assert key(base) == (k0, 0)                                    # stable
+    assert key(base) == (k0, 0)  # stable
     flips = [
-        key(dict(base, cflags="-DFC_TEST_FLIP=1")),                # flags
-        key(dict(base, version="test-2")),                         # fastcompile version
-        key(dict(base, cc=cc2)),                                   # compiler path
-        key(base, src.replace("return 9", "return 10")),           # source
+        key(dict(base, cflags="-DFC_TEST_FLIP=1")),  # flags
+        key(dict(base, version="test-2")),  # fastcompile version
+        key(dict(base, cc=cc2)),  # compiler path
+        key(base, src.replace("return 9", "return 10")),  # source
     ]
-    with open(inc / "fc_launch.h", "a") as f:                      # shipped header bytes
+    with open(inc / "fc_launch.h", "a") as f:  # shipped header bytes
         f.write("\n/* edited */\n")
     flips.append(key(base))
     keys = [k for k, _ in flips]
@@ -346,12 +367,13 @@ def test_mxcsr_unchanged_by_load(cache):
     _C._cpu_load(kernel(2), "fc_k")
     assert _C._mxcsr() == before
     if before != -1:
-        assert before & 0x8040 == 0   # neither FTZ nor DAZ
+        assert before & 0x8040 == 0  # neither FTZ nor DAZ
 
 
 # ---------------------------------------------------------------------------
 # corrupt entries: warn and recompile
 # ---------------------------------------------------------------------------
+
 
 def _populate(tmp_path, ret):
     """Compile in another process, so this one has never mapped the file."""
@@ -365,8 +387,7 @@ def _populate(tmp_path, ret):
 
 def _load_expect_corrupt(src, res, why):
     before = _C.stats()
-    with pytest.warns(RuntimeWarning, match=r"cache entry .*%s.* is corrupt \(.*%s" % (
-            re.escape(res["key"]), why)):
+    with pytest.warns(RuntimeWarning, match=r"cache entry .*%s.* is corrupt \(.*%s" % (re.escape(res["key"]), why)):
         r = _C._cpu_load(src, "fc_k")
     assert stats_delta(before)["compiles"] == 1
     assert r["so_path"] == res["so_path"]
@@ -416,7 +437,9 @@ def test_so_that_does_not_load_recompiled(tmp_path):
     assert call(_load_expect_corrupt(src, res, "dlopen")) == 15
 
 
-SAME_PROCESS = NO_TORCH + r"""
+SAME_PROCESS = (
+    NO_TORCH
+    + r"""
 import ctypes, os, sys, warnings
 sys.path.insert(0, sys.argv[1])
 from fastcompile import _C
@@ -443,13 +466,18 @@ assert fn(r2["fn"])(None) == 77   # would SIGBUS if the stale mapping came back
 assert inode(r2["fn"]) == os.stat(r2["so_path"]).st_ino
 print("ok")
 """
+)
 
 
 def test_corrupted_in_place_while_mapped(tmp_path):
     """The process that has the .so mapped finds it truncated: the recompiled
     file must be mapped afresh (dlopen by the same name returns the old one)."""
-    out = subprocess.run([sys.executable, "-c", SAME_PROCESS, PKG_ROOT, CC, INCLUDE,
-                          str(tmp_path / "cache")], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", SAME_PROCESS, PKG_ROOT, CC, INCLUDE, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, (out.returncode, out.stderr)
     assert out.stdout.strip() == "ok"
 
@@ -470,6 +498,7 @@ def test_corrupt_warning_can_be_an_error(tmp_path):
 # compile failures
 # ---------------------------------------------------------------------------
 
+
 def test_compile_error_reports_command_log_and_numbered_source(cache):
     src = kernel(1).replace("return 1;", "return undefined_name_xyz;")
     before = _C.stats()
@@ -478,9 +507,22 @@ def test_compile_error_reports_command_log_and_numbered_source(cache):
     msg = str(ei.value)
     assert stats_delta(before)["compiles"] == 1
     assert "command: " + CC in msg
-    for flag in ("-O2", "-march=native", "-fPIC", "-shared", "-fopenmp", "-fno-math-errno",
-                 "-fno-trapping-math", "-ffp-contract=off", "-fwrapv", "-fvisibility=hidden",
-                 "-nostartfiles", "-I" + INCLUDE, "-lmvec", "-lm"):
+    for flag in (
+        "-O2",
+        "-march=native",
+        "-fPIC",
+        "-shared",
+        "-fopenmp",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-ffp-contract=off",
+        "-fwrapv",
+        "-fvisibility=hidden",
+        "-nostartfiles",
+        "-I" + INCLUDE,
+        "-lmvec",
+        "-lm",
+    ):
         assert flag in msg.split(), flag
     assert "-ffast-math" not in msg and "-Ofast" not in msg
     assert "--- compiler output ---" in msg and "undefined_name_xyz" in msg and "error" in msg
@@ -509,8 +551,7 @@ def test_missing_symbol(cache):
 
 
 def test_two_symbols_from_one_source(cache):
-    src = kernel(70) + ('__attribute__((visibility("default"))) '
-                        'int fc_k2(const void *L) { return 71; }\n')
+    src = kernel(70) + ('__attribute__((visibility("default"))) int fc_k2(const void *L) { return 71; }\n')
     before = _C.stats()
     a = _C._cpu_load(src, "fc_k")
     b = _C._cpu_load(src, "fc_k2")
@@ -527,12 +568,15 @@ def test_compiler_not_found(tmp_path):
 
 def test_compile_timeout_kills_the_compiler(tmp_path):
     pidfile = tmp_path / "child.pid"
-    cc = fake_cc(tmp_path, f"""\
+    cc = fake_cc(
+        tmp_path,
+        f"""\
 if [ "$1" = "--version" ]; then echo "slowcc 1.0"; exit 0; fi
 sleep 60 &
 echo $! > {pidfile}
 wait
-""")
+""",
+    )
     _C._configure(make_cfg(tmp_path / "cache", cc=cc, compile_timeout=1))
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="timed out after 1 s"):
@@ -540,7 +584,7 @@ wait
     assert time.monotonic() - t0 < 20
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:   # the grandchild died with its group
+    while time.monotonic() < deadline:  # the grandchild died with its group
         try:
             state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
         except FileNotFoundError:
@@ -569,6 +613,7 @@ def test_compiler_environment_is_scrubbed(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 # cache folder safety
 # ---------------------------------------------------------------------------
+
 
 def _expect_refused(cfg_dir, why):
     _C._configure(make_cfg(cfg_dir))
@@ -624,7 +669,7 @@ def test_parent_writable_without_sticky_refused(tmp_path):
     parent.mkdir()
     parent.chmod(0o777)
     _expect_refused(parent / "mine", "writable by others without the sticky bit")
-    parent.chmod(0o1777)   # like /tmp: fine with a private leaf
+    parent.chmod(0o1777)  # like /tmp: fine with a private leaf
     _C._configure(make_cfg(parent / "mine2"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -644,7 +689,7 @@ def test_cache_dir_rechecked_before_use(tmp_path):
     d = tmp_path / "cache"
     _C._configure(make_cfg(d))
     _C._cpu_load(kernel(), "fc_k")
-    d.chmod(0o777)   # someone loosened it after we chose it
+    d.chmod(0o777)  # someone loosened it after we chose it
     with pytest.warns(RuntimeWarning, match="world-writable"):
         _C._cpu_load(kernel(), "fc_k")
     assert _C.stats()["cache_dir"].startswith("/tmp/fastcompile-")
@@ -664,13 +709,14 @@ def test_fallback_dir_removed_on_reconfigure(tmp_path):
 # concurrency
 # ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("nproc", [4, 8])
 def test_processes_racing_on_one_key(tmp_path, nproc):
     cfg = make_cfg(tmp_path / "cache")
     src = kernel(21)
     start = tmp_path / "go"
     procs = [child(tmp_path, cfg, src, start_file=str(start), wait=False) for _ in range(nproc)]
-    wait_ready(str(start), procs)   # all imported and waiting at the line
+    wait_ready(str(start), procs)  # all imported and waiting at the line
     start.write_text("go")
     reports = [finish(p) for p in procs]
     assert all(r["err"] is None and r["ret"] == 21 for r in reports), reports
@@ -702,7 +748,7 @@ def test_processes_racing_to_heal_a_corrupt_entry(tmp_path):
     assert any("corrupt" in w for r in reports for w in r["warnings"])
     meta = open(so[:-3] + ".meta").read()
     assert hashlib.sha256(open(so, "rb").read()).hexdigest() in meta
-    after = child(tmp_path, cfg, src)   # healed: a clean disk hit
+    after = child(tmp_path, cfg, src)  # healed: a clean disk hit
     assert after["warnings"] == [] and after["stats"]["disk_hits"] == 1
 
 
@@ -715,7 +761,7 @@ def test_threads_racing_on_one_key(cache):
         try:
             barrier.wait()
             results.append(_C._cpu_load(src, "fc_k"))
-        except Exception as e:   # pragma: no cover - reported below
+        except Exception as e:  # pragma: no cover - reported below
             errors.append(e)
 
     before = _C.stats()
@@ -759,6 +805,7 @@ def test_different_keys_in_parallel_threads(cache):
 # precompiled header
 # ---------------------------------------------------------------------------
 
+
 def pch_kernel(ret):
     """A kernel that includes fc_kernel.h, as generated ones do (the header the .gch is of)."""
     return kernel(ret, include="fc_kernel.h")
@@ -777,8 +824,7 @@ def gch_of(cache):
     return found[0] if found else None
 
 
-IS_CLANG = CC is not None and "clang" in subprocess.run([CC, "--version"], capture_output=True,
-                                                        text=True).stdout
+IS_CLANG = CC is not None and "clang" in subprocess.run([CC, "--version"], capture_output=True, text=True).stdout
 
 
 @pytest.mark.skipif(IS_CLANG, reason="the precompiled header is GCC's")
@@ -788,7 +834,7 @@ def test_pch_built_once_then_used_by_every_kernel(tmp_path):
     cfg = make_cfg(cache, cc=cc, pch=True)
     a = child(tmp_path, cfg, pch_kernel(21))
     assert a["err"] is None and a["ret"] == 21 and a["warnings"] == []
-    assert a["stats"]["compiles"] == 1              # the header build is not a kernel compile
+    assert a["stats"]["compiles"] == 1  # the header build is not a kernel compile
     gch = gch_of(cache)
     assert gch is not None and re.fullmatch(r"pch-[0-9a-f]{16}", gch.parent.name)
     assert stat.S_IMODE(os.stat(gch).st_mode) == 0o600
@@ -830,34 +876,40 @@ def test_pch_not_built_for_disk_hits(tmp_path):
     if gch is not None:
         gch.unlink()
     n = len(calls())
-    r = child(tmp_path, cfg, src)   # a warm start: nothing to compile, so nothing to build
+    r = child(tmp_path, cfg, src)  # a warm start: nothing to compile, so nothing to build
     assert r["ret"] == 31 and r["stats"] == r["stats"] | {"compiles": 0, "disk_hits": 1}
     assert len(calls()) == n and gch_of(cache) is None
 
 
 def test_pch_build_failure_is_harmless_and_not_retried(tmp_path):
     log = tmp_path / "cc.log"
-    cc = fake_cc(tmp_path, f"""\
+    cc = fake_cc(
+        tmp_path,
+        f"""\
 echo "$@" >> {log}
 case "$*" in *"-x c-header"*) exit 1;; esac
 exec {CC} "$@"
-""")
+""",
+    )
     _C._configure(make_cfg(tmp_path / "cache", cc=cc, pch=True))
     assert call(_C._cpu_load(pch_kernel(41), "fc_k")) == 41
     assert call(_C._cpu_load(pch_kernel(42), "fc_k")) == 42
     runs = log.read_text().splitlines()
-    assert sum("-x c-header" in c for c in runs) == 1   # failed once: not tried again
+    assert sum("-x c-header" in c for c in runs) == 1  # failed once: not tried again
     assert gch_of(tmp_path / "cache") is None
     assert not list((tmp_path / "cache").glob("pch-*/*.tmp"))
 
 
 def test_pch_never_given_to_clang(tmp_path):
     log = tmp_path / "cc.log"
-    cc = fake_cc(tmp_path, f"""\
+    cc = fake_cc(
+        tmp_path,
+        f"""\
 if [ "$1" = "--version" ]; then echo "clang version 17.0.0"; exit 0; fi
 echo "$@" >> {log}
 exec {CC} "$@"
-""")
+""",
+    )
     _C._configure(make_cfg(tmp_path / "cache", cc=cc, pch=True))
     assert call(_C._cpu_load(pch_kernel(51), "fc_k")) == 51
     runs = log.read_text().splitlines()
@@ -879,7 +931,7 @@ def test_cache_clear_memory_only(cache):
     before = _C.stats()
     r2 = _C._cpu_load(src, "fc_k")
     assert stats_delta(before) == {"compiles": 0, "disk_hits": 1, "memory_hits": 0}
-    assert call(r1) == 40 and call(r2) == 40   # r1's kernel is still mapped
+    assert call(r1) == 40 and call(r2) == 40  # r1's kernel is still mapped
     assert r2["so_path"] == r1["so_path"]
 
 
@@ -895,7 +947,7 @@ def test_cache_clear_disk(tmp_path):
         f.write_text("keep me")
     counters = _C.stats()
     _C.cache_clear(disk=True)
-    assert {k: _C.stats()[k] for k in counters} == counters   # counters are not reset
+    assert {k: _C.stats()[k] for k in counters} == counters  # counters are not reset
     assert not os.path.exists(r1["so_path"]) and not os.path.exists(r1["c_path"])
     assert not any(p.name.startswith("compiler-") for p in cache.iterdir())
     assert not list(cache.glob("pch-*"))
@@ -904,14 +956,14 @@ def test_cache_clear_disk(tmp_path):
     r2 = _C._cpu_load(src, "fc_k")
     assert stats_delta(before)["compiles"] == 1
     assert os.path.exists(r2["so_path"]) and call(r2) == 41
-    assert call(r1) == 41   # the old mapping survives the unlink
+    assert call(r1) == 41  # the old mapping survives the unlink
     # the new file is what got mapped, not the old one that had the same name
     assert mapped_inode(r2["fn"]) == os.stat(r2["so_path"]).st_ino != mapped_inode(r1["fn"])
 
 
 def test_stats_shape(cache):
     s = _C.stats()
-    assert {"compiles", "disk_hits", "memory_hits", "cache_dir"} <= set(s)   # + allocator's
+    assert {"compiles", "disk_hits", "memory_hits", "cache_dir"} <= set(s)  # + allocator's
     assert all(isinstance(s[k], int) for k in ("compiles", "disk_hits", "memory_hits"))
 
 
@@ -941,7 +993,7 @@ def test_configure_validates(tmp_path):
         _C._configure(make_cfg(tmp_path, cc=12))
     with pytest.raises(ValueError):
         _C._configure(make_cfg(tmp_path, compile_timeout=0))
-    for _ in range(50):   # repeated reconfiguration frees the old strings (ASan build)
+    for _ in range(50):  # repeated reconfiguration frees the old strings (ASan build)
         _C._configure(make_cfg(tmp_path / "cache", cflags="-DX=1 -DY=2", dump_dir=None))
 
 
@@ -949,17 +1001,19 @@ def test_configure_validates(tmp_path):
 # bundles: a batch with more kernels to compile than CPUs, several to a run
 # ---------------------------------------------------------------------------
 
-WORKERS = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)    # pool.c's fc_pool_width
+WORKERS = min(max(os.sysconf("SC_NPROCESSORS_ONLN"), 1), 16)  # pool.c's fc_pool_width
 
 
 def named_kernel(name, ret, tag=None, body=""):
     """A kernel shaped as the renderer makes them: a comment, then #include "fc_kernel.h", a
     static helper named after the kernel, and the exported entry point `name`. The tag (unique
     unless given) goes after the #include: the key leaves out the leading comment."""
-    return (f"/* a test kernel */\n#include \"fc_kernel.h\"\n/* {tag or uuid.uuid4().hex} */\n\n"
-            f"static int\n{name}_value(void)\n{{\n    return {ret};\n}}\n\n"
-            f"FC_EXPORT int\n{name}(const fc_launch *L)\n{{\n    (void)L;\n{body}"
-            f"    return {name}_value();\n}}\n")
+    return (
+        f"/* a test kernel */\n#include \"fc_kernel.h\"\n/* {tag or uuid.uuid4().hex} */\n\n"
+        f"static int\n{name}_value(void)\n{{\n    return {ret};\n}}\n\n"
+        f"FC_EXPORT int\n{name}(const fc_launch *L)\n{{\n    (void)L;\n{body}"
+        f"    return {name}_value();\n}}\n"
+    )
 
 
 def batch(n, tag=None, first=0):
@@ -1018,28 +1072,46 @@ def test_bundles_never_put_one_symbol_twice_in_a_run(cache):
     before = _C.stats()
     res = _C._cpu_load_many(jobs)
     assert stats_delta(before)["compiles"] == n + 1
-    assert runs_delta(before) == max(WORKERS, 2)   # 1 CPU: it goes alone
+    assert runs_delta(before) == max(WORKERS, 2)  # 1 CPU: it goes alone
     assert [call(r) for r in res] == [100 + i for i in range(n)] + [7]
     assert os.stat(res[0]["so_path"]).st_ino != os.stat(res[-1]["so_path"]).st_ino
 
 
-@pytest.mark.parametrize("odd", ["other_include", "define", "spaced_define", "pragma_op", "pragma_gcc",
-                                 "comment_define", "digraph_define", "trigraph_define", "omp_threadprivate"])
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "other_include",
+        "define",
+        "spaced_define",
+        "pragma_op",
+        "pragma_gcc",
+        "comment_define",
+        "digraph_define",
+        "trigraph_define",
+        "omp_threadprivate",
+    ],
+)
 def test_bundles_take_only_rendered_kernels(cache, odd):
     """A source that starts with another #include, or whose directives reach past the kernel
     (a macro, which would leak into the kernels after it, however it is spelled; a GCC pragma)
     compiles alone; the rest still share runs."""
     n = WORKERS + 2
-    bodies = {"define": "#define FC_TEST_ODD 1\n", "spaced_define": "  #  define FC_TEST_ODD 1\n",
-              "pragma_op": "    _Pragma(\"GCC diagnostic ignored \\\"-Wall\\\"\")\n",
-              "pragma_gcc": "#pragma GCC diagnostic ignored \"-Wall\"\n",
-              "comment_define": "/**/ #define FC_TEST_ODD 1\n", "digraph_define": "%:define FC_TEST_ODD 1\n",
-              "trigraph_define": "??=define FC_TEST_ODD 1\n",
-              "omp_threadprivate": "    static int fc_tp = 0;\n#pragma omp threadprivate(fc_tp)\n    (void)fc_tp;\n"}
+    bodies = {
+        "define": "#define FC_TEST_ODD 1\n",
+        "spaced_define": "  #  define FC_TEST_ODD 1\n",
+        "pragma_op": "    _Pragma(\"GCC diagnostic ignored \\\"-Wall\\\"\")\n",
+        "pragma_gcc": "#pragma GCC diagnostic ignored \"-Wall\"\n",
+        "comment_define": "/**/ #define FC_TEST_ODD 1\n",
+        "digraph_define": "%:define FC_TEST_ODD 1\n",
+        "trigraph_define": "??=define FC_TEST_ODD 1\n",
+        "omp_threadprivate": "    static int fc_tp = 0;\n#pragma omp threadprivate(fc_tp)\n    (void)fc_tp;\n",
+    }
     if odd in bodies:
         src = named_kernel("fc_odd", 5, body=bodies[odd])
     else:
-        src = "#include \"fc_launch.h\"\n" + named_kernel("fc_odd", 5).replace("FC_EXPORT", "__attribute__((visibility(\"default\")))")
+        src = "#include \"fc_launch.h\"\n" + named_kernel("fc_odd", 5).replace(
+            "FC_EXPORT", "__attribute__((visibility(\"default\")))"
+        )
     before = _C.stats()
     res = _C._cpu_load_many(batch(n) + [(src, "fc_odd")])
     assert runs_delta(before) == WORKERS + 1
@@ -1092,7 +1164,9 @@ def test_bundled_batch_builds_no_precompiled_header(tmp_path):
     assert len(runs) == WORKERS and all("-I" + str(gch.parent) in r.split() for r in runs)
 
 
-LOAD_MANY_CHILD = NO_TORCH + r"""
+LOAD_MANY_CHILD = (
+    NO_TORCH
+    + r"""
 import json, sys, os, time, ctypes
 sys.path.insert(0, sys.argv[1])
 from fastcompile import _C
@@ -1105,6 +1179,7 @@ res = _C._cpu_load_many([tuple(j) for j in job["jobs"]])
 rets = [ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(r["fn"])(None) for r in res]
 print(json.dumps({"rets": rets, "stats": _C.stats()}))
 """
+)
 
 
 def test_bundles_published_by_two_processes_at_once(tmp_path):
@@ -1121,8 +1196,14 @@ def test_bundles_published_by_two_processes_at_once(tmp_path):
     for i in range(2):
         job = tmp_path / f"job{i}.json"
         job.write_text(json.dumps({"cfg": cfg, "jobs": jobs, "start_file": start}))
-        procs.append(subprocess.Popen([sys.executable, str(script), PKG_ROOT, str(job)],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), PKG_ROOT, str(job)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     wait_ready(start, procs)
     open(start, "w").close()
     reports = [finish(p) for p in procs]
@@ -1133,30 +1214,32 @@ def test_bundles_published_by_two_processes_at_once(tmp_path):
     assert not [f.name for f in cache.rglob("*") if ".bundle." in f.name or ".tmp" in f.name]
 
 
-
 def test_bundle_leader_in_a_shard_not_ours_fails_alone(tmp_path):
     """The bundle's temporary files go in its leader's shard: when that shard is not a private
     folder of ours, nothing is written there and the leader fails with that error, even when its
     bundle then fails and the others compile alone (every kernel here defines the same static
     helper: fine alone, a redefinition in one translation unit)."""
+
     def clashing(name, ret, pad=""):
-        return named_kernel(name, ret).replace("#include \"fc_kernel.h\"\n",
-                                               "#include \"fc_kernel.h\"\nstatic int fc_same(void) { return 1; }\n"
-                                               "/* %s */\n" % pad)
-    lead = (clashing("fc_lead", 9, pad="x" * 16), "fc_lead")   # a little longer: it leads a bundle
+        return named_kernel(name, ret).replace(
+            "#include \"fc_kernel.h\"\n",
+            "#include \"fc_kernel.h\"\nstatic int fc_same(void) { return 1; }\n/* %s */\n" % pad,
+        )
+
+    lead = (clashing("fc_lead", 9, pad="x" * 16), "fc_lead")  # a little longer: it leads a bundle
     n = 2 * WORKERS - 1
     _C._configure(make_cfg(tmp_path / "probe"))  # the keys, and so the shards
     key = _C._cpu_load_many([lead])[0]["key"]
     others = []
-    while len(others) < n:                       # none of the others in the leader's shard
+    while len(others) < n:  # none of the others in the leader's shard
         i = len(others)
         job = (clashing("fc_c%d" % i, 100 + i), "fc_c%d" % i)
         if _C._cpu_load_many([job])[0]["key"][:2] != key[:2]:
             others.append(job)
-    _C.cache_clear(disk=False)                   # the memory table would find them
+    _C.cache_clear(disk=False)  # the memory table would find them
     cache = tmp_path / "cache"
     _C._configure(make_cfg(cache))
-    _C._cpu_load_many(batch(1))                  # makes the cache folder
+    _C._cpu_load_many(batch(1))  # makes the cache folder
     shard = cache / key[:2]
     shard.mkdir(exist_ok=True)
     shard.chmod(0o770)
@@ -1176,10 +1259,11 @@ def test_module_state_shows_torch_objects_to_the_gc():
     torch = pytest.importorskip("torch")
     import gc
     from fastcompile.graph import Graph
+
     g = Graph()
     x = g.input("float32", 1)
     g.output(g.call("add", x, x))
     c = g.compile()
     with pytest.raises(TypeError):
-        c(torch.ones(3))                   # a CPU tensor: refused, after the bridge loaded
+        c(torch.ones(3))  # a CPU tensor: refused, after the bridge loaded
     assert torch.Tensor in gc.get_referents(_C)

@@ -8,6 +8,7 @@ disk cache. Golden texts in tests/golden/cuda/ guard the renderer's output
 when NVRTC cannot be found (pip install nvidia-cuda-nvrtc-cu12, the `test`
 extra pulls it); nothing here needs a device.
 """
+
 import os
 import re
 
@@ -50,6 +51,7 @@ def compile_all(kernels, arch):
 # the renderer alone (no NVRTC needed)
 # ---------------------------------------------------------------------------
 
+
 def gelu_kernels():
     return render(lambda g, x: [g.call("gelu", x)], [("float32", 2)])
 
@@ -88,8 +90,7 @@ def test_pointwise_shape():
     assert "_i32(" in src and "_i64(" in src and "fc_gelu_f32(" in src
     assert "pf1[u] = in0[i];" in src and "float pf1[4];" in src and "fc_cu_offsets" not in src
     assert src.index("pf1[u] = in0[i];") < src.index("= pf1[u];") < src.index("out0[i] =")
-    (strided,) = render(lambda g, x: [g.call("exp", x)], [("float32", 2)],
-                        np.zeros((5, 6), np.float32).T)
+    (strided,) = render(lambda g, x: [g.call("exp", x)], [("float32", 2)], np.zeros((5, 6), np.float32).T)
     assert "fc_cu_offsets<I, 2, 2>(i, (int)L.nd_outer, L.oshape, L.ostride, po[u]);" in strided["source"]
     assert "pf1[u] = in0[po[u][1]];" in strided["source"] and "out0[po[u][0]] =" in strided["source"]
     (half,) = render(lambda g, x: [g.call("exp", x)], [("float16", 1)])
@@ -107,27 +108,39 @@ def test_half_types_compute_in_float32():
 def test_softmax_is_one_kernel_one_block_per_row():
     (k,) = softmax_kernels()
     src = k["source"]
-    assert src.count("fc_cu_block_reduce(") == 3    # max (+ its NaN flag), sum
+    assert src.count("fc_cu_block_reduce(") == 3  # max (+ its NaN flag), sum
     assert "for (I o = blockIdx.x;" in src and "j += FC_CU_THREADS" in src
 
 
-@pytest.mark.parametrize("case, dtype, blocks", [
-    ("softmax", "float32", 4), ("softmax", "bfloat16", 4), ("layernorm", "float32", 4),
-    ("layernorm_affine", "float32", 2), ("layernorm_affine", "bfloat16", 2),
-    ("softmax", "float64", 1), ("layernorm_affine", "float64", 1)])
+@pytest.mark.parametrize(
+    "case, dtype, blocks",
+    [
+        ("softmax", "float32", 4),
+        ("softmax", "bfloat16", 4),
+        ("layernorm", "float32", 4),
+        ("layernorm_affine", "float32", 2),
+        ("layernorm_affine", "bfloat16", 2),
+        ("softmax", "float64", 1),
+        ("layernorm_affine", "float64", 1),
+    ],
+)
 def test_reduction_register_budget_follows_the_row_cache(case, dtype, blocks):
     """__launch_bounds__'s blocks per SM: 4 (64 registers) when the row cache holds one input of
     up to 4 bytes, 2 for three (a layernorm's x, weight and bias), 1 with 8-byte operands; at 64
     registers the latter spilled 150-1000 bytes a thread. Each entry point asks the same."""
+
     def ln(g, x, *wb):
         mu = g.call("mean", x, axis=-1, keepdims=True)
         d = g.call("sub", x, mu)
         var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
         y = g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))
         return [g.call("add", g.call("mul", y, wb[0]), wb[1]) if wb else y]
-    build, metas = {"softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], [(dtype, 2)]),
-                    "layernorm": (ln, [(dtype, 2)]),
-                    "layernorm_affine": (ln, [(dtype, 2), (dtype, 1), (dtype, 1)])}[case]
+
+    build, metas = {
+        "softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], [(dtype, 2)]),
+        "layernorm": (ln, [(dtype, 2)]),
+        "layernorm_affine": (ln, [(dtype, 2), (dtype, 1), (dtype, 1)]),
+    }[case]
     (k,) = render(build, metas)
     asked = re.findall(r"__launch_bounds__\(FC_CU_THREADS, FC_CU_RED_BLOCKS_OR\((\d+)\)\)", k["source"])
     assert asked == [str(blocks)] * 2
@@ -139,6 +152,7 @@ def test_layernorm_is_one_kernel():
         d = g.call("sub", x, mu)
         var = g.call("mean", g.call("mul", d, d), axis=-1, keepdim=True)
         return [g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))]
+
     ks = render(ln, [("float32", 2)])
     assert len(ks) == 1 and ks[0]["reduction"]
 
@@ -152,8 +166,16 @@ def test_needs_nonempty_flag():
 
 def test_cuda_info_without_gpu():
     info = fastcompile.cuda_info()
-    for key in ("nvrtc", "nvrtc_path", "nvrtc_version", "driver", "driver_version", "device_count",
-                "why_no_device", "nvrtc_archs"):
+    for key in (
+        "nvrtc",
+        "nvrtc_path",
+        "nvrtc_version",
+        "driver",
+        "driver_version",
+        "device_count",
+        "why_no_device",
+        "nvrtc_archs",
+    ):
         assert key in info
     if info["device_count"] == 0:
         assert isinstance(info["why_no_device"], str) and info["why_no_device"]
@@ -195,11 +217,13 @@ def test_cuda_tensor_clear_error_torch_meta():
 # NVRTC
 # ---------------------------------------------------------------------------
 
+
 @needs_nvrtc
 def test_compile_error_has_log_and_numbered_source():
     with pytest.raises(RuntimeError) as e:
-        _C._cuda_compile('#include "fc_cuda_kernel.h"\nextern "C" __global__ void k() { undefined_thing(); }\n',
-                         "sm_80")
+        _C._cuda_compile(
+            '#include "fc_cuda_kernel.h"\nextern "C" __global__ void k() { undefined_thing(); }\n', "sm_80"
+        )
     msg = str(e.value)
     assert "NVRTC_ERROR_COMPILATION" in msg and "undefined_thing" in msg
     assert "--- NVRTC log ---" in msg and "   2  extern" in msg
@@ -227,7 +251,7 @@ def test_disk_cache_hit():
     assert b["cached"] and a["key"] == b["key"] and a["image"] == b["image"]
     assert a["source_path"] == b["source_path"] and a["source_path"].endswith(a["key"] + ".cu")
     with open(a["source_path"]) as f:
-        assert f.read() == k["source"]           # the source beside its cubin
+        assert f.read() == k["source"]  # the source beside its cubin
     c = _C._cuda_compile(k["source"], "sm_90")
     assert c["key"] != a["key"]
 
@@ -260,6 +284,7 @@ def _unary(dt):
     def build(g, x):
         a = g.call("cast", x, dtype=dt)
         return [call_op(g, op, a) for op in UNARY if UNARY[op][2](dt if dt != "bfloat16" else "float16")]
+
     return build
 
 
@@ -268,15 +293,17 @@ def _binary(dt):
 
     def build(g, x, y):
         a, b = g.call("cast", x, dtype=dt), g.call("cast", y, dtype=dt)
-        if dt == "bfloat16":   # binary_value builds NumPy scalars, which have no bfloat16
+        if dt == "bfloat16":  # binary_value builds NumPy scalars, which have no bfloat16
             return [call_op(g, op, a, b) for op in BINARY if BINARY[op][2](probe)]
         return [binary_value(g, op, a, b) for op in BINARY if BINARY[op][2](probe)]
+
     return build
 
 
 def _casts(dt):
     def build(g, x):
         return [g.call("cast", x, dtype=d) for d in ALL_DTYPES if d != dt]
+
     return build
 
 
@@ -286,19 +313,31 @@ def _reductions(dt):
         for op in ("sum", "prod", "amax", "amin", "argmax", "argmin", "any", "all"):
             outs.append(g.call(op, x, axis=-1))
         return outs
+
     return build
 
 
 def _rows(dt):
     """softmax, log_softmax, var (multi-sweep rows), over the first axis (strided rows)"""
+
     def build(g, x):
-        return [g.call("softmax", x, axis=0), g.call("log_softmax", x, axis=-1),
-                g.call("var", x, axis=-1), g.call("logsumexp", x, axis=None)]
+        return [
+            g.call("softmax", x, axis=0),
+            g.call("log_softmax", x, axis=-1),
+            g.call("var", x, axis=-1),
+            g.call("logsumexp", x, axis=None),
+        ]
+
     return build
 
 
-FAMILIES = {"unary": (_unary, 1), "binary": (_binary, 2), "cast": (_casts, 1),
-            "reduce": (_reductions, 1), "rows": (_rows, 1)}
+FAMILIES = {
+    "unary": (_unary, 1),
+    "binary": (_binary, 2),
+    "cast": (_casts, 1),
+    "reduce": (_reductions, 1),
+    "rows": (_rows, 1),
+}
 
 
 def family_cases():

@@ -1,5 +1,6 @@
 """The documentation: the generated configuration page is current, the README stays short,
 and every relative link in README.md and docs/*.md points to a file that exists."""
+
 import glob
 import importlib.util
 import os
@@ -20,6 +21,7 @@ def _generator():
 def test_configuration_doc_is_current():
     # the knobs of the package under test (installed, or python/ on PYTHONPATH), not a copy
     import fastcompile.config as config
+
     gen = _generator()
     with open(gen.OUTPUT, encoding="utf-8") as f:
         on_disk = f.read()
@@ -29,8 +31,7 @@ def test_configuration_doc_is_current():
 def test_readme_is_short():
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         n = len(f.read().splitlines())
-    assert n <= README_MAX_LINES, "README.md has %d lines, at most %d: move detail to docs/" % (
-        n, README_MAX_LINES)
+    assert n <= README_MAX_LINES, "README.md has %d lines, at most %d: move detail to docs/" % (n, README_MAX_LINES)
 
 
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -39,10 +40,10 @@ _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 def _relative_links(path):
     with open(path, encoding="utf-8") as f:
         text = f.read()
-    text = re.sub(r"```.*?```", "", text, flags=re.S)     # code blocks hold no links
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # code blocks hold no links
     for target in _LINK.findall(text):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I) or target.startswith("#"):
-            continue                                      # http:, mailto:, in-page anchors
+            continue  # http:, mailto:, in-page anchors
         yield target.split("#", 1)[0]
 
 

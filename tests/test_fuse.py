@@ -11,6 +11,7 @@ from the kernel cache); the large-input and threading tests reuse compiled
 graphs through ``_cached``: sizes are not part of the plan key, so they add no
 kernels.
 """
+
 import functools
 import math
 import re
@@ -28,6 +29,7 @@ SQRT1_2 = 0.7071067811865476
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
+
 
 def assert_close(got, want, rtol=None, atol=0.0):
     """conftest's assert_close_np (dtype, shape, NaN and +-inf positions), with
@@ -99,6 +101,7 @@ def computed_once(c, helper):
 # NumPy references
 # ---------------------------------------------------------------------------
 
+
 def np_erf(x):
     """erf in float64 (no SciPy dependency): math.erf elementwise."""
     return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64))
@@ -112,7 +115,7 @@ def np_gelu(x):
 
 def np_softmax(x, axis=-1):
     if x.size == 0:
-        return x.copy()                # empty rows: nothing to normalize (as torch)
+        return x.copy()  # empty rows: nothing to normalize (as torch)
     with np.errstate(all="ignore"):
         m = np.max(x, axis=axis, keepdims=True)
         e = np.exp(x - m)
@@ -140,10 +143,11 @@ def np_layernorm(x, eps):
 # graph builders
 # ---------------------------------------------------------------------------
 
+
 def gelu_primitives(g, x):
     # 0.5 * x * (1 + erf(x / sqrt(2))), in Python's evaluation order
     half_x = g.call("mul", x, 0.5)
-    inner = g.call("add", 1.0, g.call("erf", g.call("div", x, 2 ** 0.5)))
+    inner = g.call("add", 1.0, g.call("erf", g.call("div", x, 2**0.5)))
     return g.call("mul", half_x, inner)
 
 
@@ -185,6 +189,7 @@ def log_softmax_op(g, x):
 # Nodes that read only graph inputs (x / sqrt(2), exp(y), x > 2) must join an
 # open kernel over the same space (horizontal fusion); otherwise two branches
 # become two kernels and the first one is written to memory and read back.
+
 
 def test_gelu_from_primitives_is_one_kernel():
     c = build(gelu_primitives, ("float32", 2))
@@ -235,8 +240,7 @@ def test_silu_times_y_is_one_kernel():
 
 
 def test_independent_branches_are_one_kernel():
-    c = build(lambda g, x, y: g.call("add", g.call("exp", x), g.call("exp", y)),
-              ("float64", 2), ("float64", 2))
+    c = build(lambda g, x, y: g.call("add", g.call("exp", x), g.call("exp", y)), ("float64", 2), ("float64", 2))
     x, y = randn((3, 5), np.float64, 1), randn((3, 5), np.float64, 2)
     (out,) = c(x, y)
     assert_close(out, np.exp(x) + np.exp(y))
@@ -245,8 +249,9 @@ def test_independent_branches_are_one_kernel():
 
 def test_sibling_reductions_with_prologues_are_one_kernel():
     # sum(exp(x), 0) and amax(|x|, 0): same space, same axes, one pass over x
-    c = build(lambda g, x: (g.call("sum", g.call("exp", x), axis=0),
-                            g.call("amax", g.call("abs", x), axis=0)), ("float64", 2))
+    c = build(
+        lambda g, x: (g.call("sum", g.call("exp", x), axis=0), g.call("amax", g.call("abs", x), axis=0)), ("float64", 2)
+    )
     x = randn((4, 6), np.float64, 3)
     s, m = c(x)
     assert_close(s, np.exp(x).sum(0), rtol=1e-13)
@@ -266,8 +271,7 @@ def test_sibling_reductions_share_a_kernel():
 
 def test_broadcast_pointwise_is_one_kernel():
     # a row vector and a scalar-like (1, 1) input broadcast against a matrix
-    c = build(lambda g, x, b, s: g.call("mul", g.call("add", x, b), s),
-              ("float64", 2), ("float64", 1), ("float64", 2))
+    c = build(lambda g, x, b, s: g.call("mul", g.call("add", x, b), s), ("float64", 2), ("float64", 1), ("float64", 2))
     x, b, s = randn((5, 7), np.float64), randn((7,), np.float64, 1), randn((1, 1), np.float64, 2)
     (out,) = c(x, b, s)
     assert nkernels(c) == 1, c.fused[0]
@@ -278,9 +282,11 @@ def test_cheap_broadcast_operand_is_computed_by_its_reader():
     """A cast of a broadcast operand ((7,) read at (5, 7)) was a kernel of its own shape writing
     a buffer the reader's kernel read back; cheap ops of buffers only (cast, neg, add, sub, mul)
     that one other kernel's full-size values read are now computed there, at every point."""
+
     def fn(g, x, b, s):
         w = g.call("neg", g.call("cast", b, dtype="float64"))
         return g.call("mul", g.call("add", x, w), g.call("cast", s, dtype="float64"))
+
     c = build(fn, ("float64", 2), ("float32", 1), ("float32", 2))
     x, b, s = randn((5, 7), np.float64), randn((7,), np.float32, 1), randn((5, 1), np.float32, 2)
     (out,) = c(x, b, s)
@@ -292,11 +298,13 @@ def test_broadcast_operand_kept_where_recomputing_it_is_not_cheap_or_not_alone()
     """Not moved into the reader: an expensive op (exp, computed once per element of its own
     shape, as the never-recompute rule wants), a cast that is also an output (written once, at
     its own shape), and a cast read by a reduction's per-row values (OUTER)."""
+
     def fn(g, x, b, c32):
         e = g.call("exp", b)
         cb = g.call("cast", c32, dtype="float64")
         rows = g.call("add", g.call("sum", g.call("mul", x, e), axis=1), g.call("cast", c32, dtype="float64"))
         return g.call("mul", x, cb), cb, rows
+
     c = build(fn, ("float64", 2), ("float64", 1), ("float32", 1))
     x, b, c32 = randn((5, 5), np.float64), randn((5,), np.float64, 1), randn((5,), np.float32, 2)
     out, cb, rows = c(x, b, c32)
@@ -305,7 +313,7 @@ def test_broadcast_operand_kept_where_recomputing_it_is_not_cheap_or_not_alone()
     assert_close(rows, (x * np.exp(b)).sum(axis=1) + c32.astype(np.float64))
     fused = c.fused[0]
     exp_kernel = [blk for blk in re.split(r"(?m)^(?=kernel \d+:)", fused) if "exp(" in blk]
-    assert len(exp_kernel) == 1 and "sum(" not in exp_kernel[0], fused     # exp at its own shape
+    assert len(exp_kernel) == 1 and "sum(" not in exp_kernel[0], fused  # exp at its own shape
     out_cast = [blk for blk in re.split(r"(?m)^(?=kernel \d+:)", fused) if "-> output" in blk or "-> buffer" in blk]
     assert any(re.search(r"= cast\(", blk) and "mul(" not in blk for blk in out_cast), fused
 
@@ -314,10 +322,12 @@ def test_cheap_operand_moves_into_a_reduction_kernel_and_kernels_renumber():
     """Casts moving into reduction kernels (read by a level-0 prologue and by a level-1 value
     after a max), the kernels they leave dropped and the rest renumbered in order: the softmax-
     weighted sum is one kernel (2 before), and a two-reduction chain's casts join its first."""
+
     def softmax_weighted(g, x, b):
         cb = g.call("neg", g.call("cast", b, dtype="float64"))
         e = g.call("exp", g.call("sub", x, g.call("amax", x, axis=1, keepdim=True)))
         return g.call("sum", g.call("mul", e, cb), axis=1)
+
     c = build(softmax_weighted, ("float64", 2), ("float32", 1))
     x, b = randn((6, 7), np.float64), randn((7,), np.float32, 1)
     (out,) = c(x, b)
@@ -330,6 +340,7 @@ def test_cheap_operand_moves_into_a_reduction_kernel_and_kernels_renumber():
         u = g.call("mul", g.call("sub", x, t), g.call("cast", b, dtype="float64"))
         v = g.call("sum", g.call("mul", u, u), axis=0)
         return g.call("mul", v, g.call("cast", w, dtype="float64"))
+
     c = build(chain, ("float64", 2), ("float32", 1), ("float32", 1), ("float32", 1))
     x = randn((5, 7), np.float64)
     a, b, w = (randn((7,), np.float32, k) for k in (1, 2, 3))
@@ -348,8 +359,10 @@ def test_cheap_operand_moves_into_a_reduction_kernel_and_kernels_renumber():
 
 def test_cheap_operand_leaves_a_kernel_that_keeps_its_other_values():
     """The cast moves to its reader; the exp beside it (an output) stays in the kernel they shared."""
+
     def fn(g, x, b):
         return g.call("mul", x, g.call("cast", b, dtype="float32")), g.call("exp", b)
+
     c = build(fn, ("float32", 2), ("float64", 1))
     x, b = randn((5, 7), np.float32), randn((7,), np.float64, 1)
     y, e = c(x, b)
@@ -366,6 +379,7 @@ def test_shared_subexpression_computed_once():
     def fn(g, x):
         e = g.call("exp", x)
         return g.call("add", g.call("mul", e, e), e), g.call("sub", e, 1.0)
+
     c = build(fn, ("float64", 2))
     x = randn((3, 8), np.float64)
     a, b = c(x)
@@ -380,13 +394,14 @@ def test_shared_subexpression_computed_once():
 # softmax, log_softmax, layernorm
 # ---------------------------------------------------------------------------
 
+
 def _softmax_input(dtype, rows=6, cols=37):
     x = randn((rows, cols), dtype, 3) * 4
-    x[1] = np.nan                      # a NaN row
-    x[2] = -np.inf                     # a row of -inf: -inf - -inf is NaN, as NumPy
-    x[3, 5] = np.nan                   # one NaN poisons its row
-    x[4, ::3] = -np.inf                # some -inf: exp gives exact zeros
-    x[5, 0] = 1e4                      # a huge value: no overflow after the max is taken out
+    x[1] = np.nan  # a NaN row
+    x[2] = -np.inf  # a row of -inf: -inf - -inf is NaN, as NumPy
+    x[3, 5] = np.nan  # one NaN poisons its row
+    x[4, ::3] = -np.inf  # some -inf: exp gives exact zeros
+    x[5, 0] = 1e4  # a huge value: no overflow after the max is taken out
     return x
 
 
@@ -423,8 +438,10 @@ def test_softmax_float64_and_other_axis():
 
 def test_normalizations_over_empty_axes():
     # softmax of empty rows is empty, the log of an empty sum is -inf (as torch)
-    c = build(lambda g, x: (g.call("softmax", x, axis=1), g.call("log_softmax", x, axis=1),
-                            g.call("logsumexp", x, axis=1)), ("float32", 2))
+    c = build(
+        lambda g, x: (g.call("softmax", x, axis=1), g.call("log_softmax", x, axis=1), g.call("logsumexp", x, axis=1)),
+        ("float32", 2),
+    )
     for shape in [(3, 0), (0, 4)]:
         x = np.ones(shape, np.float32)
         s, ls, lse = c(x)
@@ -445,9 +462,9 @@ def test_log_softmax():
 def test_layernorm_by_hand():
     c = build(layernorm_by_hand, ("float32", 2))
     x = randn((6, 50), np.float32, 7) * 3 + 1
-    x[1] = 2.5                         # constant row: variance 0, rsqrt(eps)
-    x[2, 7] = np.nan                   # NaN row
-    x[3, 0] = -np.inf                  # -inf row: mean -inf, -inf - -inf = NaN
+    x[1] = 2.5  # constant row: variance 0, rsqrt(eps)
+    x[2, 7] = np.nan  # NaN row
+    x[3, 0] = -np.inf  # -inf row: mean -inf, -inf - -inf = NaN
     with np.errstate(all="ignore"):
         (out,) = c(x)
     assert nkernels(c) <= 3, c.fused[0]
@@ -458,13 +475,13 @@ def test_layernorm_with_affine_and_residual():
     # (x + r) normalized, then * w + b: still at most one kernel per reduction boundary
     def fn(g, x, r, w, b):
         return g.call("add", g.call("mul", layernorm_by_hand(g, g.call("add", x, r)), w), b)
+
     c = build(fn, ("float64", 2), ("float64", 2), ("float64", 1), ("float64", 1))
     x, r = randn((4, 12), np.float64, 1), randn((4, 12), np.float64, 2)
     w, b = randn((12,), np.float64, 3), randn((12,), np.float64, 4)
     (out,) = c(x, r, w, b)
     assert nkernels(c) <= 3, c.fused[0]
     assert_close(out, np_layernorm(x + r, 1e-5) * w + b, rtol=1e-12)
-
 
 
 @pytest.mark.parametrize("keep_gelu", [True, False], ids=["gelu_output", "gelu_internal"])
@@ -474,10 +491,12 @@ def test_layernorm_of_gelu_computes_gelu_once(keep_gelu):
     sweeps read it back, so no loop computes it twice and only the first sweep computes it. With
     gelu(x) an output it is written there; else the normalized output's buffer holds it until
     the final sweep overwrites it with the result."""
+
     def fn(g, x):
         y = g.call("gelu", x)
         n = layernorm_by_hand(g, y)
         return (y, n) if keep_gelu else n
+
     c = build(fn, ("float32", 2))
     x = randn((7, 300), np.float32, 11) * 2
     x[2, 5] = np.nan
@@ -500,28 +519,52 @@ def test_layernorm_of_gelu_computes_gelu_once(keep_gelu):
 
 REDUCTIONS = {
     # name: (builder, numpy reference, input ndim)
-    "axis0_norm": (lambda g, x: g.call("sqrt", g.call("sum", g.call("square", x), axis=0)),
-                   lambda x: np.sqrt(np.sum(x * x, axis=0)), 2),
-    "mid_keep": (lambda g, x: g.call("exp", g.call("amax", g.call("abs", x), axis=1, keepdim=True)),
-                 lambda x: np.exp(np.max(np.abs(x), axis=1, keepdims=True)), 3),
-    "mid_nokeep": (lambda g, x: g.call("mul", g.call("amin", g.call("neg", x), axis=1), 3.0),
-                   lambda x: np.min(-x, axis=1) * 3.0, 3),
-    "axes02_nokeep": (lambda g, x: g.call("mul", g.call("sum", g.call("tanh", x), axis=(0, 2)), 2.0),
-                      lambda x: np.sum(np.tanh(x), axis=(0, 2)) * 2.0, 3),
-    "axes02_keep": (lambda g, x: g.call("sub", x, g.call("mean", x, axis=(0, -1), keepdim=True)),
-                    lambda x: x - np.mean(x, axis=(0, 2), keepdims=True), 3),
-    "all_axes": (lambda g, x: g.call("log", g.call("sum", g.call("exp", x))),
-                 lambda x: np.log(np.sum(np.exp(x))), 2),
-    "last_keep_epilogue": (lambda g, x: g.call("div", x, g.call("sum", g.call("abs", x), axis=-1, keepdim=True)),
-                           lambda x: x / np.sum(np.abs(x), axis=-1, keepdims=True), 2),
-    "var_std": (lambda g, x: g.call("add", g.call("var", x, axis=1, correction=1),
-                                    g.call("std", x, axis=1)),
-                lambda x: np.var(x, axis=1, ddof=1) + np.std(x, axis=1), 2),
-    "argmax_prologue": (lambda g, x: g.call("argmax", g.call("abs", g.call("sub", x, 0.25)), axis=1),
-                        lambda x: np.argmax(np.abs(x - 0.25), axis=1), 2),
-    "prod_any": (lambda g, x: (g.call("prod", g.call("add", x, 1.0), axis=0),
-                               g.call("any", g.call("gt", x, 2.0), axis=0)),
-                 lambda x: (np.prod(x + 1.0, axis=0), np.any(x > 2.0, axis=0)), 2),
+    "axis0_norm": (
+        lambda g, x: g.call("sqrt", g.call("sum", g.call("square", x), axis=0)),
+        lambda x: np.sqrt(np.sum(x * x, axis=0)),
+        2,
+    ),
+    "mid_keep": (
+        lambda g, x: g.call("exp", g.call("amax", g.call("abs", x), axis=1, keepdim=True)),
+        lambda x: np.exp(np.max(np.abs(x), axis=1, keepdims=True)),
+        3,
+    ),
+    "mid_nokeep": (
+        lambda g, x: g.call("mul", g.call("amin", g.call("neg", x), axis=1), 3.0),
+        lambda x: np.min(-x, axis=1) * 3.0,
+        3,
+    ),
+    "axes02_nokeep": (
+        lambda g, x: g.call("mul", g.call("sum", g.call("tanh", x), axis=(0, 2)), 2.0),
+        lambda x: np.sum(np.tanh(x), axis=(0, 2)) * 2.0,
+        3,
+    ),
+    "axes02_keep": (
+        lambda g, x: g.call("sub", x, g.call("mean", x, axis=(0, -1), keepdim=True)),
+        lambda x: x - np.mean(x, axis=(0, 2), keepdims=True),
+        3,
+    ),
+    "all_axes": (lambda g, x: g.call("log", g.call("sum", g.call("exp", x))), lambda x: np.log(np.sum(np.exp(x))), 2),
+    "last_keep_epilogue": (
+        lambda g, x: g.call("div", x, g.call("sum", g.call("abs", x), axis=-1, keepdim=True)),
+        lambda x: x / np.sum(np.abs(x), axis=-1, keepdims=True),
+        2,
+    ),
+    "var_std": (
+        lambda g, x: g.call("add", g.call("var", x, axis=1, correction=1), g.call("std", x, axis=1)),
+        lambda x: np.var(x, axis=1, ddof=1) + np.std(x, axis=1),
+        2,
+    ),
+    "argmax_prologue": (
+        lambda g, x: g.call("argmax", g.call("abs", g.call("sub", x, 0.25)), axis=1),
+        lambda x: np.argmax(np.abs(x - 0.25), axis=1),
+        2,
+    ),
+    "prod_any": (
+        lambda g, x: (g.call("prod", g.call("add", x, 1.0), axis=0), g.call("any", g.call("gt", x, 2.0), axis=0)),
+        lambda x: (np.prod(x + 1.0, axis=0), np.any(x > 2.0, axis=0)),
+        2,
+    ),
 }
 
 
@@ -583,8 +626,8 @@ def test_reduction_result_broadcast_both_ways():
     # the column sums read along their own axis (x - x.sum(0)) and the row sums
     # read along the other one, in a single graph
     def fn(g, x):
-        return g.call("add", g.call("sub", x, g.call("sum", x, axis=0)),
-                      g.call("amax", x, axis=1))
+        return g.call("add", g.call("sub", x, g.call("sum", x, axis=0)), g.call("amax", x, axis=1))
+
     c = build(fn, ("float64", 2))
     x = randn((5, 5), np.float64, 15)
     (out,) = c(x)
@@ -595,6 +638,7 @@ def test_reduction_of_reduction():
     # max over rows of the per-row mean: two reduction levels
     def fn(g, x):
         return g.call("amax", g.call("mean", g.call("square", x), axis=1), axis=0)
+
     c = build(fn, ("float64", 3))
     x = randn((3, 4, 5), np.float64, 16)
     (out,) = c(x)
@@ -650,10 +694,12 @@ def test_no_identity_reduction_over_empty_axis_raises(op, shape, axis):
 # multi-output kernels
 # ---------------------------------------------------------------------------
 
+
 def test_intermediate_output_written_by_same_kernel():
     def fn(g, x):
         t = g.call("tanh", x)
         return t, g.call("mul", g.call("add", t, 1.0), x)
+
     c = build(fn, ("float32", 2))
     x = randn((4, 6), np.float32, 17)
     t, out = c(x)
@@ -668,6 +714,7 @@ def test_intermediate_output_of_reduction_kernel():
     def fn(g, x):
         t = g.call("tanh", x)
         return t, g.call("sum", g.call("exp", t), axis=-1)
+
     c = build(fn, ("float64", 2))
     x = randn((3, 11), np.float64, 18)
     t, s = c(x)
@@ -684,6 +731,7 @@ def test_softmax_with_max_and_sum_outputs():
         e = g.call("exp", g.call("sub", x, m))
         s = g.call("sum", e, axis=-1, keepdim=True)
         return g.call("div", e, s), m, s
+
     c = build(fn, ("float64", 2))
     x = randn((5, 8), np.float64, 19)
     p, m, s = c(x)
@@ -697,6 +745,7 @@ def test_outputs_input_constant_and_duplicates():
     def fn(g, x):
         y = g.call("neg", x)
         return y, x, y, g.constant(2.5)
+
     c = build(fn, ("float64", 1))
     x = np.arange(4.0)
     y1, xi, y2, k = c(x)
@@ -711,22 +760,24 @@ def test_outputs_input_constant_and_duplicates():
 # externs
 # ---------------------------------------------------------------------------
 
+
 def test_extern_matmul_between_pointwise_ops():
     def fn(g, a, b, bias):
         h = g.extern(np.matmul, g.call("exp", a), g.call("mul", b, 2.0))
         return g.call("relu", g.call("add", h, bias))
+
     c = build(fn, ("float64", 2), ("float64", 2), ("float64", 1))
     a, b = randn((3, 4), np.float64, 20), randn((4, 5), np.float64, 21)
     bias = randn((5,), np.float64, 24)
     (out,) = c(a, b, bias)
     assert_close(out, np.maximum(np.exp(a) @ (b * 2.0) + bias, 0.0), rtol=1e-12)
-    assert c.nplans == 2                       # the segments before and after the extern
-    assert len(c.kernels) <= 3, c.fused        # exp and b*2 (before), add+relu (after)
-    assert len(c.fused) == 2                   # one text per plan, by segment
+    assert c.nplans == 2  # the segments before and after the extern
+    assert len(c.kernels) <= 3, c.fused  # exp and b*2 (before), add+relu (after)
+    assert len(c.fused) == 2  # one text per plan, by segment
     before, after = c.fused
     assert "exp(" in before and "relu(" not in before
     assert "relu(" in after and "exp(" not in after
-    assert len(re.findall(r"^kernel \d+:", after, re.M)) == 1   # add and relu fused
+    assert len(re.findall(r"^kernel \d+:", after, re.M)) == 1  # add and relu fused
     # a new batch size: no new plan
     a, b, bias = randn((7, 2), np.float64, 22), randn((2, 3), np.float64, 23), randn((3,), np.float64, 25)
     (out,) = c(a, b, bias)
@@ -761,6 +812,7 @@ def test_extern_divmod_nout2():
     def fn(g, a, b):
         q, r = g.extern(np.divmod, g.call("abs", a), b, nout=2)
         return g.call("add", g.call("mul", q, b), r), q
+
     c = build(fn, ("float64", 1), ("float64", 1))
     a = np.array([-7.0, 7.5, 3.0, 0.0, -1.25])
     b = np.array([2.0, 2.0, -4.0, 3.0, 0.5])
@@ -782,9 +834,10 @@ def test_extern_wrong_nout_raises():
 
 def test_extern_scalar_results_become_arrays():
     def fn(g, a):
-        s = g.extern(lambda x: float(x.sum()), a)              # a Python float
-        n = g.extern(lambda x: np.float32(x.max()), a)         # a NumPy scalar
+        s = g.extern(lambda x: float(x.sum()), a)  # a Python float
+        n = g.extern(lambda x: np.float32(x.max()), a)  # a NumPy scalar
         return s, n, g.call("add", g.call("mul", a, n), s)
+
     c = build(fn, ("float32", 1))
     a = np.array([1.0, 2.0, 4.0], np.float32)
     s, n, out = c(a)
@@ -797,6 +850,7 @@ def test_extern_scalar_results_become_arrays():
 def test_extern_exception_propagates():
     def boom(x):
         raise KeyError("from the extern")
+
     g = Graph()
     a = g.input("float64", 1)
     g.output(g.call("exp", g.extern(boom, g.call("neg", a))))
@@ -839,6 +893,7 @@ def test_extern_result_changes_dtype_and_rank_new_plan():
 # large inputs: the OpenMP paths (serial below 32768 elements)
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture(params=[0, 1, 3], ids=["threads_default", "threads_1", "threads_3"])
 def nthreads(request):
     old = fastcompile.config.get("num_threads")
@@ -861,7 +916,7 @@ def test_large_pointwise(nthreads):
 @functools.lru_cache(maxsize=None)
 def _large_strided_gelu_case():
     base = randn((2100, 1100), np.float32, 32)
-    x = base[::-2, 5:].T                       # negative, sliced and transposed
+    x = base[::-2, 5:].T  # negative, sliced and transposed
     return x, np_gelu(x)
 
 
@@ -873,8 +928,9 @@ def test_large_pointwise_strided(nthreads):
     assert_close(out, want, rtol=1e-5)
 
 
-@pytest.mark.parametrize("shape", [(1, 1_200_000), (3, 400_000), (200_000, 7)],
-                         ids=["one_row", "few_rows_split", "many_short_rows"])
+@pytest.mark.parametrize(
+    "shape", [(1, 1_200_000), (3, 400_000), (200_000, 7)], ids=["one_row", "few_rows_split", "many_short_rows"]
+)
 def test_large_softmax(nthreads, shape):
     c = _cached("softmax_op", softmax_op, ("float32", 2))
     x = randn(shape, np.float32, 33) * 3
@@ -886,8 +942,9 @@ def test_large_softmax(nthreads, shape):
     assert_close(out, np_softmax(x), rtol=2e-5)
 
 
-@pytest.mark.parametrize("shape", [(2, 600_000), (3, 5, 80_000), (150_000, 9)],
-                         ids=["few_rows_split", "few_rows_3d", "many_short_rows"])
+@pytest.mark.parametrize(
+    "shape", [(2, 600_000), (3, 5, 80_000), (150_000, 9)], ids=["few_rows_split", "few_rows_3d", "many_short_rows"]
+)
 def test_large_sum_last_axis(nthreads, shape):
     c = _cached("red_last_keep_epilogue", REDUCTIONS["last_keep_epilogue"][0], ("float64", 2))
     x = randn((shape[0], int(np.prod(shape[1:]))), np.float64, 34)
@@ -911,7 +968,7 @@ def test_large_layernorm_and_argmax(nthreads):
     c = _cached("red_argmax_prologue", REDUCTIONS["argmax_prologue"][0], ("float64", 2))
     x = randn((2, 700_000), np.float64, 37)
     x[1, 123_456] = 99.0
-    x[1, 654_321] = 99.0                       # a tie: the first index wins
+    x[1, 654_321] = 99.0  # a tie: the first index wins
     (out,) = c(x)
     np.testing.assert_array_equal(out, np.argmax(np.abs(x - 0.25), axis=1))
     assert out[1] == 123_456
@@ -956,6 +1013,7 @@ def test_parallel_paths_on_small_inputs(parallel_always, shape):
 # ---------------------------------------------------------------------------
 # specialization: what makes a new plan
 # ---------------------------------------------------------------------------
+
 
 def _spec_graph():
     return build(lambda g, x, y: g.call("add", g.call("mul", x, y), 1.0), ("float64", 2), ("float64", 2))
@@ -1061,6 +1119,7 @@ def test_expanded_operand_is_read_once_per_run():
 # common subexpressions (fc_graph_cse, on the compiled copy of the graph)
 # ---------------------------------------------------------------------------
 
+
 def _ops_in(c, name):
     return sum(len(re.findall(r"= %s\(" % name, f)) for f in c.fused)
 
@@ -1071,7 +1130,7 @@ def test_cse_equal_work_is_done_once():
     g = Graph()
     x = g.input("float32", 2)
     m1 = g.call("mean", x, axis=-1, keepdims=True)
-    v = g.call("var", x, axis=-1, keepdims=True)      # computes its own mean of x
+    v = g.call("var", x, axis=-1, keepdims=True)  # computes its own mean of x
     m2 = g.call("mean", x, axis=-1, keepdims=True)
     e1, e2 = g.call("exp", x), g.call("exp", x)
     g.output(g.call("add", g.call("sub", e1, m1), g.call("mul", e2, g.call("add", m2, v))))
@@ -1081,7 +1140,7 @@ def test_cse_equal_work_is_done_once():
     m, var = a.mean(-1, keepdims=True), a.var(-1, keepdims=True)
     assert_close(got, (np.exp(a) - m) + np.exp(a) * (m + var), rtol=2e-5)
     assert _ops_in(c, "exp") == 1, c.fused
-    assert _ops_in(c, "sum") == 2, c.fused           # the mean's sum and var's squared deviations
+    assert _ops_in(c, "sum") == 2, c.fused  # the mean's sum and var's squared deviations
     assert _ops_in(c, "rcount") == 1, c.fused
     assert len(c.kernels) == 1 and c.kernels[0].source.count("acc") > 0
     assert len(re.findall(r"double acc\d+ = 0;", c.kernels[0].source)) == 2
@@ -1093,16 +1152,28 @@ def test_cse_keeps_what_differs():
     keepdims; casts to different dtypes."""
     g = Graph()
     x = g.input("float32", 2)
-    outs = [g.call("add", x, 0.0), g.call("add", x, -0.0),
-            g.call("sum", x, axis=0), g.call("sum", x, axis=1),
-            g.call("sum", x, axis=1, keepdims=True),
-            g.call("cast", x, dtype="float64"), g.call("cast", x, dtype="int32")]
-    g.output(*[g.call("neg", o) for o in outs])    # readers: outputs themselves never merge
+    outs = [
+        g.call("add", x, 0.0),
+        g.call("add", x, -0.0),
+        g.call("sum", x, axis=0),
+        g.call("sum", x, axis=1),
+        g.call("sum", x, axis=1, keepdims=True),
+        g.call("cast", x, dtype="float64"),
+        g.call("cast", x, dtype="int32"),
+    ]
+    g.output(*[g.call("neg", o) for o in outs])  # readers: outputs themselves never merge
     c = g.compile()
     a = np.array([[-0.0, 1.5, -2.25], [3.0, -0.0, 0.5]], np.float32)
     got = [-v for v in c(a)]
-    want = [a + np.float32(0.0), a + np.float32(-0.0), a.sum(0), a.sum(1), a.sum(1, keepdims=True),
-            a.astype(np.float64), a.astype(np.int32)]
+    want = [
+        a + np.float32(0.0),
+        a + np.float32(-0.0),
+        a.sum(0),
+        a.sum(1),
+        a.sum(1, keepdims=True),
+        a.astype(np.float64),
+        a.astype(np.int32),
+    ]
     for gv, wv in zip(got, want):
         assert_close(gv, wv)
     assert np.signbit(got[0]).tolist() == [[False, False, True], [False, False, False]]
@@ -1137,6 +1208,7 @@ def test_cse_never_merges_externs_nor_redirects_their_arguments():
     def bump(v):
         v += 1
         return v
+
     g = Graph()
     x = g.input("float32", 1)
     y1, y2 = g.extern(f, g.call("exp", x), pure=True), g.extern(f, g.call("exp", x), pure=True)

@@ -7,6 +7,7 @@ kernel text is byte-identical. FASTCOMPILE_UPDATE_GOLDEN=1 rewrites the goldens;
 golden fails, so a new case is written on purpose. The header's "from <file>:<line>" is not
 part of a golden: it moves with this file.
 """
+
 import os
 import re
 
@@ -40,7 +41,7 @@ def _column_sum(g, x):
 
 
 def _multi_output(g, x, y):
-    s = g.call("add", x, y)                 # an intermediate that is also an output
+    s = g.call("add", x, y)  # an intermediate that is also an output
     return [s, g.call("tanh", s)]
 
 
@@ -56,7 +57,12 @@ CASES = {
     "softmax_rows": (_softmax, [2], lambda: [_c_order((32, 100))], [", reduction, 3 sweeps per row */"]),
     "layernorm_rows": (_layernorm, [2], lambda: [_c_order((32, 100))], [", reduction, 3 sweeps per row */"]),
     "column_block": (_column_sum, [2], lambda: [_c_order((300, 40))], ["_cols("]),
-    "multi_output": (_multi_output, [2, 2], lambda: [_c_order((16, 8)), _c_order((16, 8)) + 1], ["float *restrict out1 = "]),
+    "multi_output": (
+        _multi_output,
+        [2, 2],
+        lambda: [_c_order((16, 8)), _c_order((16, 8)) + 1],
+        ["float *restrict out1 = "],
+    ),
 }
 
 

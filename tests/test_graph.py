@@ -4,6 +4,7 @@ promotion, errors, graph copies and reference counts.
 Most tests only build graphs (no kernels); the few that run use tiny pointwise
 graphs, so this file compiles about fifteen small kernels.
 """
+
 import gc
 import os
 import re
@@ -22,8 +23,20 @@ from fastcompile.graph import Compiled, Graph, Value
 
 OPS_DEF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "core", "ops.def")
 
-NP_DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-             "float16", "float32", "float64"]
+NP_DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+]
 ALL_DTYPES = NP_DTYPES[:9] + ["float16", "bfloat16", "float32", "float64"]
 
 
@@ -44,6 +57,7 @@ def compile1(fn, *specs):
 # ---------------------------------------------------------------------------
 # Graph / Value / Compiled basics
 # ---------------------------------------------------------------------------
+
 
 def test_public_names():
     assert fcg.Graph is Graph and fcg.Value is Value and fcg.Compiled is Compiled
@@ -89,7 +103,7 @@ def test_input_value_attributes():
     k = g.call("sum", x, axis=(0, 2), keepdim=True)
     assert k.ndim == 3
     assert g.call("amax", x).ndim == 0
-    assert g.call("add", x, y).ndim == 3                # broadcasting: the larger rank
+    assert g.call("add", x, y).ndim == 3  # broadcasting: the larger rank
 
 
 def test_extern_values_are_untyped_until_run():
@@ -129,8 +143,12 @@ def test_input_bad_dtype_and_device():
 def test_weak_input_is_typed_as_a_python_float():
     """input(..., weak=True): a Python float passed at each call. NEP 50: float32 * it is float32,
     int32 * it is float64, as NumPy with a Python float; a strong float64 input promotes."""
-    for arr_dt, weak, want in [("float32", True, "float32"), ("float32", False, "float64"),
-                               ("int32", True, "float64"), ("float16", True, "float16")]:
+    for arr_dt, weak, want in [
+        ("float32", True, "float32"),
+        ("float32", False, "float64"),
+        ("int32", True, "float64"),
+        ("float16", True, "float16"),
+    ]:
         g = Graph()
         x, s = g.input(arr_dt, 1), g.input("float64", 0, weak=weak)
         y = g.call("mul", x, s)
@@ -141,7 +159,7 @@ def test_weak_input_is_typed_as_a_python_float():
         for v in (0.1, -2.5, 1e30):
             with np.errstate(over="ignore"):
                 ref = a * v if weak else a * np.float64(v)
-                if arr_dt == "float16":        # the core keeps a weak float in float32 (torch's rule)
+                if arr_dt == "float16":  # the core keeps a weak float in float32 (torch's rule)
                     ref = (a.astype(np.float32) * np.float32(v)).astype(np.float16)
                 (got,) = c(a, v)
             assert got.dtype == ref.dtype
@@ -157,10 +175,12 @@ def test_weak_input_must_be_a_0d_float64():
 def test_a_0d_input_takes_a_scalar_of_its_dtype():
     """A 0-d input takes a NumPy scalar of its dtype, or a Python float (float64), int (int64)
     or bool; any other dtype is refused, as an array of it is."""
-    for dt, good, bad in [("float64", [2.5, np.float64(2.5)], [np.float32(2.5), 2, True]),
-                          ("float32", [np.float32(2.5)], [2.5, np.float64(2.5)]),
-                          ("int64", [3, np.int64(3)], [3.0, np.int32(3)]),
-                          ("bool", [True, np.bool_(True)], [1])]:
+    for dt, good, bad in [
+        ("float64", [2.5, np.float64(2.5)], [np.float32(2.5), 2, True]),
+        ("float32", [np.float32(2.5)], [2.5, np.float64(2.5)]),
+        ("int64", [3, np.int64(3)], [3.0, np.int32(3)]),
+        ("bool", [True, np.bool_(True)], [1]),
+    ]:
         g = Graph()
         x, s = g.input("float64", 1), g.input(dt, 0)
         g.output(g.call("add", x, s))
@@ -175,7 +195,7 @@ def test_a_0d_input_takes_a_scalar_of_its_dtype():
     x = g.input("float64", 1)
     g.output(g.call("neg", x))
     with pytest.raises(TypeError, match="must be a numpy.ndarray"):
-        g.compile()(2.5)                        # not 0-d: a scalar is refused
+        g.compile()(2.5)  # not 0-d: a scalar is refused
 
 
 def test_weak_flag_of_an_input_is_part_of_the_kernel_key():
@@ -238,16 +258,24 @@ def test_output_replaces_previous_outputs():
 # ops(): the op table
 # ---------------------------------------------------------------------------
 
-KINDS = {"FC_KIND_PW": "pointwise", "FC_KIND_RED": "reduction",
-         "FC_KIND_COMPOSITE": "composite", "FC_KIND_SPECIAL": "special"}
+KINDS = {
+    "FC_KIND_PW": "pointwise",
+    "FC_KIND_RED": "reduction",
+    "FC_KIND_COMPOSITE": "composite",
+    "FC_KIND_SPECIAL": "special",
+}
 
 
 def parse_ops_def():
     if not os.path.exists(OPS_DEF):
         pytest.skip("ops.def not found (tests run from an installed package)")
     text = open(OPS_DEF).read()
-    rows = re.findall(r'^FC_OP\((\w+), "(\w+)", (-?\d+), (\w+), (\w+), (\w+), "((?:[^"\\]|\\.)*)", '
-                      r'"((?:[^"\\]|\\.)*)"\)', text, re.M)
+    rows = re.findall(
+        r'^FC_OP\((\w+), "(\w+)", (-?\d+), (\w+), (\w+), (\w+), "((?:[^"\\]|\\.)*)", '
+        r'"((?:[^"\\]|\\.)*)"\)',
+        text,
+        re.M,
+    )
     assert len(rows) == text.count("\nFC_OP(")
     return {r[1]: {"arity": int(r[2]), "kind": KINDS[r[3]], "meaning": r[7]} for r in rows}
 
@@ -331,7 +359,7 @@ CONSTANT_CASES = [
     ("int8", np.int64(1), "int64"),
     ("float16", np.float32(2.0), "float32"),
     ("int16", np.uint16(3), "int32"),
-    ("float32", np.float64(1.5), "float64"),      # np.float64 is also a Python float: still strong
+    ("float32", np.float64(1.5), "float64"),  # np.float64 is also a Python float: still strong
     ("float32", np.bool_(True), "float32"),
 ]
 
@@ -342,7 +370,7 @@ def _numpy_result(dtype, value):
 
 @pytest.mark.parametrize("dtype,value,want", CONSTANT_CASES)
 def test_constant_promotion_in_graph(dtype, value, want):
-    assert _numpy_result(dtype, value) == want        # the expectation is NumPy's
+    assert _numpy_result(dtype, value) == want  # the expectation is NumPy's
     g = Graph()
     x = g.input(dtype, 1)
     assert g.call("add", x, value).dtype == want
@@ -370,11 +398,11 @@ def test_constant_promotion_at_run_time(dtype, value, want):
     (out,) = g.compile()(np.arange(3).astype(dtype))
     expect = np.arange(3).astype(dtype) + value
     assert out.dtype == expect.dtype == np.dtype(want)
-    assert out.dtype.name == v.dtype                  # the graph said so too
+    assert out.dtype.name == v.dtype  # the graph said so too
     np.testing.assert_array_equal(out, expect)
 
 
-OUT_OF_RANGE = [("int8", 300), ("uint8", -1), ("int16", 2 ** 20)]
+OUT_OF_RANGE = [("int8", 300), ("uint8", -1), ("int16", 2**20)]
 
 
 @pytest.mark.parametrize("dtype,value", OUT_OF_RANGE)
@@ -416,7 +444,7 @@ def test_constant_values():
     assert g.constant(1.5).ndim == 0
     assert repr(g.constant(2.5)).endswith("= constant: float64, ndim=0>")
     with pytest.raises(OverflowError):
-        g.constant(2 ** 70)
+        g.constant(2**70)
     for bad in ([1], None, "1", 1j, np.ones(2)):
         with pytest.raises(TypeError):
             g.constant(bad)
@@ -425,33 +453,80 @@ def test_constant_values():
 def test_constant_exact_values_at_run_time():
     # int64 extremes and a float with all 53 bits survive into the kernel
     def fn(g, x):
-        return (g.call("add", x, -(2 ** 63)), g.call("sub", x, 2 ** 63 - 1),
-                g.call("add", g.call("cast", x, dtype="float64"), 0.1 + 2 ** -50))
+        return (
+            g.call("add", x, -(2**63)),
+            g.call("sub", x, 2**63 - 1),
+            g.call("add", g.call("cast", x, dtype="float64"), 0.1 + 2**-50),
+        )
+
     c = compile1(fn, ("int64", 1))
     x = np.array([0, 1], np.int64)
     a, b, f = c(x)
-    np.testing.assert_array_equal(a, x + np.int64(-(2 ** 63)))
-    np.testing.assert_array_equal(b, x - np.int64(2 ** 63 - 1))
-    np.testing.assert_array_equal(f, x.astype(np.float64) + (0.1 + 2 ** -50))
+    np.testing.assert_array_equal(a, x + np.int64(-(2**63)))
+    np.testing.assert_array_equal(b, x - np.int64(2**63 - 1))
+    np.testing.assert_array_equal(f, x.astype(np.float64) + (0.1 + 2**-50))
 
 
 # ---------------------------------------------------------------------------
 # dtype promotion between inputs: NumPy's ufunc result dtypes
 # ---------------------------------------------------------------------------
 
-BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide,
-          "floordiv": np.floor_divide, "remainder": np.remainder, "pow": np.power,
-          "maximum": np.maximum, "minimum": np.minimum, "fmax": np.fmax, "fmin": np.fmin,
-          "eq": np.equal, "lt": np.less, "ge": np.greater_equal, "logical_and": np.logical_and,
-          "logical_xor": np.logical_xor, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
-          "atan2": np.arctan2, "hypot": np.hypot, "copysign": np.copysign}
-UNARY = {"neg": np.negative, "abs": np.abs, "exp": np.exp, "log1p": np.log1p, "sqrt": np.sqrt,
-         "sin": np.sin, "tanh": np.tanh, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
-         "sign": np.sign, "square": np.square, "reciprocal": np.reciprocal, "isnan": np.isnan,
-         "isfinite": np.isfinite, "logical_not": np.logical_not, "bitwise_not": np.bitwise_not}
-REDUCTIONS = {"sum": np.sum, "prod": np.prod, "amax": np.max, "amin": np.min, "argmax": np.argmax,
-              "argmin": np.argmin, "any": np.any, "all": np.all, "mean": np.mean, "var": np.var,
-              "std": np.std}
+BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.true_divide,
+    "floordiv": np.floor_divide,
+    "remainder": np.remainder,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "fmax": np.fmax,
+    "fmin": np.fmin,
+    "eq": np.equal,
+    "lt": np.less,
+    "ge": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_xor": np.logical_xor,
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
+    "atan2": np.arctan2,
+    "hypot": np.hypot,
+    "copysign": np.copysign,
+}
+UNARY = {
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log1p": np.log1p,
+    "sqrt": np.sqrt,
+    "sin": np.sin,
+    "tanh": np.tanh,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "trunc": np.trunc,
+    "sign": np.sign,
+    "square": np.square,
+    "reciprocal": np.reciprocal,
+    "isnan": np.isnan,
+    "isfinite": np.isfinite,
+    "logical_not": np.logical_not,
+    "bitwise_not": np.bitwise_not,
+}
+REDUCTIONS = {
+    "sum": np.sum,
+    "prod": np.prod,
+    "amax": np.max,
+    "amin": np.min,
+    "argmax": np.argmax,
+    "argmin": np.argmin,
+    "any": np.any,
+    "all": np.all,
+    "mean": np.mean,
+    "var": np.var,
+    "std": np.std,
+}
+
 
 def numpy_dtype(f, *dtypes, **kw):
     """NumPy's result dtype name, or 'TypeError' where NumPy has no loop."""
@@ -473,8 +548,7 @@ def fc_dtype(op, *dtypes, **kw):
 @pytest.mark.parametrize("op", sorted(BINARY))
 def test_binary_result_dtype_matches_numpy(op):
     # float-rule ops of two integers take NumPy's loop: int8 with uint8 is float16
-    bad = [(a, b, fc_dtype(op, a, b), numpy_dtype(BINARY[op], a, b))
-           for a in NP_DTYPES for b in NP_DTYPES]
+    bad = [(a, b, fc_dtype(op, a, b), numpy_dtype(BINARY[op], a, b)) for a in NP_DTYPES for b in NP_DTYPES]
     bad = [row for row in bad if row[2] != row[3]]
     assert not bad, "(a, b, fastcompile, numpy): %s" % bad[:10]
 
@@ -508,8 +582,9 @@ def test_where_and_clamp_dtypes_match_numpy():
             assert g.call("clamp", x, y, y).dtype == numpy_dtype(np.clip, a, b, b)
 
 
-@pytest.mark.parametrize("a,b", [("int8", "uint8"), ("float16", "int16"), ("bool", "float32"),
-                                 ("uint32", "int32"), ("uint64", "int64")])
+@pytest.mark.parametrize(
+    "a,b", [("int8", "uint8"), ("float16", "int16"), ("bool", "float32"), ("uint32", "int32"), ("uint64", "int64")]
+)
 def test_promotion_at_run_time(a, b):
     c = compile1(lambda g, x, y: g.call("mul", x, y), (a, 1), (b, 1))
     x, y = np.arange(1, 4).astype(a), np.arange(2, 5).astype(b)
@@ -537,8 +612,9 @@ def _f64_to_f32_odd(x):
     return np.where(inexact, (t.view(np.uint32) | 1).view(np.float32), t)
 
 
-@pytest.mark.parametrize("src,half", [(s, h) for s in ("float32", "float64", "int32", "float16")
-                                      for h in ("float16", "bfloat16") if s != h])
+@pytest.mark.parametrize(
+    "src,half", [(s, h) for s in ("float32", "float64", "int32", "float16") for h in ("float16", "bfloat16") if s != h]
+)
 def test_cast_to_a_half_type_rounds_inside_a_kernel(src, half):
     """A cast to float16/bfloat16 whose value the same kernel reads again (cast back to float32)
     is the value rounded to the half type, once, as NumPy's astype and torch's .to give. It was
@@ -550,12 +626,34 @@ def test_cast_to_a_half_type_rounds_inside_a_kernel(src, half):
     c = g.compile()
     rng = np.random.default_rng(3)
     if src == "int32":
-        x = np.concatenate([rng.integers(-70000, 70000, 3000), [2049, 2051, 4097, -4099, 65504, 65519, 65520,
-                                                                 2 ** 24 + 2 ** 16 + 1, -(2 ** 30) - 2 ** 22]])
+        x = np.concatenate(
+            [
+                rng.integers(-70000, 70000, 3000),
+                [2049, 2051, 4097, -4099, 65504, 65519, 65520, 2**24 + 2**16 + 1, -(2**30) - 2**22],
+            ]
+        )
     else:
-        x = np.concatenate([rng.standard_normal(3000) * 10.0 ** rng.integers(-9, 6, 3000),
-                            [1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 65519.9, 65520.0,
-                             6e-8, 3e-8, 1e-40, -0.0, np.inf, -np.inf, np.nan, 3.3e38]])
+        x = np.concatenate(
+            [
+                rng.standard_normal(3000) * 10.0 ** rng.integers(-9, 6, 3000),
+                [
+                    1 + 2.0**-11,
+                    1 + 3 * 2.0**-11,
+                    1 + 2.0**-8,
+                    1 + 3 * 2.0**-8,
+                    65519.9,
+                    65520.0,
+                    6e-8,
+                    3e-8,
+                    1e-40,
+                    -0.0,
+                    np.inf,
+                    -np.inf,
+                    np.nan,
+                    3.3e38,
+                ],
+            ]
+        )
     with np.errstate(over="ignore", invalid="ignore"):
         x = x.astype(src)
         if half == "float16":
@@ -563,7 +661,7 @@ def test_cast_to_a_half_type_rounds_inside_a_kernel(src, half):
         elif src == "float64":
             want = _bf16_round(_f64_to_f32_odd(x))
         else:
-            want = _bf16_round(x.astype(np.float32))         # integers through float32, as torch does
+            want = _bf16_round(x.astype(np.float32))  # integers through float32, as torch does
     got, twice = c(x)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(twice, want * 2)
@@ -595,7 +693,7 @@ def test_logical_ops_take_each_operands_own_truth(op, dtype):
     """logical_and/or/xor test each operand's own truth, as NumPy's bool loops do: a constant the
     array's type cannot hold (int8 and 256) was wrapped into it first (256 -> 0, false)."""
     x = np.array([-128, 0, 1, 3, 127, 2], dtype) if dtype != "uint8" else np.array([0, 1, 5, 255, 128, 2], dtype)
-    for k in (256, 2 ** 31, 65536, 0.5, -1, 0):
+    for k in (256, 2**31, 65536, 0.5, -1, 0):
         g = Graph()
         xi = g.input(dtype, 1)
         g.output(g.call(op, xi, k), g.call(op, k, xi))
@@ -615,6 +713,7 @@ def test_bfloat16_promotion_in_graph():
 # ---------------------------------------------------------------------------
 # errors while building
 # ---------------------------------------------------------------------------
+
 
 def test_unknown_op():
     g = Graph()
@@ -727,9 +826,18 @@ def test_argmax_takes_one_axis():
         g.compile()(np.ones((2, 2, 2)))
 
 
-@pytest.mark.parametrize("op,kw", [("add", {"axis": 0}), ("exp", {"out": None}), ("sum", {"dtype": "float32"}),
-                                   ("sum", {"foo": 1}), ("cast", {"dtype": "float32", "copy": False}),
-                                   ("var", {"unbiased": True}), ("softmax", {"keepdim": 3j, "bar": 1})])
+@pytest.mark.parametrize(
+    "op,kw",
+    [
+        ("add", {"axis": 0}),
+        ("exp", {"out": None}),
+        ("sum", {"dtype": "float32"}),
+        ("sum", {"foo": 1}),
+        ("cast", {"dtype": "float32", "copy": False}),
+        ("var", {"unbiased": True}),
+        ("softmax", {"keepdim": 3j, "bar": 1}),
+    ],
+)
 def test_unexpected_kwarg(op, kw):
     g = Graph()
     xs = [g.input("float32", 2) for _ in range(fcg.ops()[op]["arity"])]
@@ -779,6 +887,7 @@ def test_extern_argument_errors():
 # errors at call time
 # ---------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def add2():
     return compile1(lambda g, x, y: g.call("add", x, y), ("float64", 1), ("float64", 1))
@@ -798,8 +907,8 @@ def test_inputs_only_externs_read_may_be_any_object():
     def ext(w, a):
         seen.append(w)
         return a * len(w)
-    c = compile1(lambda g, w, x: g.call("exp", g.extern(ext, w, g.call("neg", x))),
-                 ("float64", 1), ("float64", 1))
+
+    c = compile1(lambda g, w, x: g.call("exp", g.extern(ext, w, g.call("neg", x))), ("float64", 1), ("float64", 1))
     w, x = [1, 2, 3], np.arange(3.0)
     before = sys.getrefcount(w)
     for _ in range(200):
@@ -820,11 +929,13 @@ def test_view_externs_are_made_in_c_where_the_layout_is_as_traced():
     # Graph.extern(view=...): the view is made from the argument's memory without calling the
     # function while the argument has the shape and strides given; otherwise the function runs
     import fastcompile
+
     calls = []
 
     def fn(a):
         calls.append(a.strides)
         return a.T[1:]
+
     g = Graph()
     x = g.input("float32", 2)
     v = g.extern(fn, x, pure=True, view=((3, 4), (4, 1), (3, 3), (1, 4), 1))
@@ -836,7 +947,7 @@ def test_view_externs_are_made_in_c_where_the_layout_is_as_traced():
     np.testing.assert_array_equal(out, a.T[1:] * 2)
     assert np.shares_memory(view, a) and view.flags.writeable and not calls
     assert fastcompile.stats()["views_made"] == s0["views_made"] + 1
-    f = np.asfortranarray(a)                        # another layout: the function makes it
+    f = np.asfortranarray(a)  # another layout: the function makes it
     out, view = c(f)
     np.testing.assert_array_equal(out, a.T[1:] * 2)
     assert calls == [f.strides]
@@ -847,7 +958,7 @@ def test_view_externs_are_made_in_c_where_the_layout_is_as_traced():
     assert sys.getrefcount(a) == before
     # strides that only match after an int64 wrap are no match: the function runs
     g = Graph()
-    big = g.extern(lambda a: a[:1], g.input("float64", 1), pure=True, view=((2,), (2 ** 61 + 1,), (1,), (0,), 0))
+    big = g.extern(lambda a: a[:1], g.input("float64", 1), pure=True, view=((2,), (2**61 + 1,), (1,), (0,), 0))
     g.output(big)
     s1 = fastcompile.stats()
     (bv,) = g.compile()(np.arange(2.0))
@@ -891,11 +1002,11 @@ def test_view_extern_spec_errors():
     g2 = Graph()
     y = g2.input("float64", 1)
     with pytest.raises(ValueError, match="too large|outside"):
-        g2.extern(np.transpose, y, view=((4,), (1,), (3,), (2 ** 62,), 0))
+        g2.extern(np.transpose, y, view=((4,), (1,), (3,), (2**62,), 0))
     with pytest.raises(ValueError, match="too large|outside"):
-        g2.extern(np.transpose, y, view=((4,), (1,), (2,), (-1,), -2 ** 63))
+        g2.extern(np.transpose, y, view=((4,), (1,), (2,), (-1,), -(2**63)))
     with pytest.raises(ValueError, match="too large"):
-        g2.extern(np.transpose, y, view=((4,), (1,), (2 ** 40, 2 ** 40), (0, 0), 0))
+        g2.extern(np.transpose, y, view=((4,), (1,), (2**40, 2**40), (0, 0), 0))
     # nothing was added by the failed calls: the next extern gets the next index
     v = g.extern(np.transpose, x, view=((3, 4), (4, 1), (4, 3), (1, 4), 0))
     g.output(v)
@@ -952,6 +1063,7 @@ def test_errors_leave_the_compiled_usable(add2):
 # the graph is copied at compile
 # ---------------------------------------------------------------------------
 
+
 def test_graph_copied_at_compile():
     g = Graph()
     x = g.input("float64", 1)
@@ -993,16 +1105,20 @@ def test_graph_outlives_compiled_and_values_keep_graph_alive():
 # reference counts and memory
 # ---------------------------------------------------------------------------
 
+
 def _refcounts(*objs):
     return [sys.getrefcount(o) for o in objs]
 
 
 def test_refcounts_stable_over_many_calls():
-    c = compile1(lambda g, x, y: (g.call("add", x, y), g.call("sum", g.call("mul", x, y), axis=0)),
-                 ("float32", 2), ("float32", 1))
+    c = compile1(
+        lambda g, x, y: (g.call("add", x, y), g.call("sum", g.call("mul", x, y), axis=0)),
+        ("float32", 2),
+        ("float32", 1),
+    )
     x, y = np.ones((4, 3), np.float32), np.arange(3, dtype=np.float32)
     a, s = c(x, y)
-    assert sys.getrefcount(a) == 2 and sys.getrefcount(s) == 2   # only `a`/`s` and the call's argument
+    assert sys.getrefcount(a) == 2 and sys.getrefcount(s) == 2  # only `a`/`s` and the call's argument
     del a, s
     before = _refcounts(x, y, c)
     for _ in range(10_000):
@@ -1013,6 +1129,7 @@ def test_refcounts_stable_over_many_calls():
 def test_refcounts_stable_with_extern_and_errors():
     def ext(a):
         return a[::-1]
+
     c = compile1(lambda g, x: g.call("exp", g.extern(ext, g.call("neg", x))), ("float64", 1))
     x = np.arange(3.0)
     (out,) = c(x)
@@ -1032,6 +1149,7 @@ def test_values_are_released_after_their_last_reader():
     # a value's array goes back as soon as its last reader has run (not at the end of the call):
     # the pool can hand its buffer to a later kernel of the same call
     import weakref
+
     refs, alive_later = [], []
 
     def first(a):
@@ -1043,9 +1161,10 @@ def test_values_are_released_after_their_last_reader():
         return c + 1
 
     def fn(g, x):
-        a = g.call("neg", x)                       # segment 0's output, read only by `first`
+        a = g.call("neg", x)  # segment 0's output, read only by `first`
         c = g.call("exp", g.extern(first, a))
         return g.call("add", g.extern(second, c), 1.0)
+
     comp = compile1(fn, ("float64", 1))
     x = np.arange(4.0)
     for _ in range(3):
@@ -1053,8 +1172,7 @@ def test_values_are_released_after_their_last_reader():
     np.testing.assert_allclose(out, np.exp(-x * 2) + 2)
     assert alive_later == [False] * 3
     # an output stays whole to the end, even where an extern read it early
-    keep = compile1(lambda g, x: (g.call("neg", x), g.call("exp", g.extern(first, g.call("neg", x)))),
-                    ("float64", 1))
+    keep = compile1(lambda g, x: (g.call("neg", x), g.call("exp", g.extern(first, g.call("neg", x)))), ("float64", 1))
     a, b = keep(x)
     np.testing.assert_allclose(a, -x)
     np.testing.assert_allclose(b, np.exp(-x * 2))
@@ -1067,6 +1185,7 @@ def test_refcounts_when_extern_returns_its_arguments():
         same = g.extern(lambda a: a, x)
         p, q = g.extern(lambda a, b: (b, a), x, y, nout=2)
         return same, p, q, g.call("add", p, q)
+
     c = compile1(fn, ("float64", 1), ("float64", 1))
     x, y = np.arange(3.0), np.ones(3)
     same, p, q, s = c(x, y)
@@ -1085,6 +1204,7 @@ def test_refcounts_when_extern_raises():
 
     def ext(a):
         raise Boom()
+
     c = compile1(lambda g, x: g.call("neg", g.extern(ext, g.call("exp", x))), ("float64", 1))
     x = np.arange(3.0)
     before = _refcounts(x, c)
@@ -1106,6 +1226,7 @@ def test_no_memory_growth_over_many_calls():
 def test_deleting_compiled_frees_it():
     class Fn:
         """An extern callable: weakref-able, so we see when it is released."""
+
         def __call__(self, a):
             return a * 2
 
@@ -1116,9 +1237,9 @@ def test_deleting_compiled_frees_it():
     g.output(g.call("neg", g.extern(fn, x)))
     c = g.compile()
     np.testing.assert_array_equal(c(np.ones(2))[0], [-2.0, -2.0])
-    assert sys.getrefcount(c) == 2                 # nothing else holds it
+    assert sys.getrefcount(c) == 2  # nothing else holds it
     cid = id(c)
-    assert any(o is c for o in gc.get_objects())   # tracked by the cycle collector
+    assert any(o is c for o in gc.get_objects())  # tracked by the cycle collector
     del fn, g, x, c
     # the graph and the compiled graph released the extern, without gc
     assert alive() is None
@@ -1138,7 +1259,7 @@ def test_cycle_through_compiled_is_collected():
     g.output(g.extern(fn, x))
     c = g.compile()
     del g, x
-    fn.compiled = c                                # extern -> compiled -> extern
+    fn.compiled = c  # extern -> compiled -> extern
     del fn, c
     gc.collect()
     assert alive() is None
@@ -1154,7 +1275,7 @@ def test_cycle_through_graph_is_collected():
     alive = weakref.ref(fn)
     g = Graph()
     x = g.input("float64", 1)
-    fn.value = g.extern(fn, x)                     # extern -> Value -> Graph -> extern
+    fn.value = g.extern(fn, x)  # extern -> Value -> Graph -> extern
     del fn, g, x
     gc.collect()
     assert alive() is None
@@ -1188,12 +1309,13 @@ def test_values_are_computed_in_the_segment_that_reads_them():
     """A core value read only after an extern is computed next to its reader and fuses with it
     (one kernel, no stored intermediate), not in the first segment; one that is also a graph
     output, or read before the extern too, is still computed early and stored."""
+
     def ext(a):
         return a[::-1] * 2.0
 
     g = Graph()
     x, y = g.input("float32", 1), g.input("float32", 1)
-    mask = g.call("gt", x, 0.5)                          # ready at the start, read only after ext
+    mask = g.call("gt", x, 0.5)  # ready at the start, read only after ext
     g.output(g.call("where", mask, g.extern(ext, y), 0.0))
     f = g.compile()
     a = np.linspace(0, 1, 7, dtype=np.float32)
@@ -1206,7 +1328,7 @@ def test_values_are_computed_in_the_segment_that_reads_them():
     g = Graph()
     x, y = g.input("float32", 1), g.input("float32", 1)
     mask = g.call("gt", x, 0.5)
-    g.output(g.call("where", mask, g.extern(ext, y), 0.0), mask)   # the mask is an output too
+    g.output(g.call("where", mask, g.extern(ext, y), 0.0), mask)  # the mask is an output too
     f = g.compile()
     r, m = f(a, b)
     np.testing.assert_array_equal(r, np.where(a > 0.5, b[::-1] * 2.0, 0.0).astype(np.float32))
@@ -1229,9 +1351,9 @@ def test_unused_values_are_not_computed_and_pure_externs_not_called():
 
     g = Graph()
     x = g.input("float32", 1)
-    g.call("exp", x)                                     # dead
-    g.extern(act, x)                                     # dead, but not pure: called
-    g.call("add", g.extern(view, x, pure=True), 1.0)     # dead pure extern and its consumer
+    g.call("exp", x)  # dead
+    g.extern(act, x)  # dead, but not pure: called
+    g.call("add", g.extern(view, x, pure=True), 1.0)  # dead pure extern and its consumer
     used = g.extern(view, x, pure=True)
     g.output(g.call("mul", x, 3.0), g.call("sub", used, 1.0))
     f = g.compile()
@@ -1252,6 +1374,7 @@ def _recording_extern():
     def real(a):
         called.append("real")
         return a * 2
+
     return called, real
 
 
@@ -1272,13 +1395,14 @@ def test_warm_runs_stand_in_externs_and_survives_a_list_changed_mid_call():
     assert seen == [1, 2] and called == [] and len(c.kernels) >= 1
     nk = len(c.kernels)
     np.testing.assert_array_equal(c(a)[0], ((a + 1) * 2 * 3) * 2 - 1)
-    assert called == ["real", "real"] and len(c.kernels) == nk      # the plans were built by _warm
+    assert called == ["real", "real"] and len(c.kernels) == nk  # the plans were built by _warm
 
     stand = []
 
     def clearing(v):
         stand.clear()
         return v + 0
+
     stand.extend([clearing, lambda v: v + 0])
     with pytest.raises(RuntimeError, match="extern 1 is gone"):
         c._warm((a,), stand)
@@ -1291,6 +1415,7 @@ def test_call_with_returns_the_outputs_of_stand_in_externs():
     the kernels with the stand-ins' results and returns the outputs, as a call; the graph's own
     externs are not called; refcounts of the arrays are unchanged after many calls."""
     import sys
+
     called, real = _recording_extern()
     g = Graph()
     x = g.input("float64", 1)
@@ -1336,7 +1461,8 @@ def test_prebuild_runs_nothing_and_load_pending_compiles_every_plan_in_one_batch
     def real(a):
         called.append(1)
         return a * 2
-    k = 1.0 + 2.0 ** -7 * 5          # a constant of this test's own
+
+    k = 1.0 + 2.0**-7 * 5  # a constant of this test's own
     c = _three_segment_graph(real, k)
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     seen = []
@@ -1348,14 +1474,14 @@ def test_prebuild_runs_nothing_and_load_pending_compiles_every_plan_in_one_batch
     assert fastcompile.graph.Compiled._load_pending([c]) == 3
     assert (sys.getrefcount(a), sys.getrefcount(c)) == refs
     assert fastcompile.stats()["compiles"] - before == 3 and len(c.kernels) == 3
-    assert fastcompile.graph.Compiled._load_pending([c, c]) == 0      # nothing left to load
+    assert fastcompile.graph.Compiled._load_pending([c, c]) == 0  # nothing left to load
     np.testing.assert_allclose(c(a)[0], ((a + k) * 2 * k) * 2 - k, rtol=1e-6)
     assert called == [1, 1] and c.nplans == 3 and len(c.kernels) == 3
     assert fastcompile.stats()["compiles"] - before == 3
 
 
 def test_prebuild_plan_left_unloaded_is_loaded_by_the_call():
-    k = 1.0 + 2.0 ** -7 * 6
+    k = 1.0 + 2.0**-7 * 6
     c = _three_segment_graph(lambda v: v * 2, k)
     a = np.ones((2, 5), np.float32)
     c._prebuild((a,), [np.empty_like] * 2)
@@ -1367,13 +1493,13 @@ def test_prebuild_plan_left_unloaded_is_loaded_by_the_call():
 def test_prebuild_with_a_mispredicted_layout_builds_that_plan_at_the_call():
     """A stand-in whose layout differs from what the real extern returns (Fortran order here)
     selects another plan: the call builds the right one itself and computes right."""
-    c = _three_segment_graph(lambda v: v * 2, 1.0 + 2.0 ** -7 * 7)
+    c = _three_segment_graph(lambda v: v * 2, 1.0 + 2.0**-7 * 7)
     a = np.arange(20, dtype=np.float32).reshape(4, 5)
     c._prebuild((a,), [lambda v: np.asfortranarray(np.empty_like(v))] * 2)
     assert fastcompile.graph.Compiled._load_pending([c]) == 3
-    k = 1.0 + 2.0 ** -7 * 7
+    k = 1.0 + 2.0**-7 * 7
     np.testing.assert_allclose(c(a)[0], ((a + k) * 2 * k) * 2 - k, rtol=1e-6)
-    assert c.nplans == 5 and len(c.kernels) == 5     # segments 2 and 3 again, for C order
+    assert c.nplans == 5 and len(c.kernels) == 5  # segments 2 and 3 again, for C order
 
 
 def test_prebuild_and_load_pending_argument_errors():
@@ -1387,7 +1513,7 @@ def test_prebuild_and_load_pending_argument_errors():
         fastcompile.graph.Compiled._load_pending(5)
     with pytest.raises(RuntimeError, match="boom"):
         c._prebuild((a,), [np.empty_like, lambda v: (_ for _ in ()).throw(RuntimeError("boom"))])
-    assert c.nplans == 2 and c.kernels == []          # the plans before the failing stand-in
+    assert c.nplans == 2 and c.kernels == []  # the plans before the failing stand-in
     assert fastcompile.graph.Compiled._load_pending([c]) == 2
     np.testing.assert_allclose(c(a)[0], (a + 2.0) * 2.0 - 2.0)
 
@@ -1395,7 +1521,7 @@ def test_prebuild_and_load_pending_argument_errors():
 def test_load_pending_compile_failure_leaves_the_plans_to_the_call():
     """A batch that fails to compile raises and loads nothing; the call then tries its own plan
     and raises the compiler's error as it would have without the batch."""
-    k = 1.0 + 2.0 ** -7 * 9
+    k = 1.0 + 2.0**-7 * 9
     c = _three_segment_graph(lambda v: v, k)
     a = np.ones((2, 2), np.float32)
     old = fastcompile.config.get("cflags")
@@ -1418,13 +1544,16 @@ def test_load_pending_one_failing_kernel_keeps_the_others(tmp_path):
     holding a marker constant): the batch raises that failure, the other graph's plans are
     loaded and listed all the same, and only the failing graph's call compiles (and raises)."""
     import shutil
+
     cc = shutil.which(fastcompile.config.resolved()["cc"])
     wrapper = tmp_path / "cc-refusing-marker"
-    wrapper.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in *.c) if grep -q 1.4453125 "$a"; then '
-                       'echo "refused: marker" >&2; exit 1; fi;; esac; done\nexec %s "$@"\n' % cc)
+    wrapper.write_text(
+        '#!/bin/sh\nfor a in "$@"; do case "$a" in *.c) if grep -q 1.4453125 "$a"; then '
+        'echo "refused: marker" >&2; exit 1; fi;; esac; done\nexec %s "$@"\n' % cc
+    )
     wrapper.chmod(0o755)
-    bad = _three_segment_graph(lambda v: v, 1.4453125)       # the marker: 1 + 57/128
-    good = _three_segment_graph(lambda v: v, 1.0 + 2.0 ** -7 * 11)
+    bad = _three_segment_graph(lambda v: v, 1.4453125)  # the marker: 1 + 57/128
+    good = _three_segment_graph(lambda v: v, 1.0 + 2.0**-7 * 11)
     a = np.ones((2, 3), np.float32)
     old = fastcompile.config.get("cc")
     fastcompile.config.set(cc=str(wrapper))
@@ -1435,7 +1564,7 @@ def test_load_pending_one_failing_kernel_keeps_the_others(tmp_path):
             fastcompile.graph.Compiled._load_pending([bad, good])
         assert bad.kernels == [] and len(good.kernels) == 3
         before = fastcompile.stats()["compiles"]
-        k = 1.0 + 2.0 ** -7 * 11
+        k = 1.0 + 2.0**-7 * 11
         np.testing.assert_allclose(good(a)[0], (a + k) * k - k, rtol=1e-6)
         assert fastcompile.stats()["compiles"] == before
         with pytest.raises(RuntimeError, match="refused: marker"):
@@ -1450,20 +1579,24 @@ def test_load_pending_survives_its_list_dropping_the_graphs():
     of its own)."""
     import gc
     import threading
+
     graphs, ws = [], []
     for i in range(4):
+
         def real(v):
             return v
-        c = _three_segment_graph(real, 1.0 + 2.0 ** -7 * (20 + i))
+
+        c = _three_segment_graph(real, 1.0 + 2.0**-7 * (20 + i))
         c._prebuild((np.ones((2, 2), np.float32),), [np.empty_like] * 2)
         graphs.append(c)
-        ws.append(weakref.ref(real))          # the graph holds its extern: dies with it
+        ws.append(weakref.ref(real))  # the graph holds its extern: dies with it
     del c, real
 
     def drop():
         time.sleep(0.02)
         graphs.clear()
         gc.collect()
+
     t = threading.Thread(target=drop)
     t.start()
     try:
@@ -1471,7 +1604,7 @@ def test_load_pending_survives_its_list_dropping_the_graphs():
     finally:
         t.join()
     gc.collect()
-    assert all(w() is None for w in ws)         # freed once the batch let go of them
+    assert all(w() is None for w in ws)  # freed once the batch let go of them
 
 
 def test_threads_first_calling_together_add_one_plan():
@@ -1485,5 +1618,6 @@ def test_threads_first_calling_together_add_one_plan():
 
     def work(i):
         np.testing.assert_allclose(c(a)[0], np.exp(a * 2.0), rtol=1e-15)
+
     assert run_threads(work, 3) == []
     assert len(c.kernels) == 1, [k.name for k in c.kernels]

@@ -4,6 +4,7 @@ entries of both kinds, guard programs, and frame/reference hygiene.
 Targets here are plain Python callables and code objects; no tracer is
 involved. Every test leaves the hook state clean (see the autouse fixture).
 """
+
 import asyncio
 import functools
 import gc
@@ -75,6 +76,7 @@ def add(x, y=2):
 # modes and installation
 # ---------------------------------------------------------------------------
 
+
 def test_set_eval_frame_returns_previous_and_installs_while_on():
     cb = Recorder()
     assert not _C._eval_frame_installed()
@@ -108,8 +110,8 @@ def test_run_only_uses_existing_entries():
     cb = Recorder(entry_for([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,)), only=add.__code__)
     assert _C.Hooked(add, cb)(4) == -4
     ro = _C.Hooked(add, False)
-    assert ro(5) == -5               # hit
-    assert ro(1.5) == 3.5            # miss: runs normally, no callback
+    assert ro(5) == -5  # hit
+    assert ro(1.5) == 3.5  # miss: runs normally, no callback
     assert len(cb.calls) == 1
 
 
@@ -164,7 +166,7 @@ def test_callback_runs_with_hook_off():
         return 1
 
     def cb(frame, n):
-        inner_calls.append(_C.set_eval_frame(None))   # None: off during the callback
+        inner_calls.append(_C.set_eval_frame(None))  # None: off during the callback
         helper()
         return None
 
@@ -193,10 +195,10 @@ def test_chains_to_previously_installed_eval_function():
     try:
         h = _C.Hooked(f, False)
         c1 = _C._test_counting_eval(None)
-        assert h(1) == 2                         # f runs normally: through the counting function
+        assert h(1) == 2  # f runs normally: through the counting function
         c2 = _C._test_counting_eval(None)
         assert c2 == c1 + 1
-        assert not _C._eval_frame_installed()    # the counting function is back
+        assert not _C._eval_frame_installed()  # the counting function is back
         f(1)
         assert _C._test_counting_eval(None) == c2 + 1
     finally:
@@ -207,9 +209,11 @@ def test_chains_to_previously_installed_eval_function():
 # callback protocol
 # ---------------------------------------------------------------------------
 
+
 def test_callback_once_then_hits():
-    cb = Recorder(entry_for([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,), name="neg"),
-                  only=add.__code__)
+    cb = Recorder(
+        entry_for([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,), name="neg"), only=add.__code__
+    )
     h = _C.Hooked(add, cb)
     for i in range(100):
         assert h(i) == -i
@@ -258,14 +262,13 @@ def test_skip_and_run_only_marks():
     assert _C.code_state(add.__code__) == "none"
 
     # RUN_ONLY keeps existing entries
-    answers = iter([_C.CacheEntry([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,)),
-                    _C.RUN_ONLY])
+    answers = iter([_C.CacheEntry([("local", 0, 0), ("type", 0, int)], operator.neg, slots=(0,)), _C.RUN_ONLY])
     rec = Recorder(lambda fr, n: next(answers), only=add.__code__)
     h = _C.Hooked(add, rec)
     assert h(3) == -3
-    assert h(1.5) == 3.5                  # miss -> RUN_ONLY, runs normally
+    assert h(1.5) == 3.5  # miss -> RUN_ONLY, runs normally
     assert _C.code_state(add.__code__) == "run_only"
-    assert h(2.5) == 4.5 and h(4) == -4   # no more callbacks; the entry still hits
+    assert h(2.5) == 4.5 and h(4) == -4  # no more callbacks; the entry still hits
     assert [c[1] for c in rec.calls] == [0, 1]
 
 
@@ -298,8 +301,9 @@ def test_mru_order_and_cache_size():
 
     def answer(frame, n):
         t = type(frame.f_locals["x"])
-        return _C.CacheEntry([("local", 0, 0), ("type", 0, t)], lambda v, t=t: (t.__name__, v), slots=(0,),
-                             name=t.__name__)
+        return _C.CacheEntry(
+            [("local", 0, 0), ("type", 0, t)], lambda v, t=t: (t.__name__, v), slots=(0,), name=t.__name__
+        )
 
     rec = Recorder(answer, only=f.__code__)
     h = _C.Hooked(f, rec)
@@ -346,7 +350,7 @@ def test_recursion_under_the_hook():
 
     rec = Recorder(only=fact.__code__)
     assert _C.Hooked(fact, rec)(10) == 3628800
-    assert len(rec.calls) == 10          # every level starts a frame and asks
+    assert len(rec.calls) == 10  # every level starts a frame and asks
 
     # a code target that recurses through the hook: nested shadow frames,
     # deep enough to need new data-stack chunks
@@ -366,6 +370,7 @@ def test_recursion_under_the_hook():
 # callable targets
 # ---------------------------------------------------------------------------
 
+
 def test_callable_target_reads_args_and_free_vars():
     z = 100
 
@@ -373,9 +378,10 @@ def test_callable_target_reads_args_and_free_vars():
         return a + b + k + z
 
     free_slot = f.__code__.co_nlocalsplus - 1 if hasattr(f.__code__, "co_nlocalsplus") else None
-    free_slot = len(f.__code__.co_varnames) + len(f.__code__.co_cellvars)   # frees come last
+    free_slot = len(f.__code__.co_varnames) + len(f.__code__.co_cellvars)  # frees come last
     rec = Recorder(entry_for([], lambda *v: v, slots=(2, free_slot, 0)), only=f.__code__)
     assert _C.Hooked(f, rec)(1, 2, k=3) == (3, 100, 1)
+
     # a slot that is neither an argument nor a free variable is refused
     def g(a):
         b = a
@@ -393,10 +399,15 @@ def test_callable_target_runs_with_hook_off():
     def f(x):
         return x
 
-    rec = Recorder(lambda fr, n: _C.CacheEntry([], lambda v: (helper(v), _C.set_eval_frame(None)), slots=(0,))
-                   if fr.f_code is f.__code__ else None)
+    rec = Recorder(
+        lambda fr, n: (
+            _C.CacheEntry([], lambda v: (helper(v), _C.set_eval_frame(None)), slots=(0,))
+            if fr.f_code is f.__code__
+            else None
+        )
+    )
     assert _C.Hooked(f, rec)(5) == (5, None)
-    assert [c[0] for c in rec.calls] == ["f"]   # helper (called by the target) was not hooked
+    assert [c[0] for c in rec.calls] == ["f"]  # helper (called by the target) was not hooked
 
 
 def raising_target(a):
@@ -409,7 +420,7 @@ def interrupting_target(a):
 
 def raising_add(x, y=2):
     if x == 7:
-        raise ArithmeticError("user code says %s" % x)   # the line the traceback must name
+        raise ArithmeticError("user code says %s" % x)  # the line the traceback must name
     return x + y
 
 
@@ -422,21 +433,25 @@ def test_callable_target_error_reruns_the_frame_as_plain_python():
     def entry(frame, n):
         made.append(_C.CacheEntry(_C.Guards([]), raising_target, slots=(0,)))
         return made[-1]
+
     rec = Recorder(entry, only=add.__code__)
     h = _C.Hooked(add, rec)
     # where Python ran and the graph did not (at Python's speed from then on), the first call
     # warns, naming the function, its file and line, and the graph's error; later ones count
-    with pytest.warns(RuntimeWarning, match=r"compiled graph of add \(.*test_hook.py:\d+\) raised "
-                      r"ArithmeticError: target says 7, where the function ran as plain Python") as got:
-        assert [h(7), h(1), h(7)] == [9, 3, 9]        # the target raised: the frame ran
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"compiled graph of add \(.*test_hook.py:\d+\) raised "
+        r"ArithmeticError: target says 7, where the function ran as plain Python",
+    ) as got:
+        assert [h(7), h(1), h(7)] == [9, 3, 9]  # the target raised: the frame ran
     assert len([w for w in got if "compiled graph" in str(w.message)]) == 1
-    assert len(rec.calls) == 1                        # the entry stays
+    assert len(rec.calls) == 1  # the entry stays
     assert made[0].fallbacks == 3
     made.clear()
     rec = Recorder(entry, only=raising_add.__code__)
     h = _C.Hooked(raising_add, rec)
     with warnings.catch_warnings():
-        warnings.simplefilter("error")                # Python raised too: the user's error, no warning
+        warnings.simplefilter("error")  # Python raised too: the user's error, no warning
         for _ in range(2):
             with pytest.raises(ArithmeticError, match="user code says 7") as ei:
                 h(7)
@@ -468,15 +483,18 @@ def test_callable_target_base_exception_propagates():
 # code targets
 # ---------------------------------------------------------------------------
 
+
 def test_code_target_same_layout_args_defaults_cells_varargs():
     def orig(a, b=2, *args, k=3, **kw):
         def inner():
             return a + b
+
         return ("orig", inner(), args, k, kw)
 
     def repl(a, b=2, *args, k=3, **kw):
         def inner():
             return a * b
+
         return ("repl", inner(), args, k, kw)
 
     rec = Recorder(entry_for([], repl.__code__), only=orig.__code__)
@@ -503,9 +521,9 @@ def test_code_target_from_replace_with_closure():
     assert consts is not None
     rec = Recorder(entry_for([], tcode), only=orig.__code__)
     h = _C.Hooked(orig, rec)
-    assert h(1) == 9000          # z read from orig's closure, b from orig's defaults
+    assert h(1) == 9000  # z read from orig's closure, b from orig's defaults
     assert h(1, 2) == 10000
-    z = 8                        # the cell is shared: the target sees the new value
+    z = 8  # the cell is shared: the target sees the new value
     assert h(1) == 10000
     # code.replace(): same code, different constant
     _C.reset_all()
@@ -560,7 +578,7 @@ def test_exception_in_code_target_keeps_type_message_traceback():
         while tb.tb_next is not None:
             tb = tb.tb_next
         assert tb.tb_frame.f_locals == {"a": 3}
-        assert tb.tb_frame.f_back.f_code is sys._getframe().f_code   # linked to the caller
+        assert tb.tb_frame.f_back.f_code is sys._getframe().f_code  # linked to the caller
         del tb, ei
 
 
@@ -577,22 +595,33 @@ def test_guard_local_type_id_eq_len():
 
     sentinel = object()
     assert first_failure(f, [("local", 0, 0), ("type", 0, int)], 1, 2, 3) == -1
-    assert first_failure(f, [("local", 0, 0), ("type", 0, int)], True, 2, 3) == 1   # exact type
+    assert first_failure(f, [("local", 0, 0), ("type", 0, int)], True, 2, 3) == 1  # exact type
     assert first_failure(f, [("local", 0, 1), ("id", 0, sentinel)], 1, sentinel, 3) == -1
     assert first_failure(f, [("local", 0, 1), ("id", 0, sentinel)], 1, object(), 3) == 1
-    for value, good, bad in [(3, 3, 3.0), (1.5, 1.5, 2.5), ("s", "s", b"s"), (b"x", b"x", "x"), (None, None, 0),
-                             (True, True, 1), ((1, "a", (None,)), (1, "a", (None,)), (1, "a", (0,))),
-                             ((1,), (1,), (True,))]:
+    for value, good, bad in [
+        (3, 3, 3.0),
+        (1.5, 1.5, 2.5),
+        ("s", "s", b"s"),
+        (b"x", b"x", "x"),
+        (None, None, 0),
+        (True, True, 1),
+        ((1, "a", (None,)), (1, "a", (None,)), (1, "a", (0,))),
+        ((1,), (1,), (True,)),
+    ]:
         prog = [("local", 0, 2), ("eq", 0, value)]
         assert first_failure(f, prog, 0, 0, good) == -1, value
         assert first_failure(f, prog, 0, 0, bad) == 1, (value, bad)
     for container in ((1, 2), [1, 2], {"a": 1, "b": 2}):
         prog = [("local", 3, 0), ("len", 3, 2)]
         assert first_failure(f, prog, container, 0, 0) == -1
-        assert first_failure(f, prog, type(container)(list(container)[:1]) if not isinstance(container, dict)
-                             else {"a": 1}, 0, 0) == 1
-    assert first_failure(f, [("local", 0, 0), ("len", 0, 0)], "", 0, 0) == 1   # str is not measured
-    assert first_failure(f, [("local", 0, 7)], 1, 2, 3) == 0                    # no such slot
+        assert (
+            first_failure(
+                f, prog, type(container)(list(container)[:1]) if not isinstance(container, dict) else {"a": 1}, 0, 0
+            )
+            == 1
+        )
+    assert first_failure(f, [("local", 0, 0), ("len", 0, 0)], "", 0, 0) == 1  # str is not measured
+    assert first_failure(f, [("local", 0, 7)], 1, 2, 3) == 0  # no such slot
 
 
 def test_guard_global_builtin_and_change():
@@ -610,7 +639,7 @@ def test_guard_global_builtin_and_change():
     assert h() == "compiled" and h() == "compiled"
     G_VALUE = 6
     try:
-        assert h() == "compiled"     # guard #1 failed: the callback was asked again
+        assert h() == "compiled"  # guard #1 failed: the callback was asked again
         assert [c[1] for c in rec.calls] == [0, 1]
         assert first_failure(f, prog) == 1
     finally:
@@ -649,13 +678,20 @@ def test_guard_item_dictattr_type_of():
         return a
 
     d = {"k": (10, [20, 30])}
-    prog = [("local", 0, 0), ("item", 1, 0, "k"), ("item", 2, 1, 1), ("item", 3, 2, -1), ("eq", 3, 30),
-            ("item", 4, 1, 0), ("eq", 4, 10)]
+    prog = [
+        ("local", 0, 0),
+        ("item", 1, 0, "k"),
+        ("item", 2, 1, 1),
+        ("item", 3, 2, -1),
+        ("eq", 3, 30),
+        ("item", 4, 1, 0),
+        ("eq", 4, 10),
+    ]
     assert first_failure(f, prog, d) == -1
     assert first_failure(f, prog, {"k": (10, [20, 31])}) == 4
     assert first_failure(f, prog, {"j": 1}) == 1
     assert first_failure(f, prog, {"k": (10,)}) == 2
-    assert first_failure(f, [("local", 0, 0), ("item", 1, 0, "k")], [1]) == 1   # str key on a list
+    assert first_failure(f, [("local", 0, 0), ("item", 1, 0, "k")], [1]) == 1  # str key on a list
     o = Obj()
     prog = [("local", 0, 0), ("dictattr", 1, 0, "x"), ("eq", 1, 3)]
     assert first_failure(f, prog, o) == -1
@@ -664,7 +700,7 @@ def test_guard_item_dictattr_type_of():
     assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "prop")], o) == 1
     assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "cls_attr")], o) == 1
     assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "missing")], o) == 1
-    assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "x")], 5) == 1   # no __dict__
+    assert first_failure(f, [("local", 0, 0), ("dictattr", 1, 0, "x")], 5) == 1  # no __dict__
     prog = [("local", 0, 0), ("type_of", 1, 0), ("id", 1, Obj)]
     assert first_failure(f, prog, o) == -1
     assert first_failure(f, prog, 1) == 2
@@ -678,6 +714,7 @@ def both(prog, value):
     """First failing guard of prog on _ident(value): the C engine's, checked against the Python
     evaluator's (guards.check_program)."""
     from fastcompile.trace import guards as G
+
     c = first_failure(_ident, prog, value)
     assert G.check_program(prog, {0: value}, _ident.__globals__, __builtins__, None) == c, prog
     return c
@@ -704,14 +741,13 @@ def test_guard_typeattr_noattr_notypeattr():
     class Slotted:
         __slots__ = ("a",)
 
-
     o = Obj()
     cls_attr = [("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, "scale"), ("eq", 2, 1.5)]
     assert both(cls_attr, o) == -1
     assert both(cls_attr[:3] + [("typeattr", 3, 1, "inherited"), ("eq", 3, 2.5)], o) == -1
     assert both([("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, "prop"), ("type", 2, property)], o) == -1
     assert both([("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, "missing")], o) == 2
-    assert both([("local", 0, 0), ("typeattr", 1, 0, "scale")], o) == 1              # not a type
+    assert both([("local", 0, 0), ("typeattr", 1, 0, "scale")], o) == 1  # not a type
     Obj.scale = 3.0
     assert both(cls_attr, o) == 3
     Obj.scale = 1.5
@@ -719,17 +755,20 @@ def test_guard_typeattr_noattr_notypeattr():
     assert both(noattr, o) == -1
     o.scale = 9.0
     assert both(noattr, o) == 1
-    assert both(noattr, Slotted()) == -1                                              # no instance dict
-    assert both(noattr, Obj) == 1                                                     # never on a type
+    assert both(noattr, Slotted()) == -1  # no instance dict
+    assert both(noattr, Obj) == 1  # never on a type
     notype = [("local", 0, 0), ("type_of", 1, 0), ("notypeattr", 1, "extra")]
     assert both(notype, o) == -1
     Base.extra = 1
     assert both(notype, o) == 2
     del Base.extra
     assert both(notype, o) == -1
-    assert both([("local", 0, 0), ("notypeattr", 0, "x")], o) == 1                     # not a type
-    for bad in ([("local", 0, 0), ("noattr", 0, 3)], [("local", 0, 0), ("notypeattr", 0, None)],
-                [("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, 5)]):
+    assert both([("local", 0, 0), ("notypeattr", 0, "x")], o) == 1  # not a type
+    for bad in (
+        [("local", 0, 0), ("noattr", 0, 3)],
+        [("local", 0, 0), ("notypeattr", 0, None)],
+        [("local", 0, 0), ("type_of", 1, 0), ("typeattr", 2, 1, 5)],
+    ):
         with pytest.raises(TypeError, match="name must be a str"):
             _C.Guards(bad)
 
@@ -741,6 +780,7 @@ def test_guard_eq_values_bit_for_bit():
     eq cannot hold is refused when the program is built."""
     import collections
     from fastcompile.trace import guards as G
+
     P = collections.namedtuple("P", "a b")
 
     def eq(want, value):
@@ -754,7 +794,7 @@ def test_guard_eq_values_bit_for_bit():
     assert not eq(np.float32(1.5), np.float64(1.5)) and not eq(np.float32(0.0), np.float32(-0.0))
     assert eq(np.float64(nan), np.float64(nan)) and eq(np.int8(-3), np.int8(-3))
     assert not eq(np.int64(3), 3) and eq(np.bool_(True), np.bool_(True)) and not eq(np.bool_(True), np.bool_(False))
-    assert eq(np.uint64(2 ** 64 - 1), np.uint64(2 ** 64 - 1)) and eq(np.float16(0.1), np.float16(0.1))
+    assert eq(np.uint64(2**64 - 1), np.uint64(2**64 - 1)) and eq(np.float16(0.1), np.float16(0.1))
     assert eq(1 + 2j, 1 + 2j) and not eq(1 + 2j, 1 - 2j) and not eq(complex(0.0, 0.0), complex(0.0, -0.0))
     assert eq(range(3), range(0, 3)) and not eq(range(3), range(4))
     assert eq(slice(1, None, 2), slice(1, None, 2)) and not eq(slice(1, 4), slice(1, 5))
@@ -762,8 +802,16 @@ def test_guard_eq_values_bit_for_bit():
     assert eq(frozenset({1, "a"}), frozenset({"a", 1})) and not eq(frozenset({1}), frozenset({2}))
     assert eq(P(1, 2.5), P(1, 2.5)) and not eq(P(1, 2.5), (1, 2.5)) and not eq(P(1, 2.5), P(1, 3.5))
     assert eq((np.float32(1), (2, -0.0)), (np.float32(1), (2, -0.0)))
-    for bad in ([1], (1, [2]), slice([1], 2), frozenset({1, object()}), np.longdouble(1),
-                np.complex64(1), object(), np.array(1.0)):
+    for bad in (
+        [1],
+        (1, [2]),
+        slice([1], 2),
+        frozenset({1, object()}),
+        np.longdouble(1),
+        np.complex64(1),
+        object(),
+        np.array(1.0),
+    ):
         assert not G.eq_ok(bad)
         with pytest.raises(TypeError, match="eq compares"):
             _C.Guards([("local", 0, 0), ("eq", 0, bad)])
@@ -780,15 +828,14 @@ def test_guard_slotattr():
         def p(self):
             raise AssertionError("a property must not run")
 
-
     o = S()
     o.a = 2.5
     prog = [("local", 0, 0), ("slotattr", 1, 0, "a"), ("eq", 1, 2.5)]
     assert both(prog, o) == -1
     o.a = 3.5
     assert both(prog, o) == 2
-    assert both([("local", 0, 0), ("slotattr", 1, 0, "b")], o) == 1          # unset
-    assert both([("local", 0, 0), ("slotattr", 1, 0, "p")], o) == 1          # a property: not read
+    assert both([("local", 0, 0), ("slotattr", 1, 0, "b")], o) == 1  # unset
+    assert both([("local", 0, 0), ("slotattr", 1, 0, "p")], o) == 1  # a property: not read
     assert both([("local", 0, 0), ("slotattr", 1, 0, "a")], 5) == 1
 
 
@@ -796,13 +843,23 @@ def test_guard_funcattr():
     """funcattr reads a Python function's __defaults__ or __kwdefaults__ (None where unset); on
     anything else (a builtin, a lambda's wrapper object) the load fails; any other name is
     refused when the program is built."""
+
     def g(a, b=2.5, *, c=3):
         return a
 
     def h(a):
         return a
-    prog = [("local", 0, 0), ("funcattr", 1, 0, "__defaults__"), ("len", 1, 1), ("item", 2, 1, 0),
-            ("eq", 2, 2.5), ("funcattr", 3, 0, "__kwdefaults__"), ("item", 4, 3, "c"), ("eq", 4, 3)]
+
+    prog = [
+        ("local", 0, 0),
+        ("funcattr", 1, 0, "__defaults__"),
+        ("len", 1, 1),
+        ("item", 2, 1, 0),
+        ("eq", 2, 2.5),
+        ("funcattr", 3, 0, "__kwdefaults__"),
+        ("item", 4, 3, "c"),
+        ("eq", 4, 3),
+    ]
     assert both(prog, g) == -1
     g.__defaults__ = (3.5,)
     assert both(prog, g) == 4
@@ -823,10 +880,11 @@ def test_guard_funcattr():
 def test_guard_new_kinds_hold_no_extra_references():
     """typeattr, slotattr, noattr, notypeattr and the new eq values, passing and failing, leave
     every object's reference count as it was (the loads return new references the engine drops)."""
-    name = "".join(("scale", "_of_test_guard_new_kinds"))     # no other code holds this one
+    name = "".join(("scale", "_of_test_guard_new_kinds"))  # no other code holds this one
 
     class Obj:
         pass
+
     setattr(Obj, name, 1.5)
 
     class S:
@@ -840,12 +898,14 @@ def test_guard_new_kinds_hold_no_extra_references():
         ([("local", 0, 0), ("type_of", 1, 0), ("notypeattr", 1, "nope"), ("noattr", 0, "nope")], o),
         ([("local", 0, 0), ("slotattr", 1, 0, "a"), ("eq", 1, np.float32(2.5))], sl),
         ([("local", 0, 0), ("slotattr", 1, 0, "a"), ("eq", 1, np.float32(3.5))], sl),
-        ([("local", 0, 0), ("eq", 0, (slice(1, None), 2 + 1j, range(3), frozenset({1})))],
-         (slice(1, None), 2 + 1j, range(3), frozenset({1}))),
+        (
+            [("local", 0, 0), ("eq", 0, (slice(1, None), 2 + 1j, range(3), frozenset({1})))],
+            (slice(1, None), 2 + 1j, range(3), frozenset({1})),
+        ),
     ]
     watched = [o, sl, Obj, S, getattr(Obj, name), sl.a]
     for prog, value in progs:
-        both(prog, value)                      # warm up (interning, caches)
+        both(prog, value)  # warm up (interning, caches)
         before = [sys.getrefcount(w) for w in watched + [value]]
         name_before = sys.getrefcount(name)
         for _ in range(200):
@@ -867,21 +927,21 @@ def test_guard_ndarray():
     x = np.zeros((3, 1, 4), np.float32)
     assert first_failure(f, prog(np.float32, 3, 0b010, 1), x) == -1
     assert first_failure(f, prog("float32", 3, 0b010, 0), x) == -1
-    assert first_failure(f, prog(np.float64, 3, 0b010, 0), x) == 1                      # dtype
-    assert first_failure(f, prog(np.float32, 3, 0b010, 0), x.astype(">f4")) == 1        # byte order
-    assert first_failure(f, prog(np.float32, 2, 0b010, 0), x[0]) == 1                   # ndim
-    assert first_failure(f, prog(np.float32, 3, 0b000, 0), x) == 1                      # size-1 pattern
+    assert first_failure(f, prog(np.float64, 3, 0b010, 0), x) == 1  # dtype
+    assert first_failure(f, prog(np.float32, 3, 0b010, 0), x.astype(">f4")) == 1  # byte order
+    assert first_failure(f, prog(np.float32, 2, 0b010, 0), x[0]) == 1  # ndim
+    assert first_failure(f, prog(np.float32, 3, 0b000, 0), x) == 1  # size-1 pattern
     assert first_failure(f, prog(np.float32, 3, 0b011, 0), np.zeros((1, 1, 4), np.float32)) == -1
     t = np.zeros((4, 1, 3), np.float32).transpose(2, 1, 0)
-    assert first_failure(f, prog(np.float32, 3, 0b010, 1), t) == 1                      # must be C-contig
-    assert first_failure(f, prog(np.float32, 3, 0b010, 2), t) == -1                     # must not be
+    assert first_failure(f, prog(np.float32, 3, 0b010, 1), t) == 1  # must be C-contig
+    assert first_failure(f, prog(np.float32, 3, 0b010, 2), t) == -1  # must not be
     assert first_failure(f, prog(np.float32, 3, 0b010, 2), x) == 1
-    assert first_failure(f, prog(np.float32, 0, 0, 0), np.float32(1)) == 1              # scalar, not array
+    assert first_failure(f, prog(np.float32, 0, 0, 0), np.float32(1)) == 1  # scalar, not array
 
     class Sub(np.ndarray):
         pass
 
-    assert first_failure(f, prog(np.float32, 3, 0b010, 0), x.view(Sub)) == 1           # exact ndarray
+    assert first_failure(f, prog(np.float32, 3, 0b010, 0), x.view(Sub)) == 1  # exact ndarray
 
 
 class FakeTensor:
@@ -907,17 +967,19 @@ def test_guard_tensor():
     assert first_failure(f, prog, FakeTensor("f32", (1, 5), device="cuda:0")) == 1
     assert first_failure(f, prog, FakeTensor("f32", (1, 5), requires_grad=True)) == 1
     assert first_failure(f, prog, FakeTensor("f32", (1, 5), contiguous=False)) == 1
-    assert first_failure(f, prog, object()) == 1     # AttributeError is a failure, not an error
+    assert first_failure(f, prog, object()) == 1  # AttributeError is a failure, not an error
 
 
 def test_malformed_programs():
-    for prog, match in [([("nope", 0)], "#0: unknown op"),
-                        ([("local", 0, 0), ("type", 1, int)], "#1: bad register"),
-                        ([("local", 0)], "#0: local takes 3"),
-                        ([("local", 999, 0)], "#0: bad register"),
-                        ([("local", 0, 0), ("item", 1, 2, "k")], "#1: bad register"),
-                        ([("local", 0, 0), ("ndarray", 0, np.float32, 1, 0, 5)], "#1: contig"),
-                        (["local"], "#0: expected a tuple")]:
+    for prog, match in [
+        ([("nope", 0)], "#0: unknown op"),
+        ([("local", 0, 0), ("type", 1, int)], "#1: bad register"),
+        ([("local", 0)], "#0: local takes 3"),
+        ([("local", 999, 0)], "#0: bad register"),
+        ([("local", 0, 0), ("item", 1, 2, "k")], "#1: bad register"),
+        ([("local", 0, 0), ("ndarray", 0, np.float32, 1, 0, 5)], "#1: contig"),
+        (["local"], "#0: expected a tuple"),
+    ]:
         with pytest.raises(ValueError, match=match):
             _C.Guards(prog)
     with pytest.raises(TypeError, match="eq compares"):
@@ -930,6 +992,7 @@ def test_malformed_programs():
 # ---------------------------------------------------------------------------
 # references, reset, threads
 # ---------------------------------------------------------------------------
+
 
 def count_frames():
     gc.collect()
@@ -944,14 +1007,17 @@ def test_no_leaks_after_10000_calls(kind):
     def repl(a, b):
         return a
 
-    answer = {"callable": entry_for([("local", 0, 0), ("type", 0, object)], lambda a, b: a, slots=(0, 1)),
-              "code": entry_for([("local", 0, 0), ("type", 0, object)], repl.__code__),
-              "normal": None,
-              "miss": lambda fr, n: None if n else _C.CacheEntry([("local", 0, 0), ("type", 0, int)],
-                                                                  lambda a: a, slots=(0,))}[kind]
+    answer = {
+        "callable": entry_for([("local", 0, 0), ("type", 0, object)], lambda a, b: a, slots=(0, 1)),
+        "code": entry_for([("local", 0, 0), ("type", 0, object)], repl.__code__),
+        "normal": None,
+        "miss": lambda fr, n: (
+            None if n else _C.CacheEntry([("local", 0, 0), ("type", 0, int)], lambda a: a, slots=(0,))
+        ),
+    }[kind]
     h = _C.Hooked(f, Recorder(answer, only=f.__code__))
     if kind == "miss":
-        assert h(1, 2) == 1          # stores the int entry; object args miss it from now on
+        assert h(1, 2) == 1  # stores the int entry; object args miss it from now on
     x, y = object(), object()
     expect = y if kind in ("normal", "miss") else x
     assert h(x, y) is expect
@@ -992,6 +1058,7 @@ def test_reset_releases_references():
     def make_target():
         def target(a):
             return ("t", a)
+
         return target
 
     for reset in (lambda: _C.reset_code(f.__code__), _C.reset_all):
@@ -1001,9 +1068,9 @@ def test_reset_releases_references():
         assert h(1) == ("t", 1)
         del t
         gc.collect()
-        del h                                     # its callback's answer holds t too
+        del h  # its callback's answer holds t too
         gc.collect()
-        assert w() is not None                    # held by the entry
+        assert w() is not None  # held by the entry
         reset()
         gc.collect()
         assert w() is None
@@ -1041,14 +1108,14 @@ def test_two_threads():
         if i < 2:
             for j in range(3000):
                 r = h(j)
-                assert r == -j or (r == j + 1 and j == 0), (j, r)   # 0 -> neg(0) == 0 anyway
+                assert r == -j or (r == j + 1 and j == 0), (j, r)  # 0 -> neg(0) == 0 anyway
         else:
             # this thread's mode is None: the hook may be installed by the others,
             # but f must run as written here
             for j in range(3000):
                 assert f(j) == j + 1
 
-    assert run_threads(work, 3) == []     # two hooked threads, one plain
+    assert run_threads(work, 3) == []  # two hooked threads, one plain
     assert 1 <= len(calls) <= 2
     assert not _C._eval_frame_installed()
 
@@ -1075,7 +1142,7 @@ def test_thread_locality_while_other_thread_is_hooked():
     assert inside.wait(10)
     try:
         assert _C._eval_frame_installed()
-        assert f(1) == 2                # this thread is off
+        assert f(1) == 2  # this thread is off
     finally:
         release.set()
         t.join()
@@ -1127,6 +1194,7 @@ def test_code_with_only_a_foreign_extra_slot_dies_cleanly():
 
 def test_pick_adapter():
     """Pick(fn, positions, item) == fn(*[args[i] for i in positions])[item], in C."""
+
     def fn(*a):
         return tuple(x * 10 for x in a)
 
@@ -1197,6 +1265,7 @@ def test_another_eval_function_installed_above_the_hook_does_not_loop():
     """A PEP 523 user that installs itself while the hook is on and chains to it
     (torch's Dynamo shim does): the hook's mode going off and on again must not make
     the two call each other forever (this overflowed the C stack)."""
+
     def g():
         return 1
 
@@ -1204,17 +1273,17 @@ def test_another_eval_function_installed_above_the_hook_does_not_loop():
     start = _C._test_counting_eval(None)
     _C.set_eval_frame(cb)
     try:
-        _C._test_counting_eval("above")     # saves hook_eval as its previous function
-        _C.set_eval_frame(None)              # cannot take the hook out of its chain
+        _C._test_counting_eval("above")  # saves hook_eval as its previous function
+        _C.set_eval_frame(None)  # cannot take the hook out of its chain
         _C.set_eval_frame(cb)
         assert g() == 1
         assert _C.Hooked(lambda: g() + 1, cb)() == 2
         assert _C._test_counting_eval(None) > start
     finally:
         _C.set_eval_frame(None)
-        _C._test_counting_eval(False)        # puts the hook back as the current function
+        _C._test_counting_eval(False)  # puts the hook back as the current function
         _C.set_eval_frame(cb)
-        _C.set_eval_frame(None)              # and now the hook removes itself
+        _C.set_eval_frame(None)  # and now the hook removes itself
     assert not _C._eval_frame_installed()
     assert g() == 1
 
@@ -1222,6 +1291,7 @@ def test_another_eval_function_installed_above_the_hook_does_not_loop():
 def test_callable_target_holds_free_variable_values():
     """A callable target gets free-variable values read from cells; code that runs
     during the call and rebinds the cell must not free an argument in use."""
+
     class B:
         def __init__(self):
             self.pad = [0] * 100
@@ -1238,23 +1308,24 @@ def test_callable_target_holds_free_variable_values():
 
         def f(a):
             return a < b
+
         return f, drop
 
     f, drop = outer()
 
     class A:
         def __lt__(self, other):
-            drop()                   # the cell's reference to `other` goes away
-            return NotImplemented    # CPython then calls other.__gt__
+            drop()  # the cell's reference to `other` goes away
+            return NotImplemented  # CPython then calls other.__gt__
 
-    cb = lambda fr, n: _C.CacheEntry(_C.Guards([]), operator.lt, slots=(0, 1)) \
-        if fr.f_code is f.__code__ else None  # noqa: E731
+    cb = lambda fr, n: _C.CacheEntry(_C.Guards([]), operator.lt, slots=(0, 1)) if fr.f_code is f.__code__ else None  # noqa: E731
     assert _C.Hooked(f, cb)(A()) == "B.__gt__ 100"
 
 
 def test_guard_operands_are_seen_by_the_gc():
     """An id guard on an object that refers back to the entry forms a cycle the GC
     must be able to collect after reset_all()."""
+
     class Model:
         pass
 
@@ -1265,7 +1336,7 @@ def test_guard_operands_are_seen_by_the_gc():
     alive = weakref.ref(m)
     entry = _C.CacheEntry(_C.Guards([("local", 0, 0), ("id", 0, m)]), lambda m: 1, slots=(0,))
     m.entry = entry
-    assert _C.Hooked(f, lambda fr, n: entry if fr.f_code is f.__code__ else None)(m) == 1
+    assert _C.Hooked(f, lambda fr, n: entry if fr.f_code is f.__code__ else None)(m) == 1  # noqa: F821 (del below)
     _C.reset_all()
     del m, entry
     gc.collect()

@@ -1,6 +1,7 @@
 """The line budget: no source file in csrc/ or python/ over 1,500 lines, no test file over
 2,000 (tinygrad keeps its line count in CI the same way). A file that must grow is split by
 job first; docs/development.md says how the tree is laid out."""
+
 import os
 
 import pytest

@@ -3,6 +3,7 @@ whose rank-4/5 inputs are dense in torch's channels_last order allocates its res
 rank in that order, walks its strided kernels in it (loop_perm) and runs flat where every
 operand shares it; inputs that disagree keep C order. The order is a plan-key component.
 Tolerances: elementwise float32 math against NumPy, rtol 1e-6 (assert_close_np's default)."""
+
 import numpy as np
 import pytest
 
@@ -91,8 +92,10 @@ def test_an_expanded_input_does_not_disagree():
     rng = np.random.default_rng(3)
     a = channels_last((2, 8, 4, 6), rng)
     gp = rng.standard_normal((2, 8, 1, 1), dtype=np.float32)
-    for b in (np.broadcast_to(gp, (2, 8, 4, 6)),                        # zero strides in H, W
-              np.broadcast_to(rng.standard_normal((2, 8, 4, 1), dtype=np.float32), (2, 8, 4, 6))):
+    for b in (
+        np.broadcast_to(gp, (2, 8, 4, 6)),  # zero strides in H, W
+        np.broadcast_to(rng.standard_normal((2, 8, 4, 1), dtype=np.float32), (2, 8, 4, 6)),
+    ):
         g = Graph()
         x, y = g.input("float32", 4), g.input("float32", 4)
         g.output(g.call("mul", g.call("add", x, y), x))
@@ -129,7 +132,9 @@ def test_size_one_dims_and_reductions():
         x = g.input("float32", 4)
         m = g.call("mean", x, axis=(2, 3), keepdims=True)
         g.output(g.call("sub", x, m), m)
-        d, mm = g.compile()(a, )
+        d, mm = g.compile()(
+            a,
+        )
         assert_close_np(mm, a.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
         assert_close_np(d, a - a.mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
 
@@ -162,6 +167,7 @@ def test_memory_order_is_a_plan_key_component(tmp_path):
 # torch: channels_last tensors through both frontends keep eager's layouts
 # ----------------------------------------------------------------------------------------------
 
+
 def _torch():
     return pytest.importorskip("torch", reason="torch is not installed: the torch frontends are not tested")
 
@@ -179,8 +185,10 @@ def test_torch_channels_last_outputs_have_eager_strides(frontend):
     def fn(x):
         y = torch.relu(x * s + b)
         return y, (y * 2).contiguous(), y.sum((2, 3), keepdim=True), torch.sigmoid(x) + y
+
     if frontend == "backend":
         from fastcompile.backends import torch as fbt
+
         torch._dynamo.reset()
         cf = torch.compile(fn, backend=fbt.backend, dynamic=False)
     else:
@@ -230,6 +238,7 @@ def test_torch_channels_last_cnn_matches_eager():
     residual +=) through both frontends: eager's values and output layout."""
     torch = _torch()
     from fastcompile.backends import torch as fbt
+
     torch.manual_seed(0)
     m = _resnet_pair(torch, inplace=True).eval().to(memory_format=torch.channels_last)
     x = torch.randn(2, 16, 8, 8).contiguous(memory_format=torch.channels_last)
@@ -269,12 +278,13 @@ def test_inference_convolutions_run_channels_last(monkeypatch):
     torch = _torch()
     import functools
     from fastcompile.backends import torch as fbt
+
     torch.manual_seed(0)
     m = _resnet_pair(torch).eval()
     x = torch.randn(2, 16, 8, 8)
     copies = []
     real = fbt.channels_last._restride
-    for where in (fbt.externs, fbt.runner):     # the modules whose generated code calls it
+    for where in (fbt.externs, fbt.runner):  # the modules whose generated code calls it
         monkeypatch.setattr(where, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
     record = []
     torch._dynamo.reset()
@@ -306,8 +316,9 @@ def _sgd_pair_step(torch, out, ref, mod, x, opt_ref, opt):
         o.zero_grad()
 
 
-@pytest.mark.parametrize("inplace,frontend", [(False, "torch.compile"), (True, "torch.compile"),
-                                              (False, "fastcompile.compile")])
+@pytest.mark.parametrize(
+    "inplace,frontend", [(False, "torch.compile"), (True, "torch.compile"), (False, "fastcompile.compile")]
+)
 def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, frontend):
     """A training step of an NCHW CNN (BatchNorm in training, residual adds, a max pool) through
     torch.compile(backend=fastcompile): forward and backward graphs run their convolutions (and
@@ -322,20 +333,24 @@ def test_training_graphs_run_convolutions_channels_last(monkeypatch, inplace, fr
     import copy
     import fastcompile
     from fastcompile.backends import torch as fbt
+
     torch.manual_seed(0)
     base = _resnet_pair(torch, c=8, inplace=inplace).train()
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
     copies = []
     real = fbt.channels_last._restride
-    for where in (fbt.externs, fbt.runner):     # the modules whose generated code calls it
+    for where in (fbt.externs, fbt.runner):  # the modules whose generated code calls it
         monkeypatch.setattr(where, "_restride", lambda *a, **k: copies.append(tuple(a[0].shape)) or real(*a, **k))
     record = []
     real_lower = fbt.fx_to_graph
     monkeypatch.setattr(fbt.compile_fx, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
     torch._dynamo.reset()
     fastcompile.reset()
-    cf = torch.compile(mod, backend=fbt.backend, dynamic=False) if frontend == "torch.compile" \
+    cf = (
+        torch.compile(mod, backend=fbt.backend, dynamic=False)
+        if frontend == "torch.compile"
         else fastcompile.compile(mod)
+    )
     opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
     opt = torch.optim.SGD(mod.parameters(), lr=0.1)
     x = torch.randn(2, 8, 8, 8)
@@ -365,20 +380,23 @@ def test_training_step_converts_the_input_and_weights_to_channels_last_once(monk
     import copy
     import fastcompile
     from fastcompile.backends import torch as fbt
+
     torch.manual_seed(0)
     nn = torch.nn
-    base = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-                         nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()).train()
+    base = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU()
+    ).train()
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
     conversions = []
     real = fbt.channels_last._to_channels_last
 
     def counted(t):
         r = real(t)
-        if r.data_ptr() != t.data_ptr():        # a copy, not the tensor itself
+        if r.data_ptr() != t.data_ptr():  # a copy, not the tensor itself
             conversions.append(tuple(t.shape))
         return r
-    for where in (fbt.channels_last, fbt.externs, fbt.runner):   # each module that calls it
+
+    for where in (fbt.channels_last, fbt.externs, fbt.runner):  # each module that calls it
         monkeypatch.setattr(where, "_to_channels_last", counted)
     torch._dynamo.reset()
     fastcompile.reset()
@@ -389,10 +407,9 @@ def test_training_step_converts_the_input_and_weights_to_channels_last_once(monk
     for step in range(4):
         del conversions[:]
         _sgd_pair_step(torch, cf(x), ref, mod, x, opt_ref, opt)
-        if step:        # the first step compiled (its stand-ins convert too)
+        if step:  # the first step compiled (its stand-ins convert too)
             # the input and each weight once; the backward's incoming gradient (eager's NCHW)
-            assert sorted(conversions) == sorted([(2, 4, 6, 6), (8, 4, 3, 3), (8, 8, 3, 3), (2, 8, 6, 6)]), \
-                conversions
+            assert sorted(conversions) == sorted([(2, 4, 6, 6), (8, 4, 3, 3), (8, 8, 3, 3), (2, 8, 6, 6)]), conversions
     assert not fbt.channels_last._CL_HANDOFF.entries
 
 
@@ -412,6 +429,7 @@ def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, 
     from fastcompile.backends import torch as fbt
     from fastcompile.trace import interp
     from fastcompile.trace.variables import Unsupported
+
     torch.manual_seed(0)
     base = _resnet_pair(torch, c=8).train(train)
     ref, mod = copy.deepcopy(base), copy.deepcopy(base)
@@ -419,8 +437,10 @@ def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, 
     real_lower = fbt.fx_to_graph
     monkeypatch.setattr(fbt.compile_fx, "fx_to_graph", lambda *a, **k: record.append(real_lower(*a, **k)) or record[-1])
     if fx_fails:
+
         def refuse(self, *a, **k):
             raise Unsupported("refused by the test", [])
+
         monkeypatch.setattr(interp.Tracer, "fx_module_call", refuse)
     torch._dynamo.reset()
     fastcompile.reset()
@@ -436,16 +456,25 @@ def test_fastcompile_compile_no_grad_cnn_goes_the_aot_route(monkeypatch, train, 
     assert entries and all(not e.info.result.breaks for e in entries)
     runners = [r for r in record if r.compiled is not None]
     if fx_fails:
-        assert not runners                  # the core route: no aot_autograd graph
+        assert not runners  # the core route: no aot_autograd graph
         return
     assert len(runners) == 1, runners
     (fw,) = runners
     assert fw.inference and fw.channels_last and fw.fallback is None
-    assert fw.compiled.kernels                # BatchNorm + ReLU + residual add: our kernels
+    assert fw.compiled.kernels  # BatchNorm + ReLU + residual add: our kernels
 
 
-@pytest.mark.parametrize("rows,length,dtype", [(256, 16, "float32"), (70, 3, "float64"), (257, 16, "float32"),
-                                               (96, 40, "int32"), (64, 63, "float32"), (512, 1, "float32")])
+@pytest.mark.parametrize(
+    "rows,length,dtype",
+    [
+        (256, 16, "float32"),
+        (70, 3, "float64"),
+        (257, 16, "float32"),
+        (96, 40, "int32"),
+        (64, 63, "float32"),
+        (512, 1, "float32"),
+    ],
+)
 def test_short_rows_with_a_broadcast_row(rows, length, dtype):
     """A pointwise launch of short rows where an input is the same row for every row (a bias, a
     channels_last per-channel scale) runs as longer rows over a repeated copy of that row
@@ -475,10 +504,17 @@ def test_a_backward_without_convolutions_takes_channels_last_values(monkeypatch)
     torch = _torch()
     import copy
     from fastcompile.backends import torch as fbt
+
     nn = torch.nn
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-                      nn.Flatten(), nn.Linear(16 * 64, 4))
+    m = nn.Sequential(
+        nn.Conv2d(8, 16, 3, padding=1),
+        nn.BatchNorm2d(16),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 64, 4),
+    )
     m[0].requires_grad_(False)
     ref = copy.deepcopy(m)
     record = []

@@ -24,6 +24,7 @@ rebuilds a graph with its op alone, so a failure is pinned on the op that
 causes it. ``test_layout_sweep`` adds Inductor's SweepInputs2 on ops that
 read the arrays directly (no anchor).
 """
+
 import functools
 import math
 import platform
@@ -32,8 +33,18 @@ import warnings
 import numpy as np
 import pytest
 
-from conftest import (TOLERANCES, assert_close_np, lay_contig, lay_empty, lay_large, lay_reversed,
-                      lay_strided, lay_transposed, run_graph, run_isolated)
+from conftest import (
+    TOLERANCES,
+    assert_close_np,
+    lay_contig,
+    lay_empty,
+    lay_large,
+    lay_reversed,
+    lay_strided,
+    lay_transposed,
+    run_graph,
+    run_isolated,
+)
 import fastcompile
 from fastcompile.graph import Graph
 
@@ -41,22 +52,75 @@ from fastcompile.graph import Graph
 # dtypes and values
 # ---------------------------------------------------------------------------
 
-DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-          "float16", "float32", "float64"]
+DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+]
 INTS = [d for d in DTYPES if d.startswith(("int", "uint"))]
 FLOATS = ["float16", "float32", "float64"]
 
-SHAPE = (7, 9)   # 63 elements: vector bodies plus scalar tails at every width
+SHAPE = (7, 9)  # 63 elements: vector bodies plus scalar tails at every width
 
 
 def float_specials(dt):
     fi = np.finfo(dt)
     big = {"float16": 6.0e4, "float32": 1e30, "float64": 1e300}[dt]
     tiny = {"float16": 1e-4, "float32": 1e-30, "float64": 1e-300}[dt]
-    vals = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 2.0, -2.0,
-            3.0, -3.0, 0.1, -0.1, 1e-3, -1e-3, 0.99, -0.99, 1.01, 10.0, -10.0, 20.5, -20.5, 100.0,
-            -100.0, 7.0, -7.0, math.pi, 60.0, -60.0, big, -big, tiny, -tiny,
-            float(fi.smallest_subnormal), -float(fi.smallest_subnormal), float(fi.max), -float(fi.max)]
+    vals = [
+        np.nan,
+        np.inf,
+        -np.inf,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        2.0,
+        -2.0,
+        3.0,
+        -3.0,
+        0.1,
+        -0.1,
+        1e-3,
+        -1e-3,
+        0.99,
+        -0.99,
+        1.01,
+        10.0,
+        -10.0,
+        20.5,
+        -20.5,
+        100.0,
+        -100.0,
+        7.0,
+        -7.0,
+        math.pi,
+        60.0,
+        -60.0,
+        big,
+        -big,
+        tiny,
+        -tiny,
+        float(fi.smallest_subnormal),
+        -float(fi.smallest_subnormal),
+        float(fi.max),
+        -float(fi.max),
+    ]
     return np.array(vals, dtype=np.float64).astype(dt)
 
 
@@ -91,8 +155,7 @@ def matrix(dt, seed=0, shape=SHAPE):
     """specials first, random values after, shuffled by seed (seed 0: unshuffled)"""
     n = int(np.prod(shape))
     s = specials(dt)
-    v = np.concatenate([s, random_values(dt, max(n - len(s), 0), seed + 100)])[:n] if n >= len(s) \
-        else s[:n]
+    v = np.concatenate([s, random_values(dt, max(n - len(s), 0), seed + 100)])[:n] if n >= len(s) else s[:n]
     if seed:
         v = np.random.default_rng(seed).permutation(v)
     return np.ascontiguousarray(v.reshape(shape))
@@ -102,8 +165,14 @@ def matrix(dt, seed=0, shape=SHAPE):
 # layouts: the same logical values, stored in different ways
 # ---------------------------------------------------------------------------
 
-LAYOUTS_1 = {"contig": lay_contig, "transposed": lay_transposed, "strided": lay_strided,
-             "reversed": lay_reversed, "empty": lay_empty, "large": lay_large}
+LAYOUTS_1 = {
+    "contig": lay_contig,
+    "transposed": lay_transposed,
+    "strided": lay_strided,
+    "reversed": lay_reversed,
+    "empty": lay_empty,
+    "large": lay_large,
+}
 
 # ---------------------------------------------------------------------------
 # running graphs
@@ -122,7 +191,7 @@ class Batch:
 
     def __init__(self, build, in_meta):
         self.build = build
-        self.in_meta = in_meta       # [(dtype, ndim)]
+        self.in_meta = in_meta  # [(dtype, ndim)]
         self.compiled = None
         self.names = None
         self.error = None
@@ -137,7 +206,7 @@ class Batch:
                 g.output(*vals)
                 self.compiled = g.compile()
                 self.names = names
-            except Exception as e:   # noqa: BLE001 - reported per op below
+            except Exception as e:  # noqa: BLE001 - reported per op below
                 self.error = e
 
     def run(self, key, arrays):
@@ -150,7 +219,7 @@ class Batch:
                 try:
                     outs = self.compiled(*arrays)
                     self.results[key] = dict(zip(self.names, outs))
-                except Exception as e:   # noqa: BLE001
+                except Exception as e:  # noqa: BLE001
                     self.results[key] = e
         return self.results[key]
 
@@ -234,8 +303,10 @@ def ref_softplus(x):
 
 def with_result_dtype(fn):
     """wrap a float-formula reference: (x) -> (expected in high precision, result dtype)"""
+
     def ref(x):
         return fn(x), float_result(x)
+
     return ref
 
 
@@ -248,6 +319,7 @@ def native(fn):
         with np.errstate(all="ignore"):
             r = np.asarray(fn(*xs))
         return r, r.dtype
+
     return ref
 
 
@@ -381,8 +453,7 @@ NO_SIGNED_ZERO_F16 = {"maximum", "minimum", "relu", "clamp"}
 
 
 def cases(table):
-    return [pytest.param(op, dt, id="%s-%s" % (op, dt)) for op in table for dt in DTYPES
-            if table[op][2](dt)]
+    return [pytest.param(op, dt, id="%s-%s" % (op, dt)) for op in table for dt in DTYPES if table[op][2](dt)]
 
 
 # Composite activations round their argument in the compute precision before a steep
@@ -428,11 +499,13 @@ def check(op, table, got, args, err):
 # unary ops
 # ---------------------------------------------------------------------------
 
+
 def _unary_build(dt):
     def build(g, x):
-        a = g.call("cast", x, dtype=dt)        # anchor: every op fuses into its kernel
+        a = g.call("cast", x, dtype=dt)  # anchor: every op fuses into its kernel
         names = [op for op in UNARY if UNARY[op][2](dt)]
         return names, [call_op(g, op, a) for op in names]
+
     return build
 
 
@@ -458,8 +531,9 @@ def test_unary(op, dtype):
     got = []
     for v in xs:
         x0 = np.array(v, dtype=dtype)
-        r = batch_or_alone(batch0, ("0d", x0.tobytes()), [x0], op,
-                           lambda: run_graph(lambda g, v: [call_op(g, op, v)], [x0])[0])
+        r = batch_or_alone(
+            batch0, ("0d", x0.tobytes()), [x0], op, lambda: run_graph(lambda g, v: [call_op(g, op, v)], [x0])[0]
+        )
         assert isinstance(r, np.ndarray) and r.shape == (), "0-d input gave %r" % (r,)
         got.append(r)
     got = np.stack(got)
@@ -469,6 +543,7 @@ def test_unary(op, dtype):
 # ---------------------------------------------------------------------------
 # binary ops
 # ---------------------------------------------------------------------------
+
 
 def _binary_ops(dt):
     return [op for op in BINARY if BINARY[op][2](dt)]
@@ -482,17 +557,20 @@ def binary_value(g, op, a, b):
 
 def _binary_build_2d(dt):
     """op(x, y) for every binary op; x and y of any ranks (2-D/2-D, 0-d/0-d)"""
+
     def build(g, x, y):
         c = g.call("eq", x, y)
-        a = g.call("where", c, x, x)       # anchors with the broadcast shape
+        a = g.call("where", c, x, x)  # anchors with the broadcast shape
         b = g.call("where", c, y, y)
         names = _binary_ops(dt)
         return names, [binary_value(g, op, a, b) for op in names]
+
     return build
 
 
 def _binary_build_mixed(dt):
     """x: 2-D, y: 1-D, s: 0-D -> op(y, x) ((m,) with (n,m)) and op(x, s) ((n,m) with 0-d)"""
+
     def build(g, x, y, s):
         c = g.call("eq", x, y)
         ax = g.call("where", c, x, x)
@@ -503,21 +581,24 @@ def _binary_build_mixed(dt):
             names += [(op, "1d-2d"), (op, "2d-0d")]
             vals += [binary_value(g, op, ay, ax), binary_value(g, op, ax, az)]
         return names, vals
+
     return build
 
 
 @functools.lru_cache(maxsize=None)
 def binary_batches(dt):
-    return {"2d": Batch(_binary_build_2d(dt), [(dt, 2), (dt, 2)]),
-            "mixed": Batch(_binary_build_mixed(dt), [(dt, 2), (dt, 1), (dt, 0)]),
-            "0d": Batch(_binary_build_2d(dt), [(dt, 0), (dt, 0)])}
+    return {
+        "2d": Batch(_binary_build_2d(dt), [(dt, 2), (dt, 2)]),
+        "mixed": Batch(_binary_build_mixed(dt), [(dt, 2), (dt, 1), (dt, 0)]),
+        "0d": Batch(_binary_build_2d(dt), [(dt, 0), (dt, 0)]),
+    }
 
 
 @functools.lru_cache(maxsize=None)
 def binary_inputs(dt):
     x, y = matrix(dt, 0), matrix(dt, 1)
     s = specials(dt)
-    col, row = s.reshape(-1, 1), s.reshape(1, -1)   # every pair of special values
+    col, row = s.reshape(-1, 1), s.reshape(1, -1)  # every pair of special values
     return {
         "contig": (lay_contig(x), lay_contig(y)),
         "transposed": (lay_transposed(x), lay_transposed(y)),
@@ -544,8 +625,8 @@ def test_binary(op, dtype):
 
     # (m,) with (n,m) and (n,m) with 0-d, over several rows and scalars
     s = specials(dtype)
-    x = np.broadcast_to(s.reshape(-1, 1), (len(s), len(s))).copy()   # x[i, j] = s[i]
-    y = np.roll(s, 3)                                                # y[j]
+    x = np.broadcast_to(s.reshape(-1, 1), (len(s), len(s))).copy()  # x[i, j] = s[i]
+    y = np.roll(s, 3)  # y[j]
     for v in s[:: max(1, len(s) // 6)]:
         z = np.array(v, dtype=dtype)
         res = b["mixed"].run(("mixed", z.tobytes()), [x, y, z])
@@ -560,10 +641,9 @@ def test_binary(op, dtype):
     # 0-d with 0-d: every pair of specials, one call each (one specialization)
     got, xs, ys = [], [], []
     for i, u in enumerate(s):
-        for v in s[i % 3::3]:
+        for v in s[i % 3 :: 3]:
             x0, y0 = np.array(u, dtype=dtype), np.array(v, dtype=dtype)
-            got.append(batch_or_alone(b["0d"], ("0d", x0.tobytes(), y0.tobytes()), [x0, y0], op,
-                                      alone(x0, y0)))
+            got.append(batch_or_alone(b["0d"], ("0d", x0.tobytes(), y0.tobytes()), [x0, y0], op, alone(x0, y0)))
             xs.append(u)
             ys.append(v)
     assert all(isinstance(r, np.ndarray) and r.shape == () for r in got)
@@ -574,9 +654,10 @@ def test_binary(op, dtype):
 # where, clamp
 # ---------------------------------------------------------------------------
 
+
 def _ternary_build(g, c, x, y, z):
-    w = g.call("where", c, x, y)          # reads c, x, y directly
-    return ["where", "clamp"], [w, g.call("clamp", w, y, z)]   # clamp(w, lo=y, hi=z)
+    w = g.call("where", c, x, y)  # reads c, x, y directly
+    return ["where", "clamp"], [w, g.call("clamp", w, y, z)]  # clamp(w, lo=y, hi=z)
 
 
 @functools.lru_cache(maxsize=None)
@@ -595,32 +676,37 @@ def ternary_cases(dt):
         ("mixed", (2, 2, 2, 2), (lay_reversed(c), lay_strided(x), y[1:2].copy(), z[:, 3:4].copy())),
         # 0-d cond, (m,) lo, 0-d hi
         ("ranks", (0, 2, 1, 0), (np.array(True), x, y[2].copy(), np.array(z[0, 0]))),
-        ("ranks", (0, 2, 1, 0), (np.array(False), lay_transposed(x), y[3].copy(),
-                                 np.array(specials(dt)[-1]))),
+        ("ranks", (0, 2, 1, 0), (np.array(False), lay_transposed(x), y[3].copy(), np.array(specials(dt)[-1]))),
     ]
 
 
-@pytest.mark.parametrize("op,dtype", [pytest.param(op, dt, id="%s-%s" % (op, dt))
-                                      for op in ("where", "clamp") for dt in DTYPES])
+@pytest.mark.parametrize(
+    "op,dtype", [pytest.param(op, dt, id="%s-%s" % (op, dt)) for op in ("where", "clamp") for dt in DTYPES]
+)
 def test_ternary(op, dtype):
     for i, (lay, ranks, arrays) in enumerate(ternary_cases(dtype)):
         batch = ternary_batch(dtype, ranks)
         res = batch.run(i, list(arrays))
         if not isinstance(res, dict):
-            res = dict(zip(["where", "clamp"], run_graph(lambda g, *ins: _ternary_build(g, *ins)[1],
-                                                         list(arrays))))
+            res = dict(zip(["where", "clamp"], run_graph(lambda g, *ins: _ternary_build(g, *ins)[1], list(arrays))))
         c, x, y, z = arrays
         with np.errstate(all="ignore"):
             w = np.where(c, x, y)
             expected = w if op == "where" else np.clip(*[np.array(a) for a in np.broadcast_arrays(w, y, z)])
-        assert_close_np(res[op], expected, dtype, EXACT,
-                        signed_zeros=not (dtype == "float16" and op == "clamp"),
-                        err_msg="%s, %s layout" % (op, lay))
+        assert_close_np(
+            res[op],
+            expected,
+            dtype,
+            EXACT,
+            signed_zeros=not (dtype == "float16" and op == "clamp"),
+            err_msg="%s, %s layout" % (op, lay),
+        )
 
 
 # ---------------------------------------------------------------------------
 # cast
 # ---------------------------------------------------------------------------
+
 
 def cast_safe_values(src):
     """float values every integer dtype holds after truncation toward zero"""
@@ -630,10 +716,20 @@ def cast_safe_values(src):
 
 def cast_full_values(src):
     if src in FLOATS:
-        extra = {"float64": [1 + 2.0 ** -11 + 2.0 ** -40, 65519.99, 65520.0, 3.4028235677973366e38,
-                             3.4028235e38 * 1.0000001, 1e-40, 2.0 ** -25, 2.0 ** -24 * 1.5],
-                 "float32": [1 + 2.0 ** -11 + 2.0 ** -20, 65519.99, 65520.0, 2.0 ** -25],
-                 "float16": []}[src]
+        extra = {
+            "float64": [
+                1 + 2.0**-11 + 2.0**-40,
+                65519.99,
+                65520.0,
+                3.4028235677973366e38,
+                3.4028235e38 * 1.0000001,
+                1e-40,
+                2.0**-25,
+                2.0**-24 * 1.5,
+            ],
+            "float32": [1 + 2.0**-11 + 2.0**-20, 65519.99, 65520.0, 2.0**-25],
+            "float16": [],
+        }[src]
         return np.concatenate([specials(src), np.array(extra, np.float64).astype(src)])
     return specials(src)
 
@@ -648,6 +744,7 @@ def _cast_build(src):
             names.append(t)
             vals.append(g.call("cast", as_ if lossy else af, dtype=t))
         return names, vals
+
     return build
 
 
@@ -656,13 +753,22 @@ def cast_batch(src):
     return Batch(_cast_build(src), [(src, 2), (src, 2)])
 
 
-CAST_XFAIL = {}   # (src, dst) -> reason; empty: every cast rounds once
+CAST_XFAIL = {}  # (src, dst) -> reason; empty: every cast rounds once
 
 
-@pytest.mark.parametrize("src,dst", [
-    pytest.param(s, d, id="%s-to-%s" % (s, d),
-                 marks=[pytest.mark.xfail(strict=True, reason=CAST_XFAIL[s, d])] if (s, d) in CAST_XFAIL else [])
-    for s in DTYPES for d in DTYPES])
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        pytest.param(
+            s,
+            d,
+            id="%s-to-%s" % (s, d),
+            marks=[pytest.mark.xfail(strict=True, reason=CAST_XFAIL[s, d])] if (s, d) in CAST_XFAIL else [],
+        )
+        for s in DTYPES
+        for d in DTYPES
+    ],
+)
 def test_cast(src, dst):
     full = cast_full_values(src)
     safe = cast_safe_values(src) if src in FLOATS else full
@@ -688,10 +794,10 @@ def test_cast(src, dst):
 def test_cast_large_in_range(src):
     """float -> 32/64-bit integers near the ends of their ranges (all in range)"""
     vals = {
-        "int32": [2.0 ** 31 - 128, -2.0 ** 31, 1e9, -1e9, 123456.75],
-        "uint32": [2.0 ** 32 - 256, 2.0 ** 31, 3e9, 0.0, 0.75],
-        "int64": [2.0 ** 62, -2.0 ** 63, 1e18, -1e18, 2.0 ** 53 + 2],
-        "uint64": [2.0 ** 64 - 2.0 ** 40, 2.0 ** 63, 1e19, 2.0 ** 63 - 2.0 ** 40, 0.5],
+        "int32": [2.0**31 - 128, -(2.0**31), 1e9, -1e9, 123456.75],
+        "uint32": [2.0**32 - 256, 2.0**31, 3e9, 0.0, 0.75],
+        "int64": [2.0**62, -(2.0**63), 1e18, -1e18, 2.0**53 + 2],
+        "uint64": [2.0**64 - 2.0**40, 2.0**63, 1e19, 2.0**63 - 2.0**40, 0.5],
     }
     dsts = list(vals)
     xs = [np.array(vals[d], src) for d in dsts]
@@ -702,8 +808,10 @@ def test_cast_large_in_range(src):
 
 def test_gelu_approximate_none_is_the_default():
     x = matrix("float32")
-    a, b, c = run_graph(lambda g, u: [g.call("gelu", u), g.call("gelu", u, approximate="none"),
-                                      g.call("gelu", u, approximate="tanh")], [x])
+    a, b, c = run_graph(
+        lambda g, u: [g.call("gelu", u), g.call("gelu", u, approximate="none"), g.call("gelu", u, approximate="tanh")],
+        [x],
+    )
     assert_close_np(b, a)
     assert not np.array_equal(c, a, equal_nan=True)
 
@@ -714,8 +822,7 @@ def test_gelu_approximate_none_is_the_default():
 def test_cast_out_of_range(src, dst):
     """NaN, inf and out-of-range floats -> int32/int64: NumPy's x86-64 answer (INT_MIN),
     as fc_math.h documents; never a trap or UB."""
-    x = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 2.0 ** 63, -2.0 ** 63, 2.0 ** 31, -2.0 ** 31 - 1,
-                  0.0], src)
+    x = np.array([np.nan, np.inf, -np.inf, 1e30, -1e30, 2.0**63, -(2.0**63), 2.0**31, -(2.0**31) - 1, 0.0], src)
     got = run_graph(lambda g, v: [g.call("cast", v, dtype=dst)], [x])[0]
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -734,26 +841,38 @@ RSHAPE = (3, 5, 7)
 # every reduction kernel costs a compile (a few seconds each), so the other dtypes run
 # three variants (one reduction kernel each: all axes, a tuple with keepdim, the last axis).
 VARIANTS = [
-    dict(axis=None), dict(axis=None, keepdim=True), dict(axis=0), dict(axis=1, keepdim=True),
-    dict(axis=-1), dict(axis=(0, 2)), dict(axis=(-1, 0), keepdim=True), dict(axis=()),
+    dict(axis=None),
+    dict(axis=None, keepdim=True),
+    dict(axis=0),
+    dict(axis=1, keepdim=True),
+    dict(axis=-1),
+    dict(axis=(0, 2)),
+    dict(axis=(-1, 0), keepdim=True),
+    dict(axis=()),
 ]
-ARG_VARIANTS = [dict(axis=None), dict(axis=None, keepdim=True), dict(axis=0), dict(axis=1, keepdim=True),
-                dict(axis=-1)]
+ARG_VARIANTS = [dict(axis=None), dict(axis=None, keepdim=True), dict(axis=0), dict(axis=1, keepdim=True), dict(axis=-1)]
 SOFTMAX_VARIANTS = [dict(axis=0), dict(axis=1), dict(axis=-1), dict()]
 FULL_AXES_DTYPES = ["bool", "uint8", "int64", "float16", "float32", "float64"]
 FEW_VARIANTS = [dict(axis=None), dict(axis=(-1, 0), keepdim=True), dict(axis=-1)]
 
 # test name -> (core op, extra attrs, variants)
 REDUCTIONS = {
-    "sum": ("sum", {}, VARIANTS), "prod": ("prod", {}, VARIANTS),
-    "amax": ("amax", {}, VARIANTS), "amin": ("amin", {}, VARIANTS),
-    "argmax": ("argmax", {}, ARG_VARIANTS), "argmin": ("argmin", {}, ARG_VARIANTS),
-    "any": ("any", {}, VARIANTS), "all": ("all", {}, VARIANTS),
+    "sum": ("sum", {}, VARIANTS),
+    "prod": ("prod", {}, VARIANTS),
+    "amax": ("amax", {}, VARIANTS),
+    "amin": ("amin", {}, VARIANTS),
+    "argmax": ("argmax", {}, ARG_VARIANTS),
+    "argmin": ("argmin", {}, ARG_VARIANTS),
+    "any": ("any", {}, VARIANTS),
+    "all": ("all", {}, VARIANTS),
     "mean": ("mean", {}, VARIANTS),
-    "var0": ("var", {"correction": 0}, VARIANTS), "var1": ("var", {"correction": 1}, VARIANTS),
-    "std0": ("std", {"correction": 0}, VARIANTS), "std1": ("std", {"correction": 1}, VARIANTS),
+    "var0": ("var", {"correction": 0}, VARIANTS),
+    "var1": ("var", {"correction": 1}, VARIANTS),
+    "std0": ("std", {"correction": 0}, VARIANTS),
+    "std1": ("std", {"correction": 1}, VARIANTS),
     "logsumexp": ("logsumexp", {}, VARIANTS),
-    "softmax": ("softmax", {}, SOFTMAX_VARIANTS), "log_softmax": ("log_softmax", {}, SOFTMAX_VARIANTS),
+    "softmax": ("softmax", {}, SOFTMAX_VARIANTS),
+    "log_softmax": ("log_softmax", {}, SOFTMAX_VARIANTS),
 }
 # reductions with an identity: also run on 0-size inputs
 EMPTY_OK = ["sum", "prod", "any", "all", "mean", "var0", "var1", "std0", "std1"]
@@ -780,8 +899,8 @@ def reduction_matrix(dt, finite):
     x = random_values(dt, n, 7 if finite else 8).reshape(RSHAPE)
     if dt == "bool":
         if not finite:
-            x[0, 1, :] = True           # an all-true row
-            x[0, 2, :] = False          # an all-false row
+            x[0, 1, :] = True  # an all-true row
+            x[0, 2, :] = False  # an all-false row
             x[:, 3, 2] = False
         return x
     s = specials(dt)
@@ -789,14 +908,14 @@ def reduction_matrix(dt, finite):
         s = s[np.isfinite(s)] if dt in FLOATS else s
         s = s[np.abs(s.astype(np.float64)) < (1e4 if dt in FLOATS else np.inf)]
     x[0, 0, :] = np.resize(s[:7], 7)
-    x[1, 3, :min(7, len(s) - 7)] = s[7:14]
+    x[1, 3, : min(7, len(s) - 7)] = s[7:14]
     x[2, :, 4] = np.resize(s[::-1], 5)
     if dt in FLOATS and not finite:
-        x[1, 1, :] = -np.inf            # all -inf: amax/logsumexp/softmax edge
-        x[2, 2, :] = np.nan             # all NaN
+        x[1, 1, :] = -np.inf  # all -inf: amax/logsumexp/softmax edge
+        x[2, 2, :] = np.nan  # all NaN
         x[:, 4, 6] = np.inf
     if dt in INTS:
-        x[1, 2, :] = np.iinfo(dt).min   # argmax of an all-minimum row: index 0
+        x[1, 2, :] = np.iinfo(dt).min  # argmax of an all-minimum row: index 0
         x[2, 1, :] = np.iinfo(dt).max
     return x
 
@@ -810,8 +929,12 @@ def red_layouts(x):
     strided = q[::2, ::-1, 1::2][:, ::-1, :]
     assert not transposed.flags.c_contiguous and not strided.flags.c_contiguous
     assert np.array_equal(transposed, x, equal_nan=True) and np.array_equal(strided, x, equal_nan=True)
-    return {"contig": x, "transposed": transposed, "strided": strided,
-            "size-1 axis": np.ascontiguousarray(x[:, 3:4, :])}
+    return {
+        "contig": x,
+        "transposed": transposed,
+        "strided": strided,
+        "size-1 axis": np.ascontiguousarray(x[:, 3:4, :]),
+    }
 
 
 def large_reduction_matrix(dt):
@@ -825,7 +948,7 @@ def large_reduction_matrix(dt):
         x[0, 1, 5999] = True
         return x
     if dt in FLOATS:
-        x[0, 0, 100] = x[1, 2, 5900] = 7.5       # ties: the first index wins
+        x[0, 0, 100] = x[1, 2, 5900] = 7.5  # ties: the first index wins
         x[0, 0, 4000] = x[1, 1, 50] = -7.5
         x[1, 0, 4500] = np.nan
         x[1, 0, 5500] = np.nan
@@ -834,7 +957,7 @@ def large_reduction_matrix(dt):
         ii = np.iinfo(dt)
         x[0, 0, 100] = x[1, 2, 5900] = ii.max
         x[0, 0, 4000] = x[1, 1, 50] = ii.min
-        x[1, 0, :] = ii.min                      # a whole row at the minimum
+        x[1, 0, :] = ii.min  # a whole row at the minimum
     return x
 
 
@@ -853,6 +976,7 @@ def _red_build(dt, names):
                     keys.append((name, vname(v)))
                     vals.append(red_call(g, name, x, v))
         return keys, vals
+
     return build
 
 
@@ -871,8 +995,14 @@ def red_reference(name, x, v):
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if name in ("amax", "amin", "argmax", "argmin", "any", "all"):
-            fn = {"amax": np.amax, "amin": np.amin, "argmax": np.argmax, "argmin": np.argmin,
-                  "any": np.any, "all": np.all}[name]
+            fn = {
+                "amax": np.amax,
+                "amin": np.amin,
+                "argmax": np.argmax,
+                "argmin": np.argmin,
+                "any": np.any,
+                "all": np.all,
+            }[name]
             return np.asarray(fn(x, axis=axis, keepdims=keep)), None, EXACT, None
         if name in ("sum", "prod") and not isfloat:
             fn = np.sum if name == "sum" else np.prod
@@ -881,9 +1011,9 @@ def red_reference(name, x, v):
         absx = np.abs(x64)
         cnt = np.ones(x.shape)
         count = np.sum(cnt, axis=axis, keepdims=keep)
-        eps = 2.0 ** -52
+        eps = 2.0**-52
         # the precision the kernel computes in: float32 for float16/float32 results
-        ceps = 2.0 ** -23 if float_result(x) in (np.float16, np.float32) else eps
+        ceps = 2.0**-23 if float_result(x) in (np.float16, np.float32) else eps
         if name in ("sum", "prod", "mean"):
             fn = {"sum": np.sum, "prod": np.prod, "mean": np.mean}[name]
             rdt = np.asarray(fn(x, axis=axis, keepdims=keep)).dtype
@@ -900,8 +1030,12 @@ def red_reference(name, x, v):
             fn = np.var if op == "var" else np.std
             # in the precision the kernel computes deviations and squares in: float32
             # squares overflow for |x| > 1.8e19, in NumPy's float32 var as in the kernel
-            exp = fn(x.astype(np.float32 if rdt in (np.float16, np.float32) else np.float64),
-                     axis=axis, ddof=ddof, keepdims=keep)
+            exp = fn(
+                x.astype(np.float32 if rdt in (np.float16, np.float32) else np.float64),
+                axis=axis,
+                ddof=ddof,
+                keepdims=keep,
+            )
             # deviations and squares are formed in the compute precision (float32 for float16/32)
             var_slack = 8 * ceps * count * np.sum(x64 * x64, axis=axis, keepdims=keep) / np.maximum(count - ddof, 1)
             slack = var_slack if op == "var" else np.sqrt(var_slack)
@@ -911,12 +1045,12 @@ def red_reference(name, x, v):
         ax = -1 if name in ("softmax", "log_softmax") and axis is None else axis
         m = np.max(xl, axis=ax, keepdims=True)
         if name == "logsumexp":
-            m = np.where(np.isinf(m), 0, m)   # as torch; softmax of a row with +inf is NaN
+            m = np.where(np.isinf(m), 0, m)  # as torch; softmax of a row with +inf is NaN
         d = xl - m
         s = np.sum(np.exp(d), axis=ax, keepdims=True)
         if name == "logsumexp":
             exp = np.log(s) + m
-            nred = max(1, x.size // max(1, m.size))      # elements per reduced row
+            nred = max(1, x.size // max(1, m.size))  # elements per reduced row
             slack = 8 * ceps * (np.abs(m) + np.abs(np.log(s)) + nred)
             if not keep:
                 exp = np.squeeze(exp, axis=tuple(range(x.ndim)) if axis is None else axis)
@@ -944,28 +1078,40 @@ def _red_alone(name, x):
     def run():
         vs = variants(name, x.dtype.name)
         return dict(zip([vname(v) for v in vs], run_graph(lambda g, u: [red_call(g, name, u, v) for v in vs], [x])))
+
     return run
 
 
-RED_XFAIL = {}    # (reduction, dtype) -> reason
+RED_XFAIL = {}  # (reduction, dtype) -> reason
 
 
-@pytest.mark.parametrize("name,dtype", [
-    pytest.param(n, d, id="%s-%s" % (n, d),
-                 marks=[pytest.mark.xfail(strict=True, reason=RED_XFAIL[n, d])] if (n, d) in RED_XFAIL else [])
-    for n in REDUCTIONS for d in DTYPES])
+@pytest.mark.parametrize(
+    "name,dtype",
+    [
+        pytest.param(
+            n,
+            d,
+            id="%s-%s" % (n, d),
+            marks=[pytest.mark.xfail(strict=True, reason=RED_XFAIL[n, d])] if (n, d) in RED_XFAIL else [],
+        )
+        for n in REDUCTIONS
+        for d in DTYPES
+    ],
+)
 def test_reduction(name, dtype):
     batch = red_batch(dtype)
-    inputs = [(finite, lay, x) for finite in (False, True)
-              for lay, x in red_layouts(reduction_matrix(dtype, finite)).items()]
+    inputs = [
+        (finite, lay, x) for finite in (False, True) for lay, x in red_layouts(reduction_matrix(dtype, finite)).items()
+    ]
     inputs.append((False, "large", large_reduction_matrix(dtype)))
     for finite, lay, x in inputs:
         res = batch.run((finite, lay), [x])
         alone = None if isinstance(res, dict) else _red_alone(name, x)()
         for v in variants(name, dtype):
             got = res[(name, vname(v))] if alone is None else alone[vname(v)]
-            check_reduction(name, got, x, v, "%s(%s), %s, %s" % (
-                name, vname(v), lay, "finite" if finite else "with NaN/inf/limits"))
+            check_reduction(
+                name, got, x, v, "%s(%s), %s, %s" % (name, vname(v), lay, "finite" if finite else "with NaN/inf/limits")
+            )
     if name in EMPTY_OK:
         for shape in [(3, 0, 7), (0, 5, 7)]:
             x = np.zeros(shape, dtype)
@@ -982,8 +1128,9 @@ def test_f16_intermediate_across_kernel_boundary():
     x = np.full((1, 20000), 3.0, np.float16)
     x[:, ::2] = -3.0
     for n in (0, 30):
-        got = run_graph(lambda g, u: [g.call("sum", u, axis=-1) for _ in range(n)]
-                        + [g.call("var", u, axis=-1)], [x])[-1]
+        got = run_graph(lambda g, u: [g.call("sum", u, axis=-1) for _ in range(n)] + [g.call("var", u, axis=-1)], [x])[
+            -1
+        ]
         assert_close_np(got, np.array([9.0], np.float16), err_msg="var after %d sums" % n)
 
 
@@ -991,7 +1138,8 @@ def test_f16_intermediate_across_kernel_boundary():
 def test_many_reductions_in_one_kernel(n):
     """n float max-reductions over the same axes share a kernel, one reduction clause
     and one NaN flag each (at most FC_MAX_KERNEL_REDS = 32 per kernel)."""
-    r = run_isolated("""
+    r = run_isolated(
+        """
         import numpy as np
         from fastcompile.graph import Graph
         x = np.arange(16, dtype=np.float32).reshape(2, 8)
@@ -1002,9 +1150,13 @@ def test_many_reductions_in_one_kernel(n):
         for i, o in enumerate(outs):
             assert np.array_equal(o, np.amax(x + np.float32(i), axis=-1)), i
         print("ok")
-        """ % n)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", \
-        "exit status %d\n%s" % (r.returncode, (r.stdout + r.stderr)[-3000:])
+        """
+        % n
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "ok", "exit status %d\n%s" % (
+        r.returncode,
+        (r.stdout + r.stderr)[-3000:],
+    )
 
 
 @pytest.mark.parametrize("dtype", ["bool", "int8", "uint64", "float32"])
@@ -1021,8 +1173,6 @@ def test_reduction_of_0d(dtype):
 
 def _red_edge(op, x, **attrs):
     return run_graph(lambda g, u: [g.call(op, u, **attrs)], [x])[0]
-
-
 
 
 def test_softmax_over_empty_axis_is_empty():
@@ -1061,12 +1211,13 @@ def test_promotion_every_dtype_pair():
     choice (atan2(int8, uint8) is float16) and the values."""
     xs = {dt: np.resize(specials(dt), 12).reshape(3, 4) for dt in DTYPES}
     cases = [(op, a, b) for op in PROMOTE for a in DTYPES for b in DTYPES]
-    for k in range(0, len(cases), 48):            # at most 64 arrays per kernel
-        chunk = cases[k:k + 48]
+    for k in range(0, len(cases), 48):  # at most 64 arrays per kernel
+        chunk = cases[k : k + 48]
 
         def build(g, *ins, chunk=chunk):
             v = dict(zip(DTYPES, ins))
             return [g.call(op, v[a], v[b]) for op, a, b in chunk]
+
         outs = run_graph(build, [xs[dt] for dt in DTYPES])
         for (op, a, b), got in zip(chunk, outs):
             fn, kind = PROMOTE[op]
@@ -1083,8 +1234,7 @@ def test_many_outputs_of_one_space():
         assert_close_np(got, x + np.float32(i))
 
 
-CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-       "ge": np.greater_equal}
+CMP = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
 
 
 def test_compare_every_dtype_pair():
@@ -1092,20 +1242,21 @@ def test_compare_every_dtype_pair():
     xs = {dt: np.resize(specials(dt), 24).reshape(4, 6) for dt in DTYPES}
     for group in (DTYPES[:4], DTYPES[4:8], DTYPES[8:]):
         cases = [(op, a, b) for op in ("eq", "lt") for a in group for b in DTYPES]
-        for k in range(0, len(cases), 48):        # at most 64 arrays per kernel
-            chunk = cases[k:k + 48]
+        for k in range(0, len(cases), 48):  # at most 64 arrays per kernel
+            chunk = cases[k : k + 48]
 
             def build(g, *ins, chunk=chunk):
                 v = dict(zip(DTYPES, ins))
                 return [g.call(op, v[a], v[b]) for op, a, b in chunk]
+
             outs = run_graph(build, [xs[dt] for dt in DTYPES])
             for (op, a, b), got in zip(chunk, outs):
                 assert_close_np(got, CMP[op](xs[a], xs[b]), err_msg="%s(%s, %s)" % (op, a, b))
 
 
 def test_compare_int64_with_uint64_is_exact():
-    a = np.array([2 ** 62 + 1, -1, 2 ** 63 - 1, 2 ** 53 + 1, 0], np.int64)
-    b = np.array([2 ** 62, 2 ** 64 - 1, 2 ** 63 - 1, 2 ** 53, 0], np.uint64)
+    a = np.array([2**62 + 1, -1, 2**63 - 1, 2**53 + 1, 0], np.int64)
+    b = np.array([2**62, 2**64 - 1, 2**63 - 1, 2**53, 0], np.uint64)
     outs = run_graph(lambda g, u, v: [g.call(op, u, v) for op in CMP] + [g.call(op, v, u) for op in CMP], [a, b])
     for k, op in enumerate(CMP):
         assert_close_np(outs[k], CMP[op](a, b), err_msg="%s(int64, uint64)" % op)
@@ -1119,8 +1270,13 @@ WEAK = [2, -3, 2.5, True, 0]
 def test_python_scalars_are_weak(dtype):
     """Python scalars take the array's dtype unless of a higher kind (NEP 50)."""
     x = np.resize(specials(dtype), 12).reshape(3, 4)
-    cases = [(op, s, rev) for op in ("add", "mul", "maximum", "lt") for s in WEAK for rev in (False, True)
-             if not (s == -3 and dtype.startswith("uint"))]   # NumPy: OverflowError (see test_errors)
+    cases = [
+        (op, s, rev)
+        for op in ("add", "mul", "maximum", "lt")
+        for s in WEAK
+        for rev in (False, True)
+        if not (s == -3 and dtype.startswith("uint"))
+    ]  # NumPy: OverflowError (see test_errors)
     cases += [("where", s, False) for s in (2, 2.5, True)]
 
     def build(g, u):
@@ -1131,6 +1287,7 @@ def test_python_scalars_are_weak(dtype):
             else:
                 out.append(g.call(op, s, u) if rev else g.call(op, u, s))
         return out
+
     outs = run_graph(build, [x])
     for (op, s, rev), got in zip(cases, outs):
         with np.errstate(all="ignore"):
@@ -1139,23 +1296,36 @@ def test_python_scalars_are_weak(dtype):
             else:
                 fn = {"add": np.add, "mul": np.multiply, "maximum": np.maximum, "lt": np.less}[op]
                 expected = fn(s, x) if rev else fn(x, s)
-        assert_close_np(got, expected, signed_zeros=not (dtype == "float16" and op in NO_SIGNED_ZERO_F16),
-                        err_msg="%s(%s)" % (op, "%r, x" % s if rev else "x, %r" % s))
+        assert_close_np(
+            got,
+            expected,
+            signed_zeros=not (dtype == "float16" and op in NO_SIGNED_ZERO_F16),
+            err_msg="%s(%s)" % (op, "%r, x" % s if rev else "x, %r" % s),
+        )
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8", "float16", "float32"])
 def test_numpy_scalars_are_strong(dtype):
     """NumPy scalars keep their dtype (NEP 50): int8 array + int16(300) is int16."""
     x = np.arange(-3, 3).astype(dtype)
-    cases = [np.float64(1.5), np.int16(300), np.float16(0.5), np.uint8(200), np.bool_(True), np.int64(-5),
-             np.float32(2.5), np.uint64(7)]
+    cases = [
+        np.float64(1.5),
+        np.int16(300),
+        np.float16(0.5),
+        np.uint8(200),
+        np.bool_(True),
+        np.int64(-5),
+        np.float32(2.5),
+        np.uint64(7),
+    ]
     outs = run_graph(lambda g, u: [g.call(op, u, s) for s in cases for op in ("add", "mul", "atan2")], [x])
     for (s, op), got in zip([(s, op) for s in cases for op in ("add", "mul", "atan2")], outs):
         fn = {"add": np.add, "mul": np.multiply, "atan2": np.arctan2}[op]
         with np.errstate(all="ignore"):
             expected = fn(x, s)
-        assert_close_np(got, expected, kind=TRANSC if op == "atan2" else EXACT,
-                        err_msg="%s(%s array, %r)" % (op, dtype, s))
+        assert_close_np(
+            got, expected, kind=TRANSC if op == "atan2" else EXACT, err_msg="%s(%s array, %r)" % (op, dtype, s)
+        )
 
 
 def test_round_bool():
@@ -1168,6 +1338,7 @@ def test_round_bool():
 # ---------------------------------------------------------------------------
 # errors: the exception NumPy raises, never a crash
 # ---------------------------------------------------------------------------
+
 
 def numpy_raises(exc, fn, *args, **kw):
     """NumPy raises `exc` for the same thing (the reference for the error type too)"""
@@ -1187,8 +1358,9 @@ def test_error_unknown_op():
         g.call(42, x)
 
 
-@pytest.mark.parametrize("op,nargs", [("add", 1), ("add", 3), ("exp", 0), ("exp", 2), ("where", 2),
-                                      ("clamp", 4), ("sum", 2), ("cast", 2)])
+@pytest.mark.parametrize(
+    "op,nargs", [("add", 1), ("add", 3), ("exp", 0), ("exp", 2), ("where", 2), ("clamp", 4), ("sum", 2), ("cast", 2)]
+)
 def test_error_wrong_arity(op, nargs):
     g = Graph()
     x = g.input("float32", 1)
@@ -1210,8 +1382,15 @@ def test_error_bool_rejected_at_build_time(op, npfn):
             g.call(op, x, True)
 
 
-@pytest.mark.parametrize("op,npfn", [("bitwise_and", np.bitwise_and), ("bitwise_or", np.bitwise_or),
-                                     ("bitwise_xor", np.bitwise_xor), ("bitwise_not", np.invert)])
+@pytest.mark.parametrize(
+    "op,npfn",
+    [
+        ("bitwise_and", np.bitwise_and),
+        ("bitwise_or", np.bitwise_or),
+        ("bitwise_xor", np.bitwise_xor),
+        ("bitwise_not", np.invert),
+    ],
+)
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_error_bitwise_on_floats(op, npfn, dtype):
     arity = 1 if op == "bitwise_not" else 2
@@ -1223,9 +1402,9 @@ def test_error_bitwise_on_floats(op, npfn, dtype):
     if arity == 2:
         i = g.input("int32", 1)
         with pytest.raises(TypeError):
-            g.call(op, i, x)             # int & float promotes to float: rejected too
+            g.call(op, i, x)  # int & float promotes to float: rejected too
         with pytest.raises(TypeError):
-            g.call(op, i, 1.5)           # a weak float scalar too
+            g.call(op, i, 1.5)  # a weak float scalar too
 
 
 @pytest.fixture(scope="module")
@@ -1258,7 +1437,7 @@ def test_error_call_arguments(add_f32):
     with pytest.raises(TypeError):
         add_f32(a, a.astype(np.complex64))
     with pytest.raises(TypeError):
-        add_f32(a, a.astype(">f4"))                          # byte-swapped
+        add_f32(a, a.astype(">f4"))  # byte-swapped
     with pytest.raises(TypeError):
         add_f32(a, np.array([[object()] * 3] * 2))
     # after all that, it still works
@@ -1288,11 +1467,18 @@ def test_error_broadcast_inside_a_fused_chain():
     assert_close_np(out, np.full(3, 4.0, np.float32))
 
 
-@pytest.mark.parametrize("attrs,exc", [
-    (dict(axis=2), np.exceptions.AxisError), (dict(axis=-3), np.exceptions.AxisError),
-    (dict(axis=(0, 2)), np.exceptions.AxisError), (dict(axis=(1, -1)), ValueError),
-    (dict(axis=1.5), TypeError), (dict(axis="0"), TypeError), (dict(axis=(0, "1")), TypeError),
-])
+@pytest.mark.parametrize(
+    "attrs,exc",
+    [
+        (dict(axis=2), np.exceptions.AxisError),
+        (dict(axis=-3), np.exceptions.AxisError),
+        (dict(axis=(0, 2)), np.exceptions.AxisError),
+        (dict(axis=(1, -1)), ValueError),
+        (dict(axis=1.5), TypeError),
+        (dict(axis="0"), TypeError),
+        (dict(axis=(0, "1")), TypeError),
+    ],
+)
 @pytest.mark.parametrize("op", ["sum", "amax", "mean", "var", "logsumexp"])
 def test_error_bad_axis(op, attrs, exc):
     x = np.ones((2, 3), np.float32)
@@ -1354,7 +1540,7 @@ def test_error_graph_building():
     with pytest.raises(TypeError):
         g.call("add", x, "1")
     with pytest.raises(OverflowError):
-        g.constant(2 ** 70)
+        g.constant(2**70)
     with pytest.raises(ValueError, match="no outputs"):
         g.compile()
 
@@ -1406,7 +1592,7 @@ def test_error_check_divisor_raises_on_an_integer_zero(dtype):
         y0[where] = 0
         with pytest.raises(RuntimeError, match="^ZeroDivisionError$"):
             f(x, y0)
-    q, _ = f(x, y)                          # not poisoned by the earlier error
+    q, _ = f(x, y)  # not poisoned by the earlier error
     assert np.array_equal(q, x // y)
     for dt, vals in (("float32", [0.0, -0.0, 2.5]), ("bool", [False, True, False])):
         g = Graph()
@@ -1417,8 +1603,15 @@ def test_error_check_divisor_raises_on_an_integer_zero(dtype):
         assert np.signbit(out).tolist() == np.signbit(np.array(vals, dt)).tolist()
 
 
-@pytest.mark.parametrize("op,npfn,msg", [("amax", np.amax, "identity"), ("amin", np.amin, "identity"),
-                                         ("argmax", np.argmax, "empty"), ("argmin", np.argmin, "empty")])
+@pytest.mark.parametrize(
+    "op,npfn,msg",
+    [
+        ("amax", np.amax, "identity"),
+        ("amin", np.amin, "identity"),
+        ("argmax", np.argmax, "empty"),
+        ("argmin", np.argmin, "empty"),
+    ],
+)
 @pytest.mark.parametrize("shape,axis", [((0,), None), ((3, 0), 1), ((0, 4), None), ((0, 4), 0)])
 def test_error_empty_reduction(op, npfn, msg, shape, axis):
     x = np.zeros(shape, np.float32)
@@ -1434,9 +1627,14 @@ def test_error_empty_reduction(op, npfn, msg, shape, axis):
 
 
 def test_compare_with_out_of_range_python_int():
-    cases = [("uint8", [255, 0, 44], -1), ("uint8", [255, 0, 44], 300), ("int8", [44, -1, 127], 300),
-             ("int8", [-128, 0, 127], -129), ("uint64", [2 ** 64 - 1, 0, 5], -1),
-             ("int32", [2 ** 31 - 1, -2 ** 31, 0], 2 ** 32)]
+    cases = [
+        ("uint8", [255, 0, 44], -1),
+        ("uint8", [255, 0, 44], 300),
+        ("int8", [44, -1, 127], 300),
+        ("int8", [-128, 0, 127], -129),
+        ("uint64", [2**64 - 1, 0, 5], -1),
+        ("int32", [2**31 - 1, -(2**31), 0], 2**32),
+    ]
     for dt, vals, c in cases:
         x = np.array(vals, dt)
         outs = run_graph(lambda g, u: [g.call(op, u, c) for op in CMP], [x])
@@ -1460,6 +1658,7 @@ def test_error_weak_int_out_of_range():
 # layout sweep: ops reading the arrays directly (Inductor's SweepInputs2)
 # ---------------------------------------------------------------------------
 
+
 def _sweep_layouts():
     base = np.arange(30, dtype=np.float64).reshape(5, 6) * 0.25 - 3
     return {
@@ -1467,13 +1666,13 @@ def _sweep_layouts():
         "transposed": np.ascontiguousarray(base.T).T,
         "strided": lay_strided(base),
         "reversed": lay_reversed(base),
-        "col": base[:, :1].copy(),            # (5, 1)
-        "row": base[1:2].copy(),              # (1, 6)
-        "1d": base[2].copy(),                 # (6,)
-        "0d": np.array(base[3, 4]),           # ()
-        "col_view": base[:, 2:3],             # (5, 1), not contiguous
-        "bcast_view": np.broadcast_to(base[4], (5, 6)),     # stride 0, read-only
-        "unaligned": base,                    # copied to a misaligned buffer below
+        "col": base[:, :1].copy(),  # (5, 1)
+        "row": base[1:2].copy(),  # (1, 6)
+        "1d": base[2].copy(),  # (6,)
+        "0d": np.array(base[3, 4]),  # ()
+        "col_view": base[:, 2:3],  # (5, 1), not contiguous
+        "bcast_view": np.broadcast_to(base[4], (5, 6)),  # stride 0, read-only
+        "unaligned": base,  # copied to a misaligned buffer below
     }
 
 
@@ -1528,6 +1727,7 @@ def _sweep_array(name, dtype):
 # every op alone (no anchor, no fusion partner), reading its input directly
 # ---------------------------------------------------------------------------
 
+
 def _alone_cases():
     out = []
     for op in UNARY:
@@ -1576,6 +1776,7 @@ def test_op_alone(family, op, dtype):
 # outputs: fresh arrays, inputs untouched
 # ---------------------------------------------------------------------------
 
+
 def test_outputs_are_fresh_and_inputs_untouched():
     """Large outputs come from a block pool: an output the caller still holds must never
     be handed out again, outputs never alias inputs or each other, inputs are not written."""
@@ -1598,20 +1799,23 @@ def test_outputs_are_fresh_and_inputs_untouched():
         assert not np.shares_memory(outs[0], outs[1])
         if i % 2 == 0:
             kept.append(((a, b), [o.copy() for o in outs], outs))
-        del outs                                    # odd calls: blocks go back to the pool
+        del outs  # odd calls: blocks go back to the pool
     for (a, b), copies, outs in kept:
         for c, o in zip(copies, outs):
             assert np.array_equal(c, o), "an output still held by the caller was overwritten"
         assert_close_np(outs[0], a + b)
 
 
-@pytest.mark.parametrize("dtype,n,pooled", [
-    ("float32", 40000, False),     # 160 KB: malloc, which reuses it
-    ("float64", 20000, False),     # 160 KB
-    ("int8", 200000, False),       # 195 KB
-    ("float32", 70000, True),      # 273 KB: the pool keeps it between calls
-    ("float64", 40000, True),      # 313 KB
-])
+@pytest.mark.parametrize(
+    "dtype,n,pooled",
+    [
+        ("float32", 40000, False),  # 160 KB: malloc, which reuses it
+        ("float64", 20000, False),  # 160 KB
+        ("int8", 200000, False),  # 195 KB
+        ("float32", 70000, True),  # 273 KB: the pool keeps it between calls
+        ("float64", 40000, True),  # 313 KB
+    ],
+)
 def test_pool_serves_only_blocks_it_keeps(dtype, n, pooled):
     """Outputs under the pool's 256 KB minimum come from malloc. The pool returns smaller
     blocks to the OS when they are freed, so routing them through it mapped, faulted in and

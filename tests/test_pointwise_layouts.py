@@ -1,6 +1,7 @@
 """Pointwise kernels whose last dim walks an operand with a stride (x * y.T) run as column
 blocks (plan.c, column_block): every block width, partial last block, rank, negative stride,
 broadcast and multi-output case against NumPy."""
+
 import numpy as np
 import pytest
 
@@ -34,13 +35,14 @@ def test_strided_pointwise_blocks(name):
     rng = np.random.default_rng(sum(map(ord, name)))
     a = rng.standard_normal(shape_a, dtype=np.float32)
     b = make_b(rng)
-    c = rng.standard_normal(shape_a[-1:], dtype=np.float32)      # unit stride, broadcast over rows
+    c = rng.standard_normal(shape_a[-1:], dtype=np.float32)  # unit stride, broadcast over rows
     a.flat[5] = np.nan
     out, gel = _mul_add(shape_a, b, c)(a, b, c)
     want = a * b + c
     assert out.shape == want.shape
-    assert np.array_equal(out, want, equal_nan=True)             # exact: one rounding per op
+    assert np.array_equal(out, want, equal_nan=True)  # exact: one rounding per op
     from test_ops import ref_gelu
+
     assert_close_np(gel, ref_gelu(b.astype(np.float64)).astype(np.float32), rtol=1e-5, atol=1e-6)
 
 
@@ -51,7 +53,7 @@ def test_one_array_read_transposed_and_straight():
     g = Graph()
     u, v = g.input("float32", 2), g.input("float32", 2)
     g.output(g.call("sub", g.call("add", u, v), g.call("mul", v, 2.0)))
-    got, = g.compile()(x.T, x)
+    (got,) = g.compile()(x.T, x)
     assert np.array_equal(got, (x.T + x) - x * np.float32(2.0))
 
 
@@ -64,6 +66,7 @@ def test_strided_runs_over_outer_spaces_of_one_to_four_dims(nd):
     transposed. On 2 threads from 0 elements (serial_below=0): the threads' ranges start and
     end inside runs and rows, odd sizes."""
     import fastcompile
+
     rng = np.random.default_rng(nd)
     s, b, h, d = 13, 6, 3, 37
     mm = rng.standard_normal((s * b, h * d), dtype=np.float32)
@@ -72,13 +75,13 @@ def test_strided_runs_over_outer_spaces_of_one_to_four_dims(nd):
     qkv = mm.reshape(s, b, h, d).transpose(2, 0, 1, 3)
     bias4 = bias.reshape(h, 1, 1, d)
     if nd == 1:
-        x, y = mm, bias.reshape(1, h * d)            # collapses to one dim of runs
+        x, y = mm, bias.reshape(1, h * d)  # collapses to one dim of runs
     elif nd == 2:
-        x, y = qkv[:, :, 0, :], bias4[:, :, 0, :]    # (h, s, d)
+        x, y = qkv[:, :, 0, :], bias4[:, :, 0, :]  # (h, s, d)
     elif nd == 3:
-        x, y = qkv, bias4                            # (h, s*b, d)
+        x, y = qkv, bias4  # (h, s*b, d)
     else:
-        x, y = qkv[:, ::-1], bias4     # seq reversed: (h, s, b, d), no collapse
+        x, y = qkv[:, ::-1], bias4  # seq reversed: (h, s, b, d), no collapse
     old = fastcompile.config.get("serial_below")
     fastcompile.config.set(serial_below=0)
     try:

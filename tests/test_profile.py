@@ -2,6 +2,7 @@
 (csrc/runtime/profile.c, python/fastcompile/profiler.py). Counts, elements and bytes are
 checked exactly; times only by their order (a sleeping extern takes at least its sleep, a call at
 least its kernels and externs), as the machine is shared."""
+
 import gc
 import os
 import sys
@@ -30,7 +31,7 @@ def _rows(prof):
 def test_kernel_and_call_rows_count_every_call():
     f = _softmax()
     a = np.random.default_rng(0).standard_normal((300, 200)).astype(np.float32)
-    f(a)                                    # compiled before the block: no compile row
+    f(a)  # compiled before the block: no compile row
     with fastcompile.profile() as prof:
         for _ in range(5):
             (y,) = f(a)
@@ -43,7 +44,7 @@ def test_kernel_and_call_rows_count_every_call():
     assert sorted(r.name for r in kernels) == sorted(k.name for k in f.kernels)
     for r in kernels:
         assert r.calls == 5 and r.ns > 0 and r.elements == 5 * a.size
-        assert r.bytes == 5 * 2 * a.nbytes          # the input read, the output written: each once
+        assert r.bytes == 5 * 2 * a.nbytes  # the input read, the output written: each once
         assert r.gbps == r.bytes / r.ns and r.mean_us == r.ns / 1e3 / 5
         assert os.path.exists(r.path) and r.name in open(r.path).read()
         assert r.origin == f.origin
@@ -62,7 +63,7 @@ def test_bytes_count_a_broadcast_operand_once():
     f = g.compile()
     a = np.ones((64, 100), np.float32)
     row = np.ones((1, 100), np.float32)
-    expanded = np.broadcast_to(row, (64, 100))          # stride 0: still 100 elements in memory
+    expanded = np.broadcast_to(row, (64, 100))  # stride 0: still 100 elements in memory
     for second in (row, expanded):
         f(a, second)
         with fastcompile.profile() as prof:
@@ -90,7 +91,7 @@ def test_extern_rows_time_the_python_call():
     ext = rows[("extern", slow_double.__qualname__)]
     assert ext.calls == 3 and ext.ns >= 3 * 2e6 and ext.origin == f.origin
     assert rows[("call", f.origin)].ns >= ext.ns
-    assert sum(r.calls for r in prof.rows if r.kind == "kernel") == 2 * 3      # neg, then exp
+    assert sum(r.calls for r in prof.rows if r.kind == "kernel") == 2 * 3  # neg, then exp
     assert prof.totals()["extern"] >= 6.0
 
 
@@ -116,13 +117,13 @@ def test_nothing_recorded_outside_a_block_and_blocks_nest():
             f(a)
             f(a)
         f(a)
-    f(a)                                    # after the blocks: not recorded anywhere
+    f(a)  # after the blocks: not recorded anywhere
     assert _rows(inner)[("call", f.origin)].calls == 2
     assert _rows(outer)[("call", f.origin)].calls == 4
     assert _C._profile_read()[0] == _C._profile_read()[0]
     before = _C._profile_read()[0]
     f(a)
-    assert _C._profile_read()[0] == before          # recording is off
+    assert _C._profile_read()[0] == before  # recording is off
 
 
 def test_an_exception_in_the_block_switches_recording_off():
@@ -209,6 +210,7 @@ def test_extern_rows_name_the_traced_function_and_skip_stand_ins():
     """fastcompile.compile's externs are named after the NumPy function they call; runs with
     stand-in externs (Compiled._warm, as a background compile does) add no extern row and no
     kernel row: only calls are profiled."""
+
     def matexp(a, b):
         return np.exp(a @ b) + 1.0
 

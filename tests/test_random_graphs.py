@@ -26,6 +26,7 @@ inf positions are compared like everything else.
 Set FASTCOMPILE_FUZZ=1 for random seeds and more examples; by default the
 examples are derandomized, so CI runs are reproducible.
 """
+
 import math
 import os
 import warnings
@@ -43,16 +44,25 @@ from fastcompile.graph import Graph  # noqa: E402
 
 FUZZ = os.environ.get("FASTCOMPILE_FUZZ", "") not in ("", "0")
 settings.register_profile(
-    "fastcompile-random-graphs-ci", deadline=None, derandomize=True, database=None, print_blob=True,
+    "fastcompile-random-graphs-ci",
+    deadline=None,
+    derandomize=True,
+    database=None,
+    print_blob=True,
     max_examples=int(os.environ.get("FASTCOMPILE_RANDOM_GRAPHS", "150")),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 settings.register_profile(
-    "fastcompile-random-graphs-fuzz", deadline=None, derandomize=False, print_blob=True,
+    "fastcompile-random-graphs-fuzz",
+    deadline=None,
+    derandomize=False,
+    print_blob=True,
     max_examples=int(os.environ.get("FASTCOMPILE_RANDOM_GRAPHS", "1000")),
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
 PROFILE = settings.get_profile("fastcompile-random-graphs-" + ("fuzz" if FUZZ else "ci"))
 
-C_TOL = 16.0            # ulps of slack per unit of the error bound E
+C_TOL = 16.0  # ulps of slack per unit of the error bound E
 TINY = 1e-300
 
 
@@ -109,7 +119,7 @@ SMOOTH_UNARY = {
     "atan": (np.arctan, lambda a, r: 1.0 / (1.0 + f64(a) ** 2)),
     "sigmoid": (lambda a: (1.0 / (1.0 + np.exp(-f64(a)))).astype(a.dtype), lambda a, r: 0.25),
     "square": (np.square, lambda a, r: 2.0 * np.abs(f64(a))),
-    "erf": (erf, lambda a, r: 1.13 * np.exp(-f64(a) ** 2)),
+    "erf": (erf, lambda a, r: 1.13 * np.exp(-(f64(a) ** 2))),
     "gelu": (gelu, lambda a, r: 1.13),
     "silu": (lambda a: (f64(a) / (1.0 + np.exp(-f64(a)))).astype(a.dtype), lambda a, r: 1.1),
 }
@@ -117,20 +127,56 @@ EXACT_RESULT_UNARY = {"neg", "abs", "relu"}
 
 # unary ops whose result jumps or blows up somewhere: exact operands only
 EXACT_UNARY = {
-    "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "round": np.round, "sign": np.sign,
-    "sqrt": np.sqrt, "log": np.log, "log2": np.log2, "log10": np.log10, "log1p": np.log1p,
-    "reciprocal": np.reciprocal, "rsqrt": lambda a: (1.0 / np.sqrt(f64(a))).astype(a.dtype),
-    "asin": np.arcsin, "acos": np.arccos, "atanh": np.arctanh, "acosh": np.arccosh,
-    "tan": np.tan, "sinh": np.sinh, "cosh": np.cosh, "asinh": np.arcsinh, "exp2": np.exp2,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "trunc": np.trunc,
+    "round": np.round,
+    "sign": np.sign,
+    "sqrt": np.sqrt,
+    "log": np.log,
+    "log2": np.log2,
+    "log10": np.log10,
+    "log1p": np.log1p,
+    "reciprocal": np.reciprocal,
+    "rsqrt": lambda a: (1.0 / np.sqrt(f64(a))).astype(a.dtype),
+    "asin": np.arcsin,
+    "acos": np.arccos,
+    "atanh": np.arctanh,
+    "acosh": np.arccosh,
+    "tan": np.tan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "asinh": np.arcsinh,
+    "exp2": np.exp2,
 }
 ROUNDING_UNARY = {"floor", "ceil", "trunc", "round", "sign"}
 
-SMOOTH_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "maximum": np.maximum,
-                 "minimum": np.minimum, "fmax": np.fmax, "fmin": np.fmin, "hypot": np.hypot}
-EXACT_BINARY = {"div": np.true_divide, "atan2": np.arctan2, "floordiv": np.floor_divide,
-                "remainder": np.remainder, "copysign": np.copysign, "pow": np.power}
-COMPARE = {"gt": np.greater, "lt": np.less, "ge": np.greater_equal, "le": np.less_equal,
-           "eq": np.equal, "ne": np.not_equal}
+SMOOTH_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "fmax": np.fmax,
+    "fmin": np.fmin,
+    "hypot": np.hypot,
+}
+EXACT_BINARY = {
+    "div": np.true_divide,
+    "atan2": np.arctan2,
+    "floordiv": np.floor_divide,
+    "remainder": np.remainder,
+    "copysign": np.copysign,
+    "pow": np.power,
+}
+COMPARE = {
+    "gt": np.greater,
+    "lt": np.less,
+    "ge": np.greater_equal,
+    "le": np.less_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
+}
 FLOAT_REDUCE = ["sum", "mean", "amax", "amin", "var", "std", "logsumexp", "softmax", "log_softmax"]
 CONSTANTS = [0.5, -1.25, 2.0, 0.0, 3.0, -0.75]
 
@@ -183,8 +229,9 @@ def np_reduce(op, a, axis, keepdim, ddof):
             return r, err + rnd(r)
         if op == "mean":
             r = np.mean(x, **red_kw(ax, keepdim))
-            err = (np.sum(e, **red_kw(ax, keepdim))
-                   + n * eps(r.dtype) * np.sum(absx, **red_kw(ax, keepdim))) / max(n, 1)
+            err = (np.sum(e, **red_kw(ax, keepdim)) + n * eps(r.dtype) * np.sum(absx, **red_kw(ax, keepdim))) / max(
+                n, 1
+            )
             return r, err + 2 * rnd(r)
         if op in ("amax", "amin"):
             r = (np.max if op == "amax" else np.min)(x, **red_kw(ax, keepdim))
@@ -192,12 +239,15 @@ def np_reduce(op, a, axis, keepdim, ddof):
         if op in ("var", "std"):
             v = np.var(x, ddof=ddof, **red_kw(ax, keepdim))
             m = np.mean(f64(x), axis=ax, keepdims=True)
-            em = (np.sum(e, axis=ax, keepdims=True)
-                  + n * eps(x.dtype) * np.sum(absx, axis=ax, keepdims=True)) / max(n, 1)
+            em = (np.sum(e, axis=ax, keepdims=True) + n * eps(x.dtype) * np.sum(absx, axis=ax, keepdims=True)) / max(
+                n, 1
+            )
             d = np.abs(f64(x) - m)
             cnt = np.float64(max(n - ddof, 0))
-            ev = (2 * np.sum(d * (e + em), **red_kw(ax, keepdim))
-                  + 2 * n * eps(x.dtype) * np.sum(d * d + absx * absx, **red_kw(ax, keepdim))) / cnt + 2 * rnd(v)
+            ev = (
+                2 * np.sum(d * (e + em), **red_kw(ax, keepdim))
+                + 2 * n * eps(x.dtype) * np.sum(d * d + absx * absx, **red_kw(ax, keepdim))
+            ) / cnt + 2 * rnd(v)
             if op == "var":
                 return v, ev
             r = np.sqrt(v)
@@ -285,13 +335,20 @@ def programs(draw):
     inputs = []
     for _ in range(ninputs):
         r = draw(st.integers(0, rank))
-        shape = list(base[rank - r:])
+        shape = list(base[rank - r :])
         for d in range(r):
             if draw(st.integers(0, 4)) == 0:
                 shape[d] = 1
         dtype = draw(st.sampled_from(["float64", "float64", "float32"]))
-        inputs.append(dict(shape=tuple(shape), dtype=dtype, layout=draw(st.sampled_from(LAYOUTS)),
-                           seed=draw(st.integers(0, 2 ** 16)), specials=draw(st.integers(0, 3)) == 0))
+        inputs.append(
+            dict(
+                shape=tuple(shape),
+                dtype=dtype,
+                layout=draw(st.sampled_from(LAYOUTS)),
+                seed=draw(st.integers(0, 2**16)),
+                specials=draw(st.integers(0, 3)) == 0,
+            )
+        )
     # symbolic nodes: (kind, shape, dtype, exact); kind: 'f' float, 'b' bool, 'i' index
     nodes = [("f", x["shape"], x["dtype"], True) for x in inputs]
     steps = []
@@ -309,9 +366,28 @@ def programs(draw):
         return "float64" if "float64" in dts else "float32"
 
     for _ in range(nsteps):
-        family = draw(st.sampled_from(["unary", "unary", "binary", "binary", "const", "exact_unary",
-                                       "exact_binary", "compare", "where", "clamp", "cast", "reduce",
-                                       "reduce", "reduce", "argreduce", "boolreduce"]))
+        family = draw(
+            st.sampled_from(
+                [
+                    "unary",
+                    "unary",
+                    "binary",
+                    "binary",
+                    "const",
+                    "exact_unary",
+                    "exact_binary",
+                    "compare",
+                    "where",
+                    "clamp",
+                    "cast",
+                    "reduce",
+                    "reduce",
+                    "reduce",
+                    "argreduce",
+                    "boolreduce",
+                ]
+            )
+        )
         a = pick(lambda n: n[0] == "f")
         A = nodes[a]
         if family == "unary":
@@ -343,8 +419,14 @@ def programs(draw):
                 nodes.append(("b", sh, "bool", True))
             else:
                 both_exact = nodes[a][3] and nodes[b][3]
-                nodes.append(("f", sh, fdt(nodes[a][2], nodes[b][2]),
-                              both_exact and op in ("copysign", "maximum", "minimum", "fmax", "fmin")))
+                nodes.append(
+                    (
+                        "f",
+                        sh,
+                        fdt(nodes[a][2], nodes[b][2]),
+                        both_exact and op in ("copysign", "maximum", "minimum", "fmax", "fmin"),
+                    )
+                )
         elif family == "const":
             op = draw(st.sampled_from(["add", "sub", "mul", "maximum", "minimum"]))
             c = draw(st.sampled_from(CONSTANTS))
@@ -389,8 +471,11 @@ def programs(draw):
                 continue
             A = nodes[a]
             nd = len(A[1])
-            op = {"reduce": st.sampled_from(FLOAT_REDUCE), "argreduce": st.sampled_from(["argmax", "argmin"]),
-                  "boolreduce": st.sampled_from(["any", "all"])}[family]
+            op = {
+                "reduce": st.sampled_from(FLOAT_REDUCE),
+                "argreduce": st.sampled_from(["argmax", "argmin"]),
+                "boolreduce": st.sampled_from(["any", "all"]),
+            }[family]
             op = draw(op)
             keepdim = draw(st.booleans())
             if op in ("softmax", "log_softmax") or (op in ("argmax", "argmin") and nd and draw(st.booleans())):
@@ -435,6 +520,7 @@ def programs(draw):
 # ---------------------------------------------------------------------------
 # running a program both ways
 # ---------------------------------------------------------------------------
+
 
 class EmptyOutputNoIdentity(Exception):
     """A reduction without identity over a 0-size axis whose result is empty
@@ -483,7 +569,7 @@ def _run_numpy(prog, arrays):
             elif kind == "binary":
                 r, e = np_binary(op, xs[0], xs[1])
             elif kind == "const":
-                c = Val(np.asarray(attrs["c"], xs[0].ref.dtype), 0.0)   # a weak scalar
+                c = Val(np.asarray(attrs["c"], xs[0].ref.dtype), 0.0)  # a weak scalar
                 r, e = np_binary(op, *((c, xs[0]) if attrs["left"] else (xs[0], c)))
             elif kind == "where":
                 r = np.where(xs[0].ref, xs[1].ref, xs[2].ref)
@@ -537,8 +623,7 @@ def check_output(k, got, want):
         return
     bound = want.err
     tol = np.where(np.isfinite(bound), C_TOL * bound, np.inf) + TINY
-    assert_close_np(got, want.ref, kind="reduction", rtol=0.0, atol=tol, signed_zeros=False,
-                    err_msg="output %d" % k)
+    assert_close_np(got, want.ref, kind="reduction", rtol=0.0, atol=tol, signed_zeros=False, err_msg="output %d" % k)
 
 
 def _event(text):
@@ -610,32 +695,51 @@ def test_random_graph_matches_numpy(prog):
 
 FIXED = {
     "softmax_of_sum_broadcast": dict(
-        inputs=[dict(shape=(3, 4), dtype="float32", layout="transposed", seed=1, specials=False),
-                dict(shape=(4,), dtype="float64", layout="reversed", seed=2, specials=False)],
-        steps=[("binary", "add", (0, 1), {}), ("reduce", "softmax", (2,), dict(axis=0, keepdim=True)),
-               ("reduce", "sum", (3,), dict(axis=(-1,), keepdim=False))],
-        outputs=[4, 3]),
+        inputs=[
+            dict(shape=(3, 4), dtype="float32", layout="transposed", seed=1, specials=False),
+            dict(shape=(4,), dtype="float64", layout="reversed", seed=2, specials=False),
+        ],
+        steps=[
+            ("binary", "add", (0, 1), {}),
+            ("reduce", "softmax", (2,), dict(axis=0, keepdim=True)),
+            ("reduce", "sum", (3,), dict(axis=(-1,), keepdim=False)),
+        ],
+        outputs=[4, 3],
+    ),
     "zero_size_and_0d": dict(
-        inputs=[dict(shape=(0, 3), dtype="float64", layout="sliced", seed=3, specials=False),
-                dict(shape=(), dtype="float32", layout="c", seed=4, specials=False)],
-        steps=[("binary", "mul", (0, 1), {}), ("reduce", "sum", (2,), dict(axis=0, keepdim=False)),
-               ("reduce", "mean", (2,), dict(axis=None, keepdim=True))],
-        outputs=[3, 4, 2]),
+        inputs=[
+            dict(shape=(0, 3), dtype="float64", layout="sliced", seed=3, specials=False),
+            dict(shape=(), dtype="float32", layout="c", seed=4, specials=False),
+        ],
+        steps=[
+            ("binary", "mul", (0, 1), {}),
+            ("reduce", "sum", (2,), dict(axis=0, keepdim=False)),
+            ("reduce", "mean", (2,), dict(axis=None, keepdim=True)),
+        ],
+        outputs=[3, 4, 2],
+    ),
     "specials_through_var_and_argmax": dict(
         inputs=[dict(shape=(5, 6), dtype="float64", layout="mixed", seed=5, specials=True)],
-        steps=[("reduce", "var", (0,), dict(axis=1, keepdim=False, correction=1)),
-               ("reduce", "argmax", (0,), dict(axis=0, keepdim=False)),
-               ("unary", "tanh", (0,), {}), ("reduce", "logsumexp", (3,), dict(axis=(0, 1), keepdim=True))],
-        outputs=[1, 2, 4], threads=3),
+        steps=[
+            ("reduce", "var", (0,), dict(axis=1, keepdim=False, correction=1)),
+            ("reduce", "argmax", (0,), dict(axis=0, keepdim=False)),
+            ("unary", "tanh", (0,), {}),
+            ("reduce", "logsumexp", (3,), dict(axis=(0, 1), keepdim=True)),
+        ],
+        outputs=[1, 2, 4],
+        threads=3,
+    ),
     "empty_amax_raises": dict(
         inputs=[dict(shape=(0, 2), dtype="float64", layout="c", seed=6, specials=False)],
         steps=[("reduce", "amax", (0,), dict(axis=0, keepdim=False))],
-        outputs=[1]),
+        outputs=[1],
+    ),
     # no output reads the amax: the graph never computes it, so nothing raises
     "unused_empty_amax_skipped": dict(
         inputs=[dict(shape=(0, 2), dtype="float64", layout="c", seed=6, specials=False)],
         steps=[("reduce", "amax", (0,), dict(axis=0, keepdim=False)), ("unary", "exp", (0,), {})],
-        outputs=[2]),
+        outputs=[2],
+    ),
 }
 
 
@@ -647,8 +751,12 @@ def test_fixed_program(name):
 def test_comparison_rejects_wrong_answers():
     want = Val(np.array([1.0, np.nan, np.inf, 1e-3]), np.array([1e-16, 0, 0, 1e-19]))
     check_output(0, np.array([1.0, np.nan, np.inf, 1e-3]), want)
-    for bad in ([1.0 + 1e-12, np.nan, np.inf, 1e-3], [1.0, 0.0, np.inf, 1e-3],
-                [1.0, np.nan, -np.inf, 1e-3], [1.0, np.nan, np.inf, 1.0001e-3]):
+    for bad in (
+        [1.0 + 1e-12, np.nan, np.inf, 1e-3],
+        [1.0, 0.0, np.inf, 1e-3],
+        [1.0, np.nan, -np.inf, 1e-3],
+        [1.0, np.nan, np.inf, 1.0001e-3],
+    ):
         with pytest.raises(AssertionError):
             check_output(0, np.array(bad), want)
     with pytest.raises(AssertionError):

@@ -1,6 +1,7 @@
 """Reductions in every loop order the runtime picks: rows owned by a thread,
 rows shared by all threads (few long rows), and column blocks (reduced with a
 stride while outer neighbours are adjacent, e.g. sum over axis 0)."""
+
 import re
 
 import numpy as np
@@ -21,12 +22,12 @@ REFS = {
 }
 
 SHAPES = [
-    ((300, 70), 0),          # column blocks, a partial block at the end
-    ((5, 130, 9), (0, 1)),   # two reduced leading axes, short outer rows
-    ((64, 3, 40), 0),        # outer rows of 3*40 with blocks crossing row ends
-    ((2, 200000), 1),        # few long rows: threads share each row
-    ((40000, 3), 1),         # many short rows
-    ((3, 40000), 0),         # column blocks over a long outer dim (threaded)
+    ((300, 70), 0),  # column blocks, a partial block at the end
+    ((5, 130, 9), (0, 1)),  # two reduced leading axes, short outer rows
+    ((64, 3, 40), 0),  # outer rows of 3*40 with blocks crossing row ends
+    ((2, 200000), 1),  # few long rows: threads share each row
+    ((40000, 3), 1),  # many short rows
+    ((3, 40000), 0),  # column blocks over a long outer dim (threaded)
 ]
 
 
@@ -37,7 +38,7 @@ def test_reduction_loop_orders(op, shape, axis):
     x = (rng.standard_normal(shape) * 0.5 + (1.0 if op == "prod" else 0.0)).astype(np.float32)
     if op == "prod":
         x = np.clip(x, 0.98, 1.02).astype(np.float32)
-    x.flat[7] = np.nan                      # one NaN, found by position in the result
+    x.flat[7] = np.nan  # one NaN, found by position in the result
     for keepdim in (False, True):
         g = Graph()
         a = g.input("float32", len(shape))
@@ -57,7 +58,7 @@ def test_column_reduction_with_prologue_and_epilogue():
     g.output(g.call("log", g.call("add", s, 1.0)), g.call("amax", a, axis=0))
     f = g.compile()
     got_s, got_m = f(x, w)
-    with np.errstate(invalid="ignore"):     # log of negative sums: NaN at the same places
+    with np.errstate(invalid="ignore"):  # log of negative sums: NaN at the same places
         expected = np.log((np.exp(x) * w).sum(0, keepdims=True) + 1.0)
     np.testing.assert_allclose(got_s, expected, rtol=1e-12)
     np.testing.assert_array_equal(got_m, x.max(0))
@@ -90,17 +91,20 @@ def test_column_reduction_that_also_writes_full_size_values(shape):
         want_y = gx * x
         assert np.array_equal(got_y, want_y, equal_nan=True)
         assert_close_np(got_s, want_y.astype(np.float64).sum(0).astype(np.float32), rtol=1e-5, atol=1e-4)
-        got_z, = f2(xs)
-        assert_close_np(got_z, (x.astype(np.float64) - x.astype(np.float64).mean(0, keepdims=True))
-                        .astype(np.float32), rtol=1e-5, atol=1e-5)
-    assert any("_cols(" in k.source for k in f.kernels)          # the column-block version exists
+        (got_z,) = f2(xs)
+        assert_close_np(
+            got_z,
+            (x.astype(np.float64) - x.astype(np.float64).mean(0, keepdims=True)).astype(np.float32),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+    assert any("_cols(" in k.source for k in f.kernels)  # the column-block version exists
     # z needs the mean first: column blocks with two walks of the rows (the mean's, then z's)
     assert all("_cols(" in k.source and "final sweep" in k.source for k in f2.kernels)
-    for col in [k.source for k in f.kernels if "_cols(" in k.source]:    # (a plan per layout)
+    for col in [k.source for k in f.kernels if "_cols(" in k.source]:  # (a plan per layout)
         # rows ahead prefetched: g and x for reading, y (stored in the sweep) for writing
         ahead = re.findall(r"__builtin_prefetch\(p\d+ \+ \(i \+ FC_COLS_AHEAD\) \* s\d+ \+ b, ([01])\)", col)
         assert sorted(ahead) == ["0", "0", "1"], col
-
 
 
 MULTI_SHAPES = [(512, 300), (9, 1000), (3, 70, 130), (1000, 8), (70, 3, 40)]
@@ -119,9 +123,8 @@ def test_column_blocks_with_several_sweeps(shape):
     x.flat[13] = np.nan
     x.flat[-5] = np.inf
     axes = (0, 1) if len(shape) == 3 and shape[1] == 3 else 0
-    n = int(np.prod([shape[a] for a in np.atleast_1d(axes)]))
 
-    g = Graph()                                   # BatchNorm forward: mean, var, normalize
+    g = Graph()  # BatchNorm forward: mean, var, normalize
     a = g.input("float32", len(shape))
     d = g.call("sub", a, g.call("mean", a, axis=axes, keepdim=True))
     var = g.call("mean", g.call("mul", d, d), axis=axes, keepdim=True)
@@ -129,15 +132,16 @@ def test_column_blocks_with_several_sweeps(shape):
     g.output(g.call("mul", d, rstd), rstd)
     fwd = g.compile()
 
-    g = Graph()                                   # its backward: dx from gy, xhat, rstd
+    g = Graph()  # its backward: dx from gy, xhat, rstd
     xh, gr, rs = (g.input("float32", len(shape)) for _ in range(3))
     m1 = g.call("mean", gr, axis=axes, keepdim=True)
     m2 = g.call("mean", g.call("mul", gr, xh), axis=axes, keepdim=True)
-    g.output(g.call("mul", g.call("sub", g.call("sub", gr, m1), g.call("mul", xh, m2)), rs),
-             g.call("sum", gr, axis=axes))
+    g.output(
+        g.call("mul", g.call("sub", g.call("sub", gr, m1), g.call("mul", xh, m2)), rs), g.call("sum", gr, axis=axes)
+    )
     bwd = g.compile()
 
-    g = Graph()                                   # softmax over the batch
+    g = Graph()  # softmax over the batch
     a = g.input("float32", len(shape))
     g.output(g.call("softmax", a, axis=0))
     smax = g.compile()
@@ -152,8 +156,7 @@ def test_column_blocks_with_several_sweeps(shape):
     xh64 = np.where(np.isfinite(want_z), want_z, 0.5)
     rs64 = np.where(np.isfinite(r64), r64, 2.0) * np.ones(shape)
     g64 = gy.astype(np.float64)
-    want_dx = (g64 - g64.mean(axis=axes, keepdims=True)
-               - xh64 * (g64 * xh64).mean(axis=axes, keepdims=True)) * rs64
+    want_dx = (g64 - g64.mean(axis=axes, keepdims=True) - xh64 * (g64 * xh64).mean(axis=axes, keepdims=True)) * rs64
     for order in ("C", "F"):
         xs = np.asarray(x, order=order)
         z, r = fwd(xs)
@@ -165,10 +168,10 @@ def test_column_blocks_with_several_sweeps(shape):
         assert_close_np(dx, want_dx.astype(np.float32), rtol=1e-4, atol=1e-5)
         assert_close_np(db, g64.sum(axis=axes).astype(np.float32), rtol=1e-5, atol=1e-4)
     for f, sweeps in ((fwd, 2), (bwd, 1), (smax, 2)):
-        cols = [k.source for k in f.kernels if "_cols(" in k.source]    # (a plan per layout)
+        cols = [k.source for k in f.kernels if "_cols(" in k.source]  # (a plan per layout)
         assert cols
         for k in cols:
-            body = k[k.index("_cols("):k.index("_body(")]
+            body = k[k.index("_cols(") : k.index("_body(")]
             assert body.count("/* sweep ") == sweeps and "final sweep" in body, k
 
 
@@ -196,6 +199,7 @@ def test_layernorm_backward_reads_row_statistics_once_per_run():
     batch) they are constant. Both loop orders read them once per run instead of falling to
     the strided scalar loop; the results match NumPy (float64 reference, one NaN by position)."""
     import re
+
     rng = np.random.default_rng(5)
     n, d = 600, 192
     x = rng.standard_normal((n, d), dtype=np.float32)
@@ -210,15 +214,20 @@ def test_layernorm_backward_reads_row_statistics_once_per_run():
     def inputs(g):
         return g.input("float32", 2), g.input("float32", 2), g.input("float32", 2), g.input("float32", 2)
 
-    g = Graph()                                      # dx: two sums over each row, then the row
+    g = Graph()  # dx: two sums over each row, then the row
     a, m, r, gr = inputs(g)
     wt = g.input("float32", 1)
     xhat = g.call("mul", g.call("sub", a, m), r)
     gw = g.call("mul", gr, wt)
     s1 = g.call("sum", gw, axis=-1, keepdim=True)
     s2 = g.call("sum", g.call("mul", gw, xhat), axis=-1, keepdim=True)
-    g.output(g.call("mul", g.call("div", r, float(d)),
-                    g.call("sub", g.call("sub", g.call("mul", gw, float(d)), s1), g.call("mul", xhat, s2))))
+    g.output(
+        g.call(
+            "mul",
+            g.call("div", r, float(d)),
+            g.call("sub", g.call("sub", g.call("mul", gw, float(d)), s1), g.call("mul", xhat, s2)),
+        )
+    )
     fdx = g.compile()
     (got_dx,) = fdx(x, mu, rs, gy, w)
     gw64 = gy64 * w64
@@ -226,10 +235,9 @@ def test_layernorm_backward_reads_row_statistics_once_per_run():
     assert_close_np(got_dx, want_dx.astype(np.float32), rtol=1e-4, atol=1e-5)
     assert np.isnan(got_dx[17]).all() and not np.isnan(got_dx[16]).any()
 
-    g = Graph()                                      # dw, db: sums over the batch
+    g = Graph()  # dw, db: sums over the batch
     a, m, r, gr = inputs(g)
-    g.output(g.call("sum", g.call("mul", gr, g.call("mul", g.call("sub", a, m), r)), axis=0),
-             g.call("sum", gr, axis=0))
+    g.output(g.call("sum", g.call("mul", gr, g.call("mul", g.call("sub", a, m), r)), axis=0), g.call("sum", gr, axis=0))
     fdw = g.compile()
     got_dw, got_db = fdw(x, mu, rs, gy)
     assert_close_np(got_dw, (gy64 * xh).sum(0).astype(np.float32), rtol=1e-4, atol=1e-4)
@@ -266,14 +274,21 @@ LANE_REFS = {
     "all": lambda x, ax: np.all(x, axis=ax),
     "mean": lambda x, ax: np.mean(x, axis=ax, dtype=np.float64),
     "var": lambda x, ax: np.var(x, axis=ax, dtype=np.float64),
-    "logsumexp": lambda x, ax: np.log(np.sum(np.exp(x.astype(np.float64) - np.max(x, axis=ax, keepdims=True)),
-                                             axis=ax)) + np.max(x, axis=ax).astype(np.float64),
+    "logsumexp": lambda x, ax: (
+        np.log(np.sum(np.exp(x.astype(np.float64) - np.max(x, axis=ax, keepdims=True)), axis=ax))
+        + np.max(x, axis=ax).astype(np.float64)
+    ),
 }
 LANE_DTYPES = {
-    "sum": ("float32", "float64", "float16", "int32", "uint8"), "prod": ("float32", "int64"),
-    "amax": ("float32", "float64", "float16", "int16", "uint8"), "amin": ("float32", "int32"),
-    "any": ("bool", "float32"), "all": ("bool", "int8"),
-    "mean": ("float32",), "var": ("float32", "float64"), "logsumexp": ("float32",),
+    "sum": ("float32", "float64", "float16", "int32", "uint8"),
+    "prod": ("float32", "int64"),
+    "amax": ("float32", "float64", "float16", "int16", "uint8"),
+    "amin": ("float32", "int32"),
+    "any": ("bool", "float32"),
+    "all": ("bool", "int8"),
+    "mean": ("float32",),
+    "var": ("float32", "float64"),
+    "logsumexp": ("float32",),
 }
 
 
@@ -314,8 +329,7 @@ def _lane_decl(dtype, op):
     return "_l[FC_LANES];"
 
 
-@pytest.mark.parametrize("op,dtype", [(op, dt) for op in LANE_REFS for dt in LANE_DTYPES[op]],
-                         ids=lambda v: str(v))
+@pytest.mark.parametrize("op,dtype", [(op, dt) for op in LANE_REFS for dt in LANE_DTYPES[op]], ids=lambda v: str(v))
 @pytest.mark.parametrize("n", [7, 8, 9, 15, 16, 17, 31, 33, 128, 131])
 def test_lane_reductions_by_row_length(op, dtype, n, lanes):
     """Rows shorter than a lane block (scalar only), exactly whole blocks, and blocks plus a
@@ -338,8 +352,13 @@ def test_lane_reductions_by_row_length(op, dtype, n, lanes):
     with np.errstate(invalid="ignore", over="ignore"):
         ref = LANE_REFS[op](x, 1)
     if got.dtype.kind == "f":
-        assert_close_np(got, ref.astype(got.dtype) if ref.dtype != np.float64 else ref, dtype=got.dtype,
-                        rtol=1e-5 if got.dtype == np.float32 else 1e-12, atol=1e-6)
+        assert_close_np(
+            got,
+            ref.astype(got.dtype) if ref.dtype != np.float64 else ref,
+            dtype=got.dtype,
+            rtol=1e-5 if got.dtype == np.float32 else 1e-12,
+            atol=1e-6,
+        )
     else:
         np.testing.assert_array_equal(got, ref.astype(got.dtype))
     src = f.kernels[0].source
@@ -383,8 +402,9 @@ def test_lane_reductions_over_several_runs(op):
         np.testing.assert_array_equal(got, ref)
 
 
-@pytest.mark.parametrize("case", ["f32_scaled", "f32_softmax", "f64_sum", "f64_cast_down", "f32_cast_up",
-                                  "f32_above_f64_mean"])
+@pytest.mark.parametrize(
+    "case", ["f32_scaled", "f32_softmax", "f64_sum", "f64_cast_down", "f32_cast_up", "f32_above_f64_mean"]
+)
 def test_lane_count_follows_the_widest_value(case, lanes):
     """FC_LANES lanes where every value a sweep loads or computes is 4 bytes or less, 8 where
     one is 8 bytes (a float64 row mean that float32 values are compared with counts too);
@@ -423,8 +443,11 @@ def test_lane_count_follows_the_widest_value(case, lanes):
         np.testing.assert_array_equal(got, ref)
     decls = set(re.findall(r"^\s*\w+ (?:acc|nan)\d+_l\[([^\]]+)\];$", f.kernels[0].source, re.M))
     # a float32 sum's sweep: twice the lanes (two registers of float32 partials, in blocks)
-    want = {"f32_scaled": {"(2 * FC_LANES)"}, "f32_softmax": {"FC_LANES", "(2 * FC_LANES)"},
-            "f64_cast_down": {"16"}}.get(case, {"8"})
+    want = {
+        "f32_scaled": {"(2 * FC_LANES)"},
+        "f32_softmax": {"FC_LANES", "(2 * FC_LANES)"},
+        "f64_cast_down": {"16"},
+    }.get(case, {"8"})
     assert decls == want, decls
 
 
@@ -434,11 +457,12 @@ def test_float32_sums_round_in_float32_over_16_values_a_lane_at_most(n, lanes):
     16 values a lane (2 * FC_LANES lanes), each block's partials folded into float64 lanes: its
     float32 rounding spans 16 values at most, so the relative error of a sum of positive values
     stays under 16 units of float32 rounding (2**-24) at any length. Float32 lanes over whole rows
-    of 300001 thirds (each add rounds the same way once a partial passes 2048) are off by 1e-4. Lengths: below a lane block (scalar), a block, a
+    of 300001 thirds (each add rounds the same way once a partial passes 2048) are off by 1e-4.
+    Lengths: below a lane block (scalar), a block, a
     block and a tail, around a flush (16 blocks), several flushes; 8 and 16 lanes."""
     rng = np.random.default_rng(n)
     x = (1.0 + rng.random((3, n))).astype(np.float32)
-    x[0] = np.float32(1 / 3)        # float32 partials over long runs round it the same way each add
+    x[0] = np.float32(1 / 3)  # float32 partials over long runs round it the same way each add
     x[2] *= 1000.0
     f = _sums_within_16_roundings(x, 1)
     assert "_f[(2 * FC_LANES)];" in f.kernels[0].source
@@ -455,9 +479,9 @@ def _sums_within_16_roundings(x, axis):
     g.output(g.call("sum", a, axis=axis), g.call("mean", a, axis=axis), g.call("var", a, axis=axis))
     f = g.compile()
     total, mean, var = f(x)
-    bound = 16 * 2.0 ** -24
-    assert np.all(np.abs(total.astype(np.float64) - ref) <= (bound + 2.0 ** -24) * ref), (total, ref)
-    assert np.all(np.abs(mean.astype(np.float64) - ref / n) <= (bound + 2.0 ** -23) * ref / n)
+    bound = 16 * 2.0**-24
+    assert np.all(np.abs(total.astype(np.float64) - ref) <= (bound + 2.0**-24) * ref), (total, ref)
+    assert np.all(np.abs(mean.astype(np.float64) - ref / n) <= (bound + 2.0**-23) * ref / n)
     assert_close_np(var, x.astype(np.float64).var(axis), dtype=np.float32, rtol=1e-5, atol=1e-9)
     return f
 
@@ -492,7 +516,7 @@ def test_column_blocks_prefetch_only_operands_that_change_by_row():
     want = np.maximum((x.astype(np.float64) - m) * w, 0).sum(0)
     assert_close_np(got, want.astype(np.float32), rtol=1e-5, atol=1e-4)
     (col,) = [k.source for k in f.kernels if "_cols(" in k.source]
-    body = col[col.index("_cols("):]
+    body = col[col.index("_cols(") :]
     ahead = re.findall(r"__builtin_prefetch\(p(\d+) \+ \(i \+ FC_COLS_AHEAD\)", body)
     xs = re.findall(r"const float x(\d+) = p(\d+)\[i \* s\d+ \+ b\];", body)
     assert len(set(p for _, p in xs)) == 3 and len(set(ahead)) == 1, (ahead, xs)
@@ -542,8 +566,10 @@ def two_threads_always():
 
 
 @pytest.mark.parametrize("op", sorted(REFS) + ["all"])
-@pytest.mark.parametrize("shape,axis", [((4096, 32), 0), ((2000, 3), 0), ((1000, 50), 0), ((640, 64), 0),
-                                        ((700, 65), 0), ((300, 7, 5), (0, 1))])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((4096, 32), 0), ((2000, 3), 0), ((1000, 50), 0), ((640, 64), 0), ((700, 65), 0), ((300, 7, 5), (0, 1))],
+)
 def test_column_blocks_share_rows_between_threads(two_threads_always, op, shape, axis):
     """Few columns, many rows (fc_use_cols_split: 64 columns or fewer on 2 threads): the threads
     share each block's rows, each thread's partial per column is published and every thread
@@ -553,7 +579,7 @@ def test_column_blocks_share_rows_between_threads(two_threads_always, op, shape,
     rng = np.random.default_rng(sum(shape))
     x = rng.standard_normal(shape).astype(np.float32)
     if op in ("amax", "amin"):
-        x.reshape(shape[0], -1)[shape[0] - 3, 1] = np.nan      # in the second thread's rows
+        x.reshape(shape[0], -1)[shape[0] - 3, 1] = np.nan  # in the second thread's rows
         x.reshape(shape[0], -1)[2, 2 % x.reshape(shape[0], -1).shape[1]] = np.inf
     if op == "prod":
         x = (1 + x / 50).astype(np.float32)
@@ -591,6 +617,6 @@ def test_batchnorm_statistics_of_channels_last_share_rows(two_threads_always):
     v64 = (d64 * d64).mean(axis=(0, 2, 3), keepdims=True)
     assert_close_np(var, v64.astype(np.float32), rtol=1e-5, atol=1e-7)
     assert_close_np(y, np.maximum(d64 / np.sqrt(v64 + 1e-5), 0).astype(np.float32), rtol=1e-4, atol=1e-5)
-    assert y.strides == x.strides                   # channels_last results, as the input
+    assert y.strides == x.strides  # channels_last results, as the input
     src = f.kernels[0].source
     assert "fc_use_cols_split(L)" in src and "_cparts P;" in src

@@ -2,6 +2,7 @@
 tensors to channels_last and back with (_cl_relayout, _to_channels_last), against NumPy's
 transpose and torch's .contiguous(memory_format=...). A copy moves bits, so results must be
 bit-identical (NaN payloads and signed zeros included): compared as unsigned integers."""
+
 import numpy as np
 import pytest
 
@@ -16,29 +17,44 @@ def _relayout(src, shape, to_cl):
 
 # sizes: whole tiles of 16, partial tiles, one position, and past the one-thread limit
 # (128 KiB) so that both threads' shares are checked; ranks 3 to 5
-@pytest.mark.parametrize("shape", [(1, 16, 16), (3, 5, 7), (2, 33, 1), (4, 17, 1000), (16, 16, 32, 32),
-                                   (3, 1000, 17), (2, 3, 4, 5, 6), (1, 0, 5), (0, 3, 4)], ids=str)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 16, 16),
+        (3, 5, 7),
+        (2, 33, 1),
+        (4, 17, 1000),
+        (16, 16, 32, 32),
+        (3, 1000, 17),
+        (2, 3, 4, 5, 6),
+        (1, 0, 5),
+        (0, 3, 4),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
 def test_relayout_matches_numpy_bit_for_bit_both_ways(shape, itemsize):
     """To C last in memory and back, against NumPy's transpose: the same values, shape and
     strides (the channels_last result is C last in memory), moved as bits."""
     rng = np.random.default_rng(sum(shape) * 10 + itemsize)
     n = int(np.prod(shape))
-    src = rng.integers(0, np.iinfo(_UINT[itemsize]).max, size=n, dtype=_UINT[itemsize],
-                       endpoint=True).reshape(shape)
+    src = rng.integers(0, np.iinfo(_UINT[itemsize]).max, size=n, dtype=_UINT[itemsize], endpoint=True).reshape(shape)
     axes = (0,) + tuple(range(2, len(shape))) + (1,)
     cl = _relayout(src, shape, True)
     assert cl.shape == shape and cl.dtype == src.dtype
     np.testing.assert_array_equal(cl, src)
-    assert cl.transpose(axes).flags.c_contiguous          # C last in memory
+    assert cl.transpose(axes).flags.c_contiguous  # C last in memory
     back = _relayout(np.ascontiguousarray(cl.transpose(axes)), shape, False)
     assert back.flags.c_contiguous and back.shape == shape
     np.testing.assert_array_equal(back, src)
 
 
 def test_relayout_keeps_nan_payloads_and_signed_zeros():
-    bits = np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x7F800000, 0x00000001, 0x3F800000] * 50,
-                    dtype=np.uint32).view(np.float32).reshape(6, 10, 5)
+    bits = (
+        np.array([0x7FC00001, 0xFFC12345, 0x80000000, 0x7F800000, 0x00000001, 0x3F800000] * 50, dtype=np.uint32)
+        .view(np.float32)
+        .reshape(6, 10, 5)
+    )
     out = _relayout(bits, bits.shape, True)
     np.testing.assert_array_equal(out.view(np.uint32), bits.view(np.uint32))
 
@@ -49,6 +65,7 @@ def test_relayout_takes_no_references_it_keeps():
     caller drops (weak references)."""
     import sys
     import weakref
+
     x = np.arange(2 * 3 * 4 * 5, dtype=np.float32)
     shape = (2, 3, 4, 5)
     before = sys.getrefcount(shape)
@@ -64,15 +81,18 @@ def test_relayout_takes_no_references_it_keeps():
     assert [r() for r in refs] == [None, None, None]
 
 
-@pytest.mark.parametrize("args,exc,match", [
-    ((1, (2, 3, 4), np.dtype("complex128").num, True), ValueError, "elements of 16 bytes"),
-    ((1, (2, 3), np.dtype("float32").num, True), ValueError, "rank 2"),
-    ((1, (2, 3, 4, 5, 6, 7), np.dtype("float32").num, True), ValueError, "rank 6"),
-    ((1, (2, -3, 4), np.dtype("float32").num, True), ValueError, "negative or overflowing"),
-    ((1, (1 << 40, 1 << 40, 1 << 40), np.dtype("float32").num, True), ValueError, "negative or overflowing"),
-    ((0, (2, 3, 4), np.dtype("float32").num, True), ValueError, "null buffer"),
-    ((1, 5, np.dtype("float32").num, True), TypeError, "sequence"),
-])
+@pytest.mark.parametrize(
+    "args,exc,match",
+    [
+        ((1, (2, 3, 4), np.dtype("complex128").num, True), ValueError, "elements of 16 bytes"),
+        ((1, (2, 3), np.dtype("float32").num, True), ValueError, "rank 2"),
+        ((1, (2, 3, 4, 5, 6, 7), np.dtype("float32").num, True), ValueError, "rank 6"),
+        ((1, (2, -3, 4), np.dtype("float32").num, True), ValueError, "negative or overflowing"),
+        ((1, (1 << 40, 1 << 40, 1 << 40), np.dtype("float32").num, True), ValueError, "negative or overflowing"),
+        ((0, (2, 3, 4), np.dtype("float32").num, True), ValueError, "null buffer"),
+        ((1, 5, np.dtype("float32").num, True), TypeError, "sequence"),
+    ],
+)
 def test_relayout_rejects_bad_arguments(args, exc, match):
     with pytest.raises(exc, match=match):
         _C._relayout(*args)
@@ -88,6 +108,7 @@ def small_too(monkeypatch):
     elements to torch, whose call costs less there), so that small shapes test it."""
     _torch()
     from fastcompile.backends.torch import channels_last as fbcl
+
     monkeypatch.setattr(fbcl, "_RELAYOUT_MIN", 0)
 
 
@@ -101,6 +122,7 @@ def test_cl_relayout_is_torchs_copy_both_ways(small_too, shape, dtype):
     torch's .contiguous(memory_format=...), in new memory."""
     torch = _torch()
     from fastcompile.backends.torch import channels_last as fbcl
+
     fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     x = (torch.randn(shape) * 100).to(getattr(torch, dtype))
     ref = x.contiguous(memory_format=fmt)
@@ -113,7 +135,7 @@ def test_cl_relayout_is_torchs_copy_both_ways(small_too, shape, dtype):
     if len(shape) == 4:
         z = fbcl._to_channels_last(x)
         assert z.stride() == ref.stride() and torch.equal(z, ref)
-        assert fbcl._to_channels_last(ref) is ref         # already channels_last: itself
+        assert fbcl._to_channels_last(ref) is ref  # already channels_last: itself
 
 
 def test_cl_relayout_leaves_other_cases_to_torch(monkeypatch):
@@ -123,15 +145,16 @@ def test_cl_relayout_leaves_other_cases_to_torch(monkeypatch):
     gives eager's layout."""
     torch = _torch()
     from fastcompile.backends.torch import channels_last as fbcl
+
     x = torch.randn(2, 4, 6, 6)
     cl = fbcl._cl_strides(x.shape)
-    assert fbcl._RELAYOUT_MIN > x.numel() and fbcl._cl_relayout(x, cl) is None            # small
+    assert fbcl._RELAYOUT_MIN > x.numel() and fbcl._cl_relayout(x, cl) is None  # small
     monkeypatch.setattr(fbcl, "_RELAYOUT_MIN", 0)
     assert fbcl._cl_relayout(x, cl) is not None
-    assert fbcl._cl_relayout(x[:, :, ::2], fbcl._cl_strides((2, 4, 3, 6))) is None      # not dense
-    assert fbcl._cl_relayout(x.permute(0, 1, 3, 2), cl) is None                          # another order
-    assert fbcl._cl_relayout(x, x.permute(0, 3, 2, 1).contiguous().stride()) is None     # another target
-    assert fbcl._cl_relayout(torch.randn(2, 1, 6, 6), (36, 36, 6, 1)) is None            # one channel
+    assert fbcl._cl_relayout(x[:, :, ::2], fbcl._cl_strides((2, 4, 3, 6))) is None  # not dense
+    assert fbcl._cl_relayout(x.permute(0, 1, 3, 2), cl) is None  # another order
+    assert fbcl._cl_relayout(x, x.permute(0, 3, 2, 1).contiguous().stride()) is None  # another target
+    assert fbcl._cl_relayout(torch.randn(2, 1, 6, 6), (36, 36, 6, 1)) is None  # one channel
     assert fbcl._cl_relayout(torch.randn(2, 4, 6, 6, dtype=torch.complex64).conj(), cl) is None
     w = torch.randn(2, 4, 6, 6, requires_grad=True)
     assert fbcl._cl_relayout(w, cl) is None
@@ -150,6 +173,7 @@ def _relayouts_per_call(monkeypatch, m, x, calls=2):
     import fastcompile
     from fastcompile.backends import torch as fbt
     from fastcompile.backends.torch import channels_last as fbcl
+
     seen = []
     real = fbcl._relayout
     monkeypatch.setattr(fbcl, "_relayout", lambda t, to_cl: seen.append((tuple(t.shape), to_cl)) or real(t, to_cl))
@@ -171,8 +195,9 @@ def test_backend_cnn_converts_with_the_transpose(monkeypatch, small_too):
     torch = _torch()
     torch.manual_seed(0)
     nn = torch.nn
-    m = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-                      nn.Conv2d(16, 8, 3, padding=1)).eval()
+    m = nn.Sequential(
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 8, 3, padding=1)
+    ).eval()
     runs, ref = _relayouts_per_call(monkeypatch, m, torch.randn(4, 8, 20, 20))
     for out, calls in runs:
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
@@ -186,16 +211,19 @@ def test_import_loads_no_openmp_runtime():
     each other where torch ships its own). A threaded copy then finds libgomp itself."""
     import subprocess
     import sys
-    code = ("import fastcompile, numpy as np\n"
-            "from fastcompile import _C\n"
-            "def gomp():\n"
-            "    return any('libgomp' in l for l in open('/proc/self/maps'))\n"
-            "print(gomp())\n"
-            "x = np.arange(16 * 16 * 1024, dtype=np.float32).reshape(16, 16, 32, 32)\n"
-            "fastcompile.config.set(num_threads=2)\n"
-            "y = _C._relayout(x.ctypes.data, x.shape, x.dtype.num, True)\n"
-            "assert (y == x).all() and y.transpose(0, 2, 3, 1).flags.c_contiguous\n"
-            "print(gomp())\n")
+
+    code = (
+        "import fastcompile, numpy as np\n"
+        "from fastcompile import _C\n"
+        "def gomp():\n"
+        "    return any('libgomp' in l for l in open('/proc/self/maps'))\n"
+        "print(gomp())\n"
+        "x = np.arange(16 * 16 * 1024, dtype=np.float32).reshape(16, 16, 32, 32)\n"
+        "fastcompile.config.set(num_threads=2)\n"
+        "y = _C._relayout(x.ctypes.data, x.shape, x.dtype.num, True)\n"
+        "assert (y == x).all() and y.transpose(0, 2, 3, 1).flags.c_contiguous\n"
+        "print(gomp())\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"], out.stdout

@@ -2,6 +2,7 @@
 block into a stack buffer and stream it out with non-temporal stores (fc_kernel.h). The results
 must equal, bit for bit, those of the same kernel on pieces below the threshold (normal stores):
 every output dtype width, several outputs, odd lengths (unaligned thread starts and tails)."""
+
 import numpy as np
 import pytest
 
@@ -12,12 +13,15 @@ NT_ELEMS_F32 = (16 << 20) // 4
 
 def _pieces(f, arrays, n, step=1 << 20):
     """f on slices of `step` elements (below the threshold), concatenated per output"""
-    outs = [f(*[a[i:i + step] for a in arrays]) for i in range(0, n, step)]
+    outs = [f(*[a[i : i + step] for a in arrays]) for i in range(0, n, step)]
     return [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))]
 
 
-@pytest.mark.parametrize("dtype,n", [("float32", NT_ELEMS_F32 + 37), ("float32", 3 * NT_ELEMS_F32 // 2 + 5),
-                                     ("float64", NT_ELEMS_F32 // 2 + 11)], ids=str)
+@pytest.mark.parametrize(
+    "dtype,n",
+    [("float32", NT_ELEMS_F32 + 37), ("float32", 3 * NT_ELEMS_F32 // 2 + 5), ("float64", NT_ELEMS_F32 // 2 + 11)],
+    ids=str,
+)
 def test_streamed_outputs_equal_normal_stores(dtype, n):
     rng = np.random.default_rng(n)
     x = (rng.standard_normal(n) * 3).astype(dtype)
@@ -45,6 +49,6 @@ def test_streamed_half_output_and_threshold_edge():
         u = g.input("float32", 1)
         g.output(g.call("cast", g.call("gelu", u), dtype="float16"))
         f = g.compile()
-        got, = f(x)
-        want, = _pieces(f, [x], n)
+        (got,) = f(x)
+        (want,) = _pieces(f, [x], n)
         assert got.dtype == np.float16 and np.array_equal(got, want, equal_nan=True)

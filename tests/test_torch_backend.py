@@ -12,6 +12,7 @@ The lowering of ops is tested in test_torch_lowering.py, models, training and ea
 in test_torch_training.py; their shared models and helpers live in torchhelp.py. Every test
 skips with a reason where torch is not importable (CI runs a Python without it).
 """
+
 import copy
 import functools
 import gc
@@ -25,16 +26,25 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch backend is not tested")
 
-import numpy as np                                            # noqa: E402
-import torch.nn as nn                                         # noqa: E402
-import torch.nn.functional as F                               # noqa: E402
+import numpy as np  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from conftest import run_threads                              # noqa: E402
-import fastcompile                                            # noqa: E402
-from fastcompile.backends import torch as fbt                 # noqa: E402
-from torchhelp import (MLP, MODELS, TOL, Block, compile_fc, _fc_graphs,   # noqa: E402
-                       _frontend, _sgd_step, _training_pair)
-from torchhelp import _reset_dynamo                           # noqa: E402,F401  (autouse fixture)
+from conftest import run_threads  # noqa: E402
+import fastcompile  # noqa: E402
+from fastcompile.backends import torch as fbt  # noqa: E402
+from torchhelp import (  # noqa: E402
+    MLP,
+    MODELS,
+    TOL,
+    Block,
+    compile_fc,
+    _fc_graphs,  # noqa: E402
+    _frontend,
+    _sgd_step,
+    _training_pair,
+)
+from torchhelp import _reset_dynamo  # noqa: E402,F401  (autouse fixture)
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,6 +53,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ----------------------------------------------------------------------------------------------
 # registration
 # ----------------------------------------------------------------------------------------------
+
 
 def test_entry_point_declared():
     text = open(os.path.join(ROOT, "pyproject.toml")).read()
@@ -70,10 +81,10 @@ def test_backend_by_name_without_import_subprocess():
         "x = torch.randn(64, 33)\n"
         "torch.testing.assert_close(f(x), torch.sigmoid(x) * x + 1)\n"
         "assert 'fastcompile._C' in sys.modules\n"
-        "print('ok')\n")
+        "print('ok')\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300,
-                       cwd="/", env=env)
+    r = subprocess.run([sys.executable, "-c", src], capture_output=True, text=True, timeout=300, cwd="/", env=env)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
@@ -90,6 +101,7 @@ def test_backend_callable_and_kwargs():
 # modes, options, fallbacks
 # ----------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune"])
 def test_modes(mode):
     torch.manual_seed(0)
@@ -99,7 +111,7 @@ def test_modes(mode):
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(cm(x), m(x), **TOL)
-        x.mul_(2)                                       # an input changed in place: seen again
+        x.mul_(2)  # an input changed in place: seen again
         torch.testing.assert_close(cm(x), m(x), **TOL)
 
 
@@ -125,11 +137,12 @@ def test_max_autotune_tunes_each_kernel(mode):
         tuned = {e["kernel"] for e in r.compiled.tuning}
         big = [k.name for k in r.kernels]
         assert tuned and tuned <= set(big)
-        assert all(e["uses"] == 2 for e in r.compiled.tuning)      # calls 2 and 3 reuse the choice
+        assert all(e["uses"] == 2 for e in r.compiled.tuning)  # calls 2 and 3 reuse the choice
 
 
 def test_options_set_knobs():
     from fastcompile import config
+
     old = config.get("serial_below")
     try:
         f = torch.compile(lambda x: x.exp() + 1, backend=fbt.backend, options={"serial_below": 12345})
@@ -144,9 +157,10 @@ def test_unknown_and_unsupported_ops_do_not_fail():
     record = []
 
     def f(x, i):
-        y = torch.cumsum(x, 0).sin()                  # cumsum: an extern
-        z = torch.fft.rfft(y, dim=-1).abs()            # complex inside one extern cluster
+        y = torch.cumsum(x, 0).sin()  # cumsum: an extern
+        z = torch.fft.rfft(y, dim=-1).abs()  # complex inside one extern cluster
         return y[i] * 2, z.sum(-1), torch.linalg.svdvals(x)
+
     x, i = torch.randn(8, 8), torch.tensor([1, 3])
     out = compile_fc(f, record=record)(x, i)
     ref = f(x, i)
@@ -159,7 +173,7 @@ def test_dynamic_shapes_compile_per_size_and_reuse_kernels():
     through the core (no runner falls back), and the kernels of the first size serve the others:
     no kernel compiles after it. A size seen before reuses its graph."""
     record = []
-    fn = lambda x: ((x * 2).exp() + 1).sum(-1)          # noqa: E731
+    fn = lambda x: ((x * 2).exp() + 1).sum(-1)  # noqa: E731
     f = torch.compile(fn, backend=functools.partial(fbt.backend, record=record), dynamic=True)
     x = torch.randn(3, 40)
     torch.testing.assert_close(f(x), fn(x))
@@ -182,6 +196,7 @@ def test_dynamic_shapes_symint_inputs_bound_per_size():
     def fn(x):
         y = x.view(x.shape[0] * 2, -1).sigmoid()
         return y * y.shape[0], y.sum(0)
+
     f = torch.compile(fn, backend=functools.partial(fbt.backend, record=record), dynamic=True)
     for n in (4, 6, 10):
         x = torch.randn(n, 8)
@@ -204,8 +219,8 @@ def test_automatic_dynamic_training_keeps_compiling():
         x = torch.randn(n, 16)
         out_ref, out = ref(x), cm(x)
         torch.testing.assert_close(out, out_ref, **TOL)
-        (out_ref ** 2).mean().backward()
-        (out ** 2).mean().backward()
+        (out_ref**2).mean().backward()
+        (out**2).mean().backward()
         for p, q in zip(ref.parameters(), mod.parameters()):
             torch.testing.assert_close(q.grad, p.grad, **TOL)
             p.grad = q.grad = None
@@ -218,7 +233,7 @@ def test_dynamic_shapes_past_the_limit_run_plain_torch(caplog):
     """Past cache_size_limit sets of sizes, a new one runs the graph as plain torch (a warning,
     once); the sizes compiled before keep their graphs."""
     record = []
-    fn = lambda x: (x * 3).tanh()                          # noqa: E731
+    fn = lambda x: (x * 3).tanh()  # noqa: E731
     f = torch.compile(fn, backend=functools.partial(fbt.backend, record=record), dynamic=True)
     with fastcompile.config.overriding(cache_size_limit=2), caplog.at_level("WARNING", logger="fastcompile"):
         for n in (2, 3, 4, 5, 3, 6):
@@ -231,12 +246,13 @@ def test_dynamic_shapes_past_the_limit_run_plain_torch(caplog):
 def test_dynamic_shapes_build_error_runs_that_size_as_plain_torch(monkeypatch, caplog):
     """An error building one size's graph is logged, and that size runs as plain torch (not
     rebuilt at each call); results stay eager's."""
-    fn = lambda x: x.exp() - 1                              # noqa: E731
+    fn = lambda x: x.exp() - 1  # noqa: E731
     calls = []
 
     def broken(*a, **k):
         calls.append(1)
         raise RuntimeError("lowering broke")
+
     monkeypatch.setattr(fbt.compile_fx, "_compile_later", broken)
     f = torch.compile(fn, backend=fbt.backend, dynamic=True)
     with caplog.at_level("WARNING", logger="fastcompile"):
@@ -257,7 +273,7 @@ def test_steady_state_calls_run_the_generated_runner():
 
     def f(x, w, b):
         y = torch.sigmoid(x @ w) * 2
-        return y, (y + b).t(), (y > 1).to(torch.int32), b, x.t() * 2 + y.sum()    # the last: restrided
+        return y, (y + b).t(), (y > 1).to(torch.int32), b, x.t() * 2 + y.sum()  # the last: restrided
 
     x, w, b = torch.randn(6, 8), nn.Parameter(torch.randn(8, 5)), torch.randn(5)
     gm = make_fx(f, decomposition_table=fbt.decompositions())(x, w, b)
@@ -270,9 +286,9 @@ def test_steady_state_calls_run_the_generated_runner():
         for g, e in zip(got, want):
             torch.testing.assert_close(g, e)
             assert g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
-        assert run._fast is not None                # made by the first call, used by the rest
+        assert run._fast is not None  # made by the first call, used by the rest
         with torch.no_grad():
-            w.mul_(0.5)                         # a parameter updated in place, as an optimizer step
+            w.mul_(0.5)  # a parameter updated in place, as an optimizer step
         x = torch.randn(6, 8)
     assert "compiled(" in run._fast.source and "_restride(" in run._fast.source
     with pytest.raises(TypeError, match="input 2"):
@@ -294,8 +310,10 @@ def test_steady_state_calls_run_the_generated_runner():
 def test_fx_to_graph_reusable():
     """fx_to_graph lowers an aten graph on its own (the project's own frontend can route here)."""
     from torch.fx.experimental.proxy_tensor import make_fx
+
     gm = make_fx(lambda x, w: torch.softmax(x @ w, -1) * 3, decomposition_table=fbt.decompositions())(
-        torch.randn(4, 8), torch.randn(8, 5))
+        torch.randn(4, 8), torch.randn(8, 5)
+    )
     run = fbt.fx_to_graph(gm, [torch.randn(4, 8), torch.randn(8, 5)])
     x, w = torch.randn(4, 8), torch.randn(8, 5)
     (out,) = run(x, w)
@@ -307,9 +325,11 @@ def test_fx_to_graph_reusable():
 # async compile (config.async_compile): plain torch while the kernels build in the background
 # ----------------------------------------------------------------------------------------------
 
+
 def _knob(name, value):
     """A fixture body: the fastcompile knob `name` set to `value` for one test."""
     from fastcompile import config
+
     old = config.get(name)
     config.set(**{name: value})
     yield
@@ -321,6 +341,7 @@ def async_compile(request):
     """async_compile on, with the build starting at a graph's first call (async_delay_calls=0)
     or, as by default, at its second (1: the first call runs Dynamo's graph, not lowered)."""
     from fastcompile import config
+
     old = config.get("async_compile"), config.get("async_delay_calls")
     config.set(async_compile=True, async_delay_calls=request.param)
     yield request.param
@@ -333,7 +354,7 @@ def _plain_calls(record, call, delay):
     checked by `call`."""
     for _ in range(delay):
         call()
-        assert record == []                 # nothing lowered: aot_autograd has not run
+        assert record == []  # nothing lowered: aot_autograd has not run
     call()
     assert record
 
@@ -365,7 +386,7 @@ def test_async_compile_serves_torch_first_then_the_kernels(async_compile):
         assert all(r.ready and r.ready_s is not None and r.ready_s > 0 for r in runners)
         plans = [r.compiled.nplans for r in runners]
         kernels = [len(r.kernels) for r in runners]
-        assert all(kernels)                                # built in the background, not run yet
+        assert all(kernels)  # built in the background, not run yet
         for _ in range(2):
             torch.testing.assert_close(cm(x), ref, **TOL)
     # the stand-ins had the layouts real calls bring: no plan was built again
@@ -386,6 +407,7 @@ def test_async_compile_training_draws_random_numbers_as_eager(async_compile):
     """Dropout runs as aten.native_dropout, an extern: the background build must not call it
     (that would move the generator on), so every step's mask matches eager's under one seed,
     before and after the kernels take over."""
+
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
@@ -410,14 +432,14 @@ def test_async_compile_training_draws_random_numbers_as_eager(async_compile):
             opt.step()
             outs.append(out.detach().clone())
             if record is not None and i == async_compile:
-                _wait_all(record)                  # the steps after it run the kernels
+                _wait_all(record)  # the steps after it run the kernels
         return outs
 
     eager_model, comp_model = copy.deepcopy(base), copy.deepcopy(base)
     ref = steps(eager_model, eager_model, 4)
     record = []
     got = steps(comp_model, compile_fc(comp_model, record=record), 4, record)
-    assert len([r for r in record if r.compiled is not None]) == 2      # forward and backward
+    assert len([r for r in record if r.compiled is not None]) == 2  # forward and backward
     for a, b in zip(got, ref):
         assert torch.equal(a == 0, b == 0), "a dropout mask differs from eager's"
         torch.testing.assert_close(a, b, **TOL)
@@ -432,7 +454,9 @@ def test_async_compile_failure_builds_on_the_next_call(async_compile, no_batch_c
     def broken(values, nodes):
         def stand_in(*a):
             raise RuntimeError("stand-in broke")
+
         return stand_in
+
     monkeypatch.setattr(fbt.runner, "_replay", broken)
     m = MLP().eval()
     x = torch.randn(16, 32)
@@ -441,7 +465,7 @@ def test_async_compile_failure_builds_on_the_next_call(async_compile, no_batch_c
     with torch.no_grad():
         _plain_calls(record, lambda: torch.testing.assert_close(cm(x), m(x), **TOL), async_compile)
         runners = _wait_all(record)
-        assert all(r.compiled.nplans == 0 for r in runners)     # the build stopped at the extern
+        assert all(r.compiled.nplans == 0 for r in runners)  # the build stopped at the extern
         with caplog.at_level("WARNING", logger="fastcompile"):
             torch.testing.assert_close(cm(x), m(x), **TOL)
     assert "background compile failed" in caplog.text and "stand-in broke" in caplog.text
@@ -459,22 +483,26 @@ def test_async_compile_training_steps_match_eager_through_the_switch(name, async
     target = []
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, mod)]
     for step in range(async_compile + 3):
-        (l0, _), (l1, _) = [_sgd_step(model, run, opt, x, target)
-                            for (model, run), opt in zip(((ref, ref), (mod, cm)), opts)]
+        (l0, _), (l1, _) = [
+            _sgd_step(model, run, opt, x, target) for (model, run), opt in zip(((ref, ref), (mod, cm)), opts)
+        ]
         torch.testing.assert_close(l1, l0, **TOL)
         for a, b in zip(list(mod.parameters()) + list(mod.buffers()), list(ref.parameters()) + list(ref.buffers())):
             torch.testing.assert_close(a, b, **TOL)
         assert bool(record) == (step >= async_compile), "lowered at the wrong call"
         if step == async_compile:
-            _wait_all(record)                       # later steps run the kernels
-    assert {("bw" if any(n.name.startswith("tangents") for n in r.gm.graph.nodes) else "fw")
-            for r in record} == {"fw", "bw"}
+            _wait_all(record)  # later steps run the kernels
+    assert {("bw" if any(n.name.startswith("tangents") for n in r.gm.graph.nodes) else "fw") for r in record} == {
+        "fw",
+        "bw",
+    }
     assert all(r.ready and r.fallback is None for r in record)
 
 
 @pytest.fixture
 def async_delay1():
     from fastcompile import config
+
     old = config.get("async_compile"), config.get("async_delay_calls")
     config.set(async_compile=True, async_delay_calls=1)
     yield
@@ -490,17 +518,18 @@ def test_async_compile_deferred_lowering_neither_keeps_nor_reads_the_first_calls
 
     def f(x):
         return (x * 2).sum(-1)
+
     record = []
     cm = compile_fc(f, record=record)
     x1 = torch.randn(4, 3)
-    torch.testing.assert_close(cm(x1), f(x1))       # plain: the graph waits for its next call
-    x1.t_()                                         # now (3, 4): a second graph
+    torch.testing.assert_close(cm(x1), f(x1))  # plain: the graph waits for its next call
+    x1.t_()  # now (3, 4): a second graph
     torch.testing.assert_close(cm(x1), f(x1))
     ref = weakref.ref(x1)
     del x1
     for _ in range(3):
         x = torch.randn(4, 3)
-        torch.testing.assert_close(cm(x), f(x))     # lowers the (4, 3) graph, then its kernels
+        torch.testing.assert_close(cm(x), f(x))  # lowers the (4, 3) graph, then its kernels
         for r in record:
             assert r.wait(300)
     gc.collect()
@@ -513,12 +542,13 @@ def test_async_compile_deferred_lowering_of_item_uses_dynamos_shape_env(async_de
     lowering needs Dynamo's fake mode and shape env, as without the delay. The setting goes
     through config.patch, which restores it: pytest 9's monkeypatch deletes it at teardown, and
     every later Dynamo compile in the process fails."""
+
     def f(x):
         return x * x.sum().item() + 1
+
     record = []
     with torch._dynamo.config.patch(capture_scalar_outputs=True):
-        cm = torch.compile(f, backend=functools.partial(fbt.backend, record=record), dynamic=False,
-                           fullgraph=True)
+        cm = torch.compile(f, backend=functools.partial(fbt.backend, record=record), dynamic=False, fullgraph=True)
         for _ in range(3):
             x = torch.randn(5)
             torch.testing.assert_close(cm(x), f(x))
@@ -534,6 +564,7 @@ def test_async_compile_fastcompile_compile_matches_eager(name, async_delay1):
     autograd route: aot_autograd's graphs, deferred as torch.compile's) match eager at every
     call, before and after the kernels take over."""
     import fastcompile
+
     ref, mod, x = _training_pair(name)
     cm = _frontend("fastcompile.compile", mod, [])
     ref.eval(), mod.eval()
@@ -549,8 +580,9 @@ def test_async_compile_fastcompile_compile_matches_eager(name, async_delay1):
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, mod)]
     target = []
     for step in range(4):
-        (l0, _), (l1, _) = [_sgd_step(model, run, opt, x, target)
-                            for (model, run), opt in zip(((ref, ref), (mod, cm)), opts)]
+        (l0, _), (l1, _) = [
+            _sgd_step(model, run, opt, x, target) for (model, run), opt in zip(((ref, ref), (mod, cm)), opts)
+        ]
         torch.testing.assert_close(l1, l0, **TOL)
         for a, b in zip(list(mod.parameters()) + list(mod.buffers()), list(ref.parameters()) + list(ref.buffers())):
             torch.testing.assert_close(a, b, **TOL)
@@ -565,6 +597,7 @@ def test_fastcompile_compile_runs_an_extern_with_side_effects_once_at_the_first_
     num_batches_tracked 2 after one call), with async compile or without."""
     import fastcompile
     from fastcompile import config
+
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU()).train()
     mod = copy.deepcopy(ref)
@@ -621,13 +654,16 @@ def test_fastcompile_compile_first_call_compiles_every_segment_in_one_batch():
     call, with the trace's matmul results standing in for the dry run. The values are eager's."""
     import fastcompile
     from fastcompile import config
+
     torch.manual_seed(0)
-    salt = float(torch.rand(()))      # kernels of this run's own: compiled now
-    mod = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32),
-                        nn.SiLU(), nn.Linear(32, 8)).eval()
+    salt = float(torch.rand(()))  # kernels of this run's own: compiled now
+    mod = nn.Sequential(
+        nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 32), nn.SiLU(), nn.Linear(32, 8)
+    ).eval()
 
     def f(x):
         return mod(x * (1.0 + salt))
+
     with torch.no_grad(), config.overriding(specialize_float=True):
         cf = fastcompile.compile(f)
         x = torch.randn(12, 16)
@@ -643,16 +679,18 @@ def test_async_compile_deferred_lowering_that_fails_leaves_the_graph_plain_torch
     """async_delay_calls: the call that lowers the graph (aot_autograd, the lowering) meets an
     error: it is logged once, that call and every later one run Dynamo's graph as plain torch."""
     from fastcompile import config
+
     calls = []
 
     def broken(gm, example_inputs, mode, record):
         calls.append(1)
         raise RuntimeError("lowering broke")
+
     monkeypatch.setattr(fbt.compile_fx, "_compile", broken)
     old = config.get("async_compile"), config.get("async_delay_calls")
     config.set(async_compile=True, async_delay_calls=2)
     try:
-        fn = lambda x: (x * 2).exp() + 1     # noqa: E731
+        fn = lambda x: (x * 2).exp() + 1  # noqa: E731
         cm = compile_fc(fn)
         x = torch.randn(64)
         with caplog.at_level("WARNING", logger="fastcompile"):
@@ -668,8 +706,7 @@ def test_async_compile_dynamic_shapes_lower_at_the_first_call(async_compile):
     """A graph with symbolic sizes is lowered when Dynamo hands it over, whatever the delay: a
     later call's tensors would specialize it to their sizes."""
     record = []
-    cm = torch.compile(lambda x: (x * 2).exp() + 1, backend=functools.partial(fbt.backend, record=record),
-                       dynamic=True)
+    cm = torch.compile(lambda x: (x * 2).exp() + 1, backend=functools.partial(fbt.backend, record=record), dynamic=True)
     x = torch.randn(64)
     torch.testing.assert_close(cm(x), (x * 2).exp() + 1)
     assert record, "a graph of symbolic sizes waited for a later call"
@@ -683,12 +720,14 @@ def test_async_compile_dynamic_shapes_lower_at_the_first_call(async_compile):
 # in one batch at the first call, from layouts the FX metadata predicted
 # ----------------------------------------------------------------------------------------------
 
+
 def test_batch_compile_builds_forward_and_backward_kernels_at_the_first_call():
     """The backward graph is lowered with the forward (force_non_lazy_backward_lowering), both
     render their plans then, and the forward's first call compiles both graphs' kernels: the
     backward runs kernels compiled before it was called, and no call builds a plan (the FX
     metadata predicted every layout, extern results included)."""
     import fastcompile
+
     torch.manual_seed(0)
     m = Block(d=32, h=4).train()
     x = torch.randn(2, 8, 32)
@@ -698,7 +737,7 @@ def test_batch_compile_builds_forward_and_backward_kernels_at_the_first_call():
     before = fastcompile.stats()["compiles"]
     out = cm(x)
     runners = [r for r in record if r.compiled is not None]
-    assert len(record) == 2 and len(runners) == 2                  # forward and backward, already
+    assert len(record) == 2 and len(runners) == 2  # forward and backward, already
     plans = [r.compiled.nplans for r in runners]
     kernels = [len(r.kernels) for r in runners]
     assert all(plans) and all(kernels) and not any(r._pending for r in runners)
@@ -710,7 +749,7 @@ def test_batch_compile_builds_forward_and_backward_kernels_at_the_first_call():
     ref.backward(g)
     for p, q in zip(m.parameters(), ref_m.parameters()):
         torch.testing.assert_close(p.grad, q.grad, **TOL)
-    assert [r.compiled.nplans for r in runners] == plans           # no layout was mispredicted
+    assert [r.compiled.nplans for r in runners] == plans  # no layout was mispredicted
     assert [len(r.kernels) for r in runners] == kernels
     assert fastcompile.stats()["compiles"] - before == compiles
 
@@ -724,7 +763,7 @@ def test_batch_compile_off_compiles_each_graph_when_it_first_runs(no_batch_compi
     ref_m = copy.deepcopy(m)
     record = []
     out = compile_fc(m, record=record)(x)
-    assert len(record) == 1 and not record[0]._pending              # no backward graph yet
+    assert len(record) == 1 and not record[0]._pending  # no backward graph yet
     out.sum().backward()
     ref_m(x).sum().backward()
     assert len(record) == 2
@@ -756,13 +795,15 @@ def test_batch_compile_threads_first_calling_two_graphs_compile_each_kernel_once
     twice."""
     import fastcompile
     from torch.fx.experimental.proxy_tensor import make_fx
-    k1, k2 = 1.0 + 2.0 ** -9 * 3, 1.0 + 2.0 ** -9 * 5       # kernels of this test's own
+
+    k1, k2 = 1.0 + 2.0**-9 * 3, 1.0 + 2.0**-9 * 5  # kernels of this test's own
 
     def f1(x, w):
         return ((x + k1).exp() @ w).sigmoid() * k1
 
     def f2(x, w):
         return ((x * k2).tanh() @ w).relu() - k2
+
     x, w = torch.randn(8, 16), torch.randn(16, 4)
     runners = [fbt.fx_to_graph(make_fx(f)(x, w), [x, w]) for f in (f1, f2)]
     assert all(r._pending for r in runners)
@@ -770,6 +811,7 @@ def test_batch_compile_threads_first_calling_two_graphs_compile_each_kernel_once
 
     def work(i):
         torch.testing.assert_close(runners[i](x, w)[0], (f1, f2)[i](x, w), **TOL)
+
     assert run_threads(work, 2) == []
     assert not any(r._pending for r in runners)
     assert fastcompile.stats()["compiles"] - before == sum(len(r.kernels) for r in runners) == 4
@@ -784,9 +826,10 @@ def test_batch_compile_backward_ahead_failing_falls_back_to_lazy(monkeypatch, ca
 
     def flaky(gm, inputs, mode="default", **kw):
         calls.append(1)
-        if len(calls) == 2:                      # the first backward graph
+        if len(calls) == 2:  # the first backward graph
             raise RuntimeError("backward lowering broke")
         return real(gm, inputs, mode=mode, **kw)
+
     monkeypatch.setattr(fbt.compile_fx, "fx_to_graph", flaky)
     torch.manual_seed(0)
     m = MLP().train()
@@ -796,7 +839,7 @@ def test_batch_compile_backward_ahead_failing_falls_back_to_lazy(monkeypatch, ca
     with caplog.at_level("WARNING", logger="fastcompile"):
         out = compile_fc(m, record=record)(x)
     assert "compiling the backward graph ahead failed" in caplog.text
-    assert len(record) == 1                      # the retry's forward; its backward comes lazily
+    assert len(record) == 1  # the retry's forward; its backward comes lazily
     out.sum().backward()
     ref_m(x).sum().backward()
     assert len(record) == 2
@@ -816,20 +859,23 @@ def test_concurrent_calls_from_threads_get_their_own_results():
     def work(i):
         for _ in range(300):
             torch.testing.assert_close(f(xs[i], y), (xs[i] * y).sin() + y, rtol=1e-5, atol=1e-6)
-    assert run_threads(work, 4, switch=1e-6) == []      # switch as often as CPython allows
+
+    assert run_threads(work, 4, switch=1e-6) == []  # switch as often as CPython allows
 
 
 def test_open_extern_clusters_merge_into_one_call():
     """Two extern clusters that meet at one node (each weight's transpose, then a matmul of both;
     two cumsums, then their product's cumsum) run as one extern call, members in graph order,
     not as one call per cluster."""
+
     def f(x, w, v):
-        a = torch.cumsum(x, 0)                         # cluster 1
-        b = torch.cumsum(w.t(), 1)                     # cluster 2, independent of 1
-        c = torch.cumsum(a @ b, 1)                     # reads both: they merge
+        a = torch.cumsum(x, 0)  # cluster 1
+        b = torch.cumsum(w.t(), 1)  # cluster 2, independent of 1
+        c = torch.cumsum(a @ b, 1)  # reads both: they merge
         return c * 2, v + 1
 
     from torch.fx.experimental.proxy_tensor import make_fx
+
     args = (torch.randn(4, 8), torch.randn(5, 8), torch.randn(3))
     gm = make_fx(f, decomposition_table=fbt.decompositions())(*args)
     run = fbt.fx_to_graph(gm, list(args))
@@ -842,6 +888,7 @@ def test_open_extern_clusters_merge_into_one_call():
 def test_merged_clusters_draw_random_numbers_in_eager_order():
     """Two random draws in separate clusters that merge at a matmul draw in the graph's order:
     the same numbers as eager (flushing the second cluster on its own ran it first)."""
+
     def f(x):
         a = torch.rand(5, 6)
         b = torch.rand(6, 7)
@@ -856,8 +903,18 @@ def test_merged_clusters_draw_random_numbers_in_eager_order():
         torch.testing.assert_close(got, f(x), **TOL)
 
 
-@pytest.mark.parametrize("xs,shape", [((1, 64), (4, 32, 64)), ((64,), (4, 32, 64)), ((4, 1, 64), (4, 32, 64)),
-                                      ((), (2, 3)), ((3, 1), (3, 0)), ((0,), (2, 0)), ("T", (2, 4, 3))])
+@pytest.mark.parametrize(
+    "xs,shape",
+    [
+        ((1, 64), (4, 32, 64)),
+        ((64,), (4, 32, 64)),
+        ((4, 1, 64), (4, 32, 64)),
+        ((), (2, 3)),
+        ((3, 1), (3, 0)),
+        ((0,), (2, 0)),
+        ("T", (2, 4, 3)),
+    ],
+)
 def test_fast_broadcast_is_numpys(xs, shape):
     """_broadcast (the leaves of views pushed through pointwise ops) gives np.broadcast_to's
     values, shape and read-only flag, for C-contiguous and other arrays, and keeps its source
@@ -880,8 +937,9 @@ def test_bfloat16_parameters_updated_through_data_are_seen(mode):
     torch.manual_seed(0)
     m = nn.LayerNorm(8).to(torch.bfloat16)
     x = torch.randn(4, 8).to(torch.bfloat16)
-    c = torch.compile(m, backend=fbt.backend if mode == "default" else functools.partial(fbt.backend, mode=mode),
-                      dynamic=False)
+    c = torch.compile(
+        m, backend=fbt.backend if mode == "default" else functools.partial(fbt.backend, mode=mode), dynamic=False
+    )
     with torch.no_grad():
         for k in range(3):
             torch.testing.assert_close(c(x), m(x), rtol=0, atol=0)
@@ -894,12 +952,14 @@ def test_bfloat16_parameters_updated_through_data_are_seen(mode):
 # fastcompile.profile() over a training step
 # ----------------------------------------------------------------------------------------------
 
+
 def test_profile_names_forward_and_backward_graphs():
     """A training step under fastcompile.profile(): one call row per aot_autograd graph, labelled
     "forward graph N (file:line)" / "backward graph N (...)" from the user's code; the kernels of
     each graph carry its label; the matmuls are extern rows; call time covers kernels and externs."""
     import re
     import fastcompile
+
     torch.manual_seed(0)
     m = MLP()
     cm = compile_fc(m)

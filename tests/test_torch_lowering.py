@@ -12,6 +12,7 @@ the reference.
 
 Every test skips with a reason where torch is not importable (CI runs a Python without it).
 """
+
 import copy
 import sys
 
@@ -19,13 +20,13 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch backend is not tested")
 
-import numpy as np                                            # noqa: E402
-import torch.nn as nn                                         # noqa: E402
+import numpy as np  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
-import fastcompile                                            # noqa: E402
-from fastcompile.backends import torch as fbt                 # noqa: E402
-from torchhelp import MODELS, TOL, compile_fc                # noqa: E402
-from torchhelp import _reset_dynamo                           # noqa: E402,F401  (autouse fixture)
+import fastcompile  # noqa: E402
+from fastcompile.backends import torch as fbt  # noqa: E402
+from torchhelp import MODELS, TOL, compile_fc  # noqa: E402
+from torchhelp import _reset_dynamo  # noqa: E402,F401  (autouse fixture)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -34,7 +35,8 @@ from torchhelp import _reset_dynamo                           # noqa: E402,F401 
 
 # OpInfo names whose aten ops the backend lowers to core ops (pointwise, reductions, softmax,
 # normalizations that decompose into them)
-LOWERED = sorted("""
+LOWERED = sorted(
+    """
 abs neg exp exp2 expm1 log log2 log10 log1p sqrt rsqrt reciprocal sin cos tan tanh asin acos atan
 sinh cosh asinh acosh atanh erf sigmoid nn.functional.relu floor ceil trunc sign round
 nn.functional.silu nn.functional.gelu nn.functional.softplus bitwise_not logical_not isnan isinf
@@ -45,9 +47,10 @@ sum mean prod amax amin argmax argmin var std var_mean std_mean any all logsumex
 softmax log_softmax nn.functional.layer_norm nn.functional.rms_norm nn.functional.hardtanh
 nn.functional.leaky_relu nn.functional.elu nn.functional.relu6 nn.functional.hardsigmoid
 nn.functional.hardswish nn.functional.mish sigmoid nn.functional.logsigmoid
-""".split())
+""".split()
+)
 
-SAMPLES_PER_DTYPE = {torch.float32: 2, torch.float64: 1}   # ints and bool: 1 sample each
+SAMPLES_PER_DTYPE = {torch.float32: 2, torch.float64: 1}  # ints and bool: 1 sample each
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 # (op name, dtype name) or (op name, None: all dtypes) -> why the backend differs from eager.
@@ -55,14 +58,13 @@ INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 # these samples (a Python int scalar that the
 # tensor's integer dtype cannot hold raises OverflowError where torch wraps) are documented in
 # README's "torch backend" section. An entry here is a strict xfail: fixing it fails the test.
-EXPECTED_FAILURES = {
-}
+EXPECTED_FAILURES = {}
 
 
 def _opinfos():
     try:
         from torch.testing._internal.common_methods_invocations import op_db
-    except Exception as e:       # pragma: no cover
+    except Exception as e:  # pragma: no cover
         return [pytest.param(None, None, marks=pytest.mark.skip(reason="no op_db: %s" % e))]
     out = []
     for op in op_db:
@@ -70,8 +72,7 @@ def _opinfos():
             continue
         vid = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
         dts = op.supported_dtypes("cpu")
-        for dt in [torch.float32, torch.float64,
-                   next((d for d in INT_DTYPES if d in dts), None), torch.bool]:
+        for dt in [torch.float32, torch.float64, next((d for d in INT_DTYPES if d in dts), None), torch.bool]:
             if dt is None or dt not in dts:
                 continue
             name = str(dt).replace("torch.", "")
@@ -91,6 +92,7 @@ def _extract_test_fn_fast():
     test_opinfo's time. Same frames, same test, same result (None under pytest: no frame's
     ``self`` is a TestCase), so the samples and their seeds (SEED when None) are unchanged."""
     import unittest
+
     try:
         frame = sys._getframe(1)
         while frame is not None:
@@ -111,7 +113,7 @@ def _fast_opinfo_sample_inputs():
     try:
         from torch.testing._internal import common_utils
         from torch.testing._internal.opinfo import core
-    except Exception:            # pragma: no cover - no op_db: test_opinfo skips
+    except Exception:  # pragma: no cover - no op_db: test_opinfo skips
         yield
         return
     mods = [m for m in (common_utils, core) if hasattr(m, "extract_test_fn")]
@@ -153,7 +155,7 @@ def test_opinfo(op, dtype):
         try:
             expected = op(s.input, *args, **kwargs)
         except Exception:
-            continue            # eager itself rejects the sample
+            continue  # eager itself rejects the sample
         torch._dynamo.reset()
         actual = compile_fc(fn, record=record)(s.input)
         exp_t, act_t = _flatten_tensors(expected), _flatten_tensors(actual)
@@ -169,9 +171,11 @@ def test_opinfo(op, dtype):
 # fusion
 # ----------------------------------------------------------------------------------------------
 
+
 def _pointwise_aten(gm):
-    return [n for n in gm.graph.nodes if n.op == "call_function"
-            and torch.Tag.pointwise in getattr(n.target, "tags", ())]
+    return [
+        n for n in gm.graph.nodes if n.op == "call_function" and torch.Tag.pointwise in getattr(n.target, "tags", ())
+    ]
 
 
 def test_fusion_pointwise_chain_is_one_kernel():
@@ -215,12 +219,14 @@ def test_gelu_backward_is_one_core_kernel_and_matches_eager(approximate, dtype):
     """aten.gelu_backward is lowered, not decomposed: the erf form as the core's gelu_grad (one
     exp, no erf: torch's decomposition computes both), the tanh form as that decomposition; in
     one kernel with the grad's multiply, no extern, NaN where eager's (x = +-inf, NaN)."""
+
     def f(g, x):
         return torch.ops.aten.gelu_backward(g, x, approximate=approximate)
 
     record = []
-    x = torch.cat([torch.linspace(-16, 16, 3201), torch.tensor([float("inf"), -float("inf"), float("nan"),
-                                                                 0.0, -0.0, -0.7518])]).to(dtype)
+    x = torch.cat(
+        [torch.linspace(-16, 16, 3201), torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, -0.7518])]
+    ).to(dtype)
     g = torch.randn(x.shape).to(dtype)
     torch.testing.assert_close(compile_fc(f, record=record)(g, x), f(g, x), equal_nan=True)
     (r,) = record
@@ -249,6 +255,7 @@ def test_repeated_layers_share_their_kernels():
     second's (locals are numbered per kernel, not by graph node; the first layer differs, as its
     input is no GELU), so three layers compile no more distinct kernels than two; results stay
     as eager's."""
+
     def layer():
         return nn.Sequential(nn.LayerNorm(48), nn.Linear(48, 48), nn.GELU())
 
@@ -273,9 +280,11 @@ def test_repeated_layers_share_their_kernels():
 
 # -- views pushed through pointwise values ---------------------------------------------------------
 
+
 def test_views_of_pointwise_values_fuse_into_one_kernel():
     """A bias add whose result is split and permuted (the q/k/v split of nn.MultiheadAttention's
     projection): the add is computed in the permuted order, in one kernel, with no torch extern."""
+
     def f(x, b):
         y = (x + b).view(4, 8, 3, 16).unsqueeze(0).transpose(0, -2).squeeze(-2)
         return y.contiguous() * 2
@@ -299,7 +308,7 @@ def test_moving_views_of_pointwise_values_match_eager(case):
         "select": lambda x, y: (x - y).select(1, 2).abs() + 1,
         "permute": lambda x, y: torch.where(x > 0, x, y).permute(1, 0).contiguous() + 0.5,
         "expand": lambda x, y: (x[:, :1] + y[:1, :]).expand(8, 8) * x,
-        "chain": lambda x, y: ((x * 2 - y).view(2, 4, 8).permute(2, 0, 1)[1:5].reshape(4, 8) + 1),
+        "chain": lambda x, y: (x * 2 - y).view(2, 4, 8).permute(2, 0, 1)[1:5].reshape(4, 8) + 1,
     }
     fn = fns[case]
     record = []
@@ -311,6 +320,7 @@ def test_moving_views_of_pointwise_values_match_eager(case):
 def test_view_of_a_transcendental_is_not_recomputed():
     """exp(x) is needed unviewed (an output) and viewed: it is not pushed (computed once), and the
     result still matches."""
+
     def f(x):
         e = x.exp()
         return e, e.t().contiguous() + 1
@@ -330,22 +340,24 @@ def test_leaf_view_finds_strided_views_numpy_would_copy():
     going on to (T, B*H, D) and (T, B, H*D) is a strided view of the leaf again, made directly
     (no copy) while the leaf has the layout traced, and by the chain otherwise."""
     import numpy as np
-    shape, strides = (2, 3, 5, 4), (60, 4, 12, 1)      # (B, H, T, D) over (B, T, H, D) memory
+
+    shape, strides = (2, 3, 5, 4), (60, 4, 12, 1)  # (B, H, T, D) over (B, T, H, D) memory
     x = np.arange(120, dtype=np.float32).reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
     assert x.strides == tuple(4 * s for s in strides)
     to_bh = lambda a: a.reshape(6, 5, 4)
     chain = lambda a: to_bh(a).transpose(1, 0, 2).reshape(5, 2, 12)
-    assert fbt.views._leaf_view(shape, strides, to_bh) is None          # a real copy
+    assert fbt.views._leaf_view(shape, strides, to_bh) is None  # a real copy
     kind, fn, spec = fbt.views._leaf_view(shape, strides, chain)
     assert kind == "strided"
     # the core makes it from the spec, as a view (Graph.extern view=)
     from fastcompile.graph import Graph
+
     g = Graph()
     g.output(g.extern(fn, g.input("float32", 4), pure=True, view=spec))
     made = g.compile()
     (got,) = made(x)
     assert np.array_equal(got, chain(x)) and np.shares_memory(got, x)
-    other = np.ascontiguousarray(x)                               # another layout: the chain
+    other = np.ascontiguousarray(x)  # another layout: the chain
     assert np.array_equal(made(other)[0], chain(other))
     kind, fn, spec2 = fbt.views._leaf_view(shape, strides, lambda a: a[:, 1])  # NumPy's own view
     assert kind == "view" and np.shares_memory(fn(x), x)
@@ -353,26 +365,35 @@ def test_leaf_view_finds_strided_views_numpy_would_copy():
     for sp, want in ((spec, chain(x)), (spec2, x[:, 1])):
         in_shape, in_strides, out_shape, out_strides, offset = sp
         assert (in_shape, in_strides) == (shape, strides)
-        flat = x.transpose(0, 2, 1, 3).ravel()                   # x's memory, in order
+        flat = x.transpose(0, 2, 1, 3).ravel()  # x's memory, in order
         made = np.lib.stride_tricks.as_strided(flat[offset:], out_shape, [4 * s for s in out_strides])
         assert np.array_equal(made, want)
 
 
-@pytest.mark.parametrize("chain", [
-    lambda a: a.transpose(2, 0, 1, 3), lambda a: a[:, 1:, ::2], lambda a: a[1, :, 3],
-    lambda a: a[:, ::-1], lambda a: np.broadcast_to(a[:, :1], (2, 3, 5, 4)),
-    lambda a: a.transpose(0, 2, 1, 3).reshape(2, 5, 12)[:, 2:], lambda a: a[None, ..., None],
-], ids=["permute", "slices", "selects", "reversed", "broadcast", "reshape-after-permute", "new-axes"])
+@pytest.mark.parametrize(
+    "chain",
+    [
+        lambda a: a.transpose(2, 0, 1, 3),
+        lambda a: a[:, 1:, ::2],
+        lambda a: a[1, :, 3],
+        lambda a: a[:, ::-1],
+        lambda a: np.broadcast_to(a[:, :1], (2, 3, 5, 4)),
+        lambda a: a.transpose(0, 2, 1, 3).reshape(2, 5, 12)[:, 2:],
+        lambda a: a[None, ..., None],
+    ],
+    ids=["permute", "slices", "selects", "reversed", "broadcast", "reshape-after-permute", "new-axes"],
+)
 def test_leaf_view_specs_of_numpy_views_address_the_same_elements(chain):
     """Where NumPy itself makes the view, _leaf_view reads its strides and start from a view of
     untouched bytes: the spec, applied to the leaf's memory, gives the chain's elements."""
     import numpy as np
-    shape, strides = (2, 3, 5, 4), (60, 4, 12, 1)      # a permuted leaf, as flash attention's
+
+    shape, strides = (2, 3, 5, 4), (60, 4, 12, 1)  # a permuted leaf, as flash attention's
     x = np.arange(120, dtype=np.float32).reshape(2, 5, 3, 4).transpose(0, 2, 1, 3)
     kind, fn, spec = fbt.views._leaf_view(shape, strides, chain)
     assert kind == "view" and spec[:2] == (shape, strides)
     _, _, out_shape, out_strides, offset = spec
-    flat = x.transpose(0, 2, 1, 3).ravel()                   # x's memory, in order
+    flat = x.transpose(0, 2, 1, 3).ravel()  # x's memory, in order
     made = np.lib.stride_tricks.as_strided(flat[offset:], out_shape, [4 * s for s in out_strides])
     assert made.shape == chain(x).shape and np.array_equal(made, chain(x))
 
@@ -405,6 +426,7 @@ def test_attention_grad_layout_is_read_in_place():
 def test_pushed_views_in_training_match_eager():
     """Gradients through split/permute views (the backward of select makes where/eq/full chains
     that are viewed again): fused, and equal to eager."""
+
     def f(x, w):
         q, k, v = (x @ w).view(6, 3, 8).permute(1, 0, 2).unbind(0)
         return (q * k + v.sigmoid()).transpose(0, 1).contiguous()
@@ -428,6 +450,7 @@ def test_pushed_views_in_training_match_eager():
 # per-call glue: weights reach their externs as tensors, view chains run as one as_strided
 # ----------------------------------------------------------------------------------------------
 
+
 def _cluster_sources(record):
     return [fn.source for r in record for fn, _ in r._replays if hasattr(fn, "source")]
 
@@ -440,6 +463,7 @@ def test_weights_only_externs_read_pass_as_tensors():
 
     def f(x):
         return torch.relu(lin(x)) * 2 + x.sum()
+
     x = torch.randn(4, 16)
     record = []
     with torch.no_grad():
@@ -447,15 +471,18 @@ def test_weights_only_externs_read_pass_as_tensors():
         ref = f(x)
         torch.testing.assert_close(out, ref, **TOL)
         x2 = torch.randn(4, 16)
-        lin.weight.mul_(-1)                      # updated in place: the extern reads it as it is
+        lin.weight.mul_(-1)  # updated in place: the extern reads it as it is
         torch.testing.assert_close(compile_fc(f)(x2), f(x2), **TOL)
     (r,) = record
     assert r.fallback is None
-    assert len(r._passed_slots) == 2             # weight and bias; x is read by the sum
+    assert len(r._passed_slots) == 2  # weight and bias; x is read by the sum
     assert len(r._arg_slots) == 1
     src = "\n".join(_cluster_sources(record))
-    passed = [line for line in src.splitlines() if line.strip().startswith("x") and "= a" in line
-              and "_from_numpy" not in line and "_to_torch" not in line]
+    passed = [
+        line
+        for line in src.splitlines()
+        if line.strip().startswith("x") and "= a" in line and "_from_numpy" not in line and "_to_torch" not in line
+    ]
     assert len(passed) == 2, src
 
 
@@ -468,6 +495,7 @@ def test_view_chains_run_as_one_as_strided_and_fall_back_on_other_strides():
     def f(x):
         h = x.exp()
         return torch.bmm(h.t().unsqueeze(0), w) + 1
+
     x = torch.randn(6, 4)
     record = []
     with torch.no_grad():
@@ -476,10 +504,13 @@ def test_view_chains_run_as_one_as_strided_and_fall_back_on_other_strides():
     fns = [fn for r in record for fn, _ in r._replays if "as_strided" in getattr(fn, "source", "")]
     assert fns, _cluster_sources(record)
     fn = fns[0]
-    assert ".permute(" in fn.source and ".unsqueeze(" in fn.source      # the fallback chain is there
+    assert ".permute(" in fn.source and ".unsqueeze(" in fn.source  # the fallback chain is there
     h = x.exp().numpy()
-    tensor_params = {line.split("=")[1].strip() for line in fn.source.splitlines()
-                     if line.strip().startswith("x") and line.split("=")[1].strip().startswith("a")}
+    tensor_params = {
+        line.split("=")[1].strip()
+        for line in fn.source.splitlines()
+        if line.strip().startswith("x") and line.split("=")[1].strip().startswith("a")
+    }
     nparams = fn.__code__.co_argcount
     args = [w if "a%d" % j in tensor_params else h for j in range(nparams)]
     fast = torch.from_numpy(np.asarray(fn(*args)))
@@ -493,6 +524,7 @@ def test_view_chains_run_as_one_as_strided_and_fall_back_on_other_strides():
 
 def _aten_runner(f, *args):
     from torch.fx.experimental.proxy_tensor import make_fx
+
     gm = make_fx(f, decomposition_table=fbt.decompositions())(*args)
     return fbt.fx_to_graph(gm, list(args))
 
@@ -511,8 +543,9 @@ def test_alias_of_an_extern_result_is_that_result_not_a_copy_kernel():
     aten = torch.ops.aten
 
     def f(x):
-        t = aten.transpose.int(aten.cumsum.default(x, 0), 0, 1)      # an extern, laid out (1, 5)
+        t = aten.transpose.int(aten.cumsum.default(x, 0), 0, 1)  # an extern, laid out (1, 5)
         return aten.alias.default(t), t.sum(1)
+
     x = torch.randn(5, 3)
     run = _aten_runner(f, x)
     assert run.fallback is None
@@ -520,10 +553,12 @@ def test_alias_of_an_extern_result_is_that_result_not_a_copy_kernel():
     _assert_same(outs, f(x))
     # the sum's is the one value a kernel writes: the alias is no full-size copy written too
     assert [k.fused.count("-> buffer") for k in run.kernels] == [1], [k.fused for k in run.kernels]
+
     # a copy of it and a detach of it keep their meaning: the clone is a new tensor
     def g(x):
         t = aten.cumsum.default(x, 0)
         return aten.clone.default(t), aten.detach.default(t) * 2
+
     outs = _aten_runner(g, x)(x)
     _assert_same(outs, g(x))
 
@@ -536,8 +571,9 @@ def test_a_view_graph_outputs_read_is_made_in_c_not_a_one_view_cluster():
 
     def f(x, w):
         m = aten.mm.default(x, w)
-        y = m * 2                                       # closes mm's cluster
+        y = m * 2  # closes mm's cluster
         return aten.permute.default(m, [1, 0]), y, aten.permute.default(y, [1, 0])
+
     x, w = torch.randn(4, 8), torch.randn(8, 6)
     run = _aten_runner(f, x, w)
     assert run.fallback is None and run.extern_calls == 1, run.extern_calls
@@ -545,9 +581,9 @@ def test_a_view_graph_outputs_read_is_made_in_c_not_a_one_view_cluster():
     for _ in range(3):
         out = run(x, w)
         _assert_same(out, f(x, w))
-        assert out[2]._base is out[1]           # a view of output y: made from y's tensor (_output_views)
+        assert out[2]._base is out[1]  # a view of output y: made from y's tensor (_output_views)
     s1 = fastcompile.stats()
-    assert s1["views_made"] - s0["views_made"] == 3          # m's view: one a call, made in C
+    assert s1["views_made"] - s0["views_made"] == 3  # m's view: one a call, made in C
     assert s1["views_by_function"] == s0["views_by_function"]
 
 
@@ -557,10 +593,11 @@ def test_a_view_core_ops_and_an_extern_read_is_made_in_c():
     aten = torch.ops.aten
 
     def f(x, w, v):
-        m = aten.mm.default(x, w)                       # (4, 6)
-        y = m * 2                                       # closes mm's cluster
-        t = aten.permute.default(m, [1, 0])             # (6, 4): a sum and a matmul read it
+        m = aten.mm.default(x, w)  # (4, 6)
+        y = m * 2  # closes mm's cluster
+        t = aten.permute.default(m, [1, 0])  # (6, 4): a sum and a matmul read it
         return aten.sum.dim_IntList(t, [0]) + y.sum(), aten.mm.default(t, v)
+
     x, w, v = torch.randn(4, 8), torch.randn(8, 6), torch.randn(4, 3)
     run = _aten_runner(f, x, w, v)
     assert run.fallback is None and run.extern_calls == 2, run.extern_calls
@@ -577,9 +614,10 @@ def test_a_view_output_of_a_kernel_value_gets_eagers_layout():
     aten = torch.ops.aten
 
     def f(x, w):
-        u = aten.exp.default(aten.permute.default(x, [1, 0]))     # eager: strides (1, 6)
+        u = aten.exp.default(aten.permute.default(x, [1, 0]))  # eager: strides (1, 6)
         m = aten.mm.default(u, w)
         return aten.permute.default(u, [1, 0]), m
+
     x, w = torch.randn(6, 4), torch.randn(6, 3)
     run = _aten_runner(f, x, w)
     assert run.fallback is None
@@ -592,6 +630,7 @@ def test_tensor_constants_of_the_code_lower(train, caplog):
     tensor that the lowering converts while aot_autograd's fake mode is active: it is converted
     with the mode off, and the graph compiles instead of running as plain torch (it did, with a
     FakeTensor assertion logged), in training too and through fastcompile.compile."""
+
     def f(x):
         y = x * torch.tensor([1.0, -2.0, 3.0, 0.5]) + torch.tensor(2.0)
         return y.index_add(0, torch.tensor([0, 0, 2]), torch.ones(3, 4)).sin()
@@ -674,6 +713,7 @@ def test_constant_clusters_are_computed_once_random_ones_every_call():
     """A cluster without tensor inputs made of deterministic factories and views (an arange and
     its reshape) is run once at lowering: its arrays become constants, no extern call is left.
     A random factory stays an extern: each call draws new numbers, as eager does."""
+
     def f(x):
         return x * torch.arange(4, dtype=torch.float32).view(1, 4) + 1
 
@@ -688,6 +728,7 @@ def test_constant_clusters_are_computed_once_random_ones_every_call():
 
     def g(x):
         return x + torch.rand(3, 4)
+
     record = []
     with torch.no_grad():
         cg = compile_fc(g, record=record)
@@ -718,7 +759,7 @@ def test_permute_is_pushed_through_a_layernorm_nothing_else_reads():
         torch.testing.assert_close(out, f(x), **TOL)
     (r,) = record
     assert r.fallback is None and len(r.kernels) == 1, [k.fused for k in r.kernels]
-    assert r.kernels[0].fused.count("sum(") == 2            # mean and variance, once each
+    assert r.kernels[0].fused.count("sum(") == 2  # mean and variance, once each
     xt = x.detach().clone().requires_grad_()
     x2 = x.detach().clone().requires_grad_()
     record = []
@@ -757,8 +798,10 @@ def test_permute_pushed_through_a_reduction_graph_outputs_also_read():
     run = _aten_runner(read, x)
     assert run.fallback is None
     _assert_same(run(x), read(x))
-    for fn in (lambda t: torch.softmax(t * 2, -1).transpose(0, 1).contiguous(),
-               lambda t: torch.log_softmax(t, 0).transpose(1, 2).contiguous()):
+    for fn in (
+        lambda t: torch.softmax(t * 2, -1).transpose(0, 1).contiguous(),
+        lambda t: torch.log_softmax(t, 0).transpose(1, 2).contiguous(),
+    ):
         torch._dynamo.reset()
         a = x.clone().requires_grad_()
         b = x.clone().requires_grad_()
@@ -783,11 +826,14 @@ def test_permute_pushed_through_reductions_of_an_extern_result():
     def f(x, w):
         s = aten._softmax.default(aten.view.default(aten.mm.default(x, w), [4, 6, 8]), -1, False)
         return aten.clone.default(aten.permute.default(s, [1, 0, 2]), memory_format=torch.contiguous_format)
+
     x, w = torch.randn(24, 5), torch.randn(5, 8)
     run = _aten_runner(f, x, w)
     _assert_same(run(x, w), [f(x, w)])
-    assert run.fallback is None and run.extern_calls == 1 and len(run.kernels) == 1, \
-        (run.extern_calls, [k.fused for k in run.kernels])
+    assert run.fallback is None and run.extern_calls == 1 and len(run.kernels) == 1, (
+        run.extern_calls,
+        [k.fused for k in run.kernels],
+    )
 
 
 def test_permute_pushed_where_a_cheap_value_is_read_elsewhere_too():
@@ -803,12 +849,13 @@ def test_permute_pushed_where_a_cheap_value_is_read_elsewhere_too():
         y = gm * xhat - aten.sum.dim_IntList(gm * xhat, [2], True)
         out = aten.clone.default(aten.permute.default(y, [1, 0, 2]), memory_format=torch.contiguous_format)
         return out, aten.sum.dim_IntList(gm * xhat, [0, 1])
+
     x, w, g = torch.randn(4, 6, 8), torch.randn(5, 8), torch.randn(24, 5)
     run = _aten_runner(f, x, w, g)
     _assert_same(run(x, w, g), f(x, w, g))
     fused = [k.fused for k in run.kernels]
     assert run.fallback is None and len(fused) == 2, fused
-    assert not any(f.count(" = ") == f.count(" = cast(") for f in fused), fused     # no copy kernel
+    assert not any(f.count(" = ") == f.count(" = cast(") for f in fused), fused  # no copy kernel
 
 
 @pytest.mark.parametrize("source", ["input", "extern", "softmax"])
@@ -819,9 +866,10 @@ def test_permute_not_pushed_through_a_reduction_over_a_broadcast_axis(source):
     aten = torch.ops.aten
 
     def f(x, a, b):
-        y = b if source == "input" else aten.mm.default(a, b)            # (6, 1)
+        y = b if source == "input" else aten.mm.default(a, b)  # (6, 1)
         s = aten._softmax.default(y, 1, False) if source == "softmax" else aten.sum.dim_IntList(y, [1], True)
-        return aten.clone.default(aten.permute.default(x * s, [1, 0, 2])),
+        return (aten.clone.default(aten.permute.default(x * s, [1, 0, 2])),)
+
     x, a = torch.randn(4, 6, 8), torch.randn(6, 3)
     b = torch.randn(6, 1) if source == "input" else torch.randn(3, 1)
     _assert_same(_aten_runner(f, x, a, b)(x, a, b), f(x, a, b))
@@ -838,6 +886,7 @@ def test_saved_statistic_of_a_broadcast_value_is_not_rebound():
 
     def f(x):
         return (x + ln(pos)).transpose(0, 1).contiguous() * 2
+
     x = torch.randn(4, T, C)
     out = compile_fc(f)(x)
     ref = f(x)
@@ -859,6 +908,7 @@ def test_rebound_statistic_has_eagers_layout_at_any_size(monkeypatch):
     def saved(x):
         m = aten.mean.dim(x, [2], True)
         return aten.clone.default(aten.permute.default(x - m, [1, 0, 2])), m
+
     x = torch.randn(4, 6, 8)
     run = _aten_runner(saved, x)
     _assert_same(run(x), saved(x))
@@ -868,6 +918,7 @@ def test_broadcast_view_output_is_not_a_read_only_array():
     """A view that broadcasts, as a graph output: a cluster's tensor, not the core's read-only
     broadcast array (torch would warn at every call that it is not writable)."""
     import warnings
+
     aten = torch.ops.aten
 
     def f(x, w):
@@ -875,6 +926,7 @@ def test_broadcast_view_output_is_not_a_read_only_array():
         y = m * 2
         e = aten.expand.default(aten.unsqueeze.default(m, 0), [3, 4, 6])
         return aten.permute.default(e, [2, 0, 1]), y
+
     x, w = torch.randn(4, 8), torch.randn(8, 6)
     run = _aten_runner(f, x, w)
     with warnings.catch_warnings():
@@ -883,12 +935,16 @@ def test_broadcast_view_output_is_not_a_read_only_array():
     _assert_same(outs, f(x, w))
 
 
-@pytest.mark.parametrize("fn", [
-    lambda x: (x - x.mean(dim=1, keepdim=True)).permute(2, 0, 1).contiguous() + 1,
-    lambda x: torch.softmax(x, dim=-1).transpose(0, 2).contiguous() * 3,
-    lambda x: (x * x.amax(dim=(0, 2), keepdim=True)).permute(1, 2, 0).contiguous() - 1,
-    lambda x: torch.log_softmax(x * 2, dim=0).transpose(1, 2).contiguous() + 0.5,
-], ids=["mean-mid", "softmax-last", "amax-two-axes", "log-softmax-first"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: (x - x.mean(dim=1, keepdim=True)).permute(2, 0, 1).contiguous() + 1,
+        lambda x: torch.softmax(x, dim=-1).transpose(0, 2).contiguous() * 3,
+        lambda x: (x * x.amax(dim=(0, 2), keepdim=True)).permute(1, 2, 0).contiguous() - 1,
+        lambda x: torch.log_softmax(x * 2, dim=0).transpose(1, 2).contiguous() + 0.5,
+    ],
+    ids=["mean-mid", "softmax-last", "amax-two-axes", "log-softmax-first"],
+)
 def test_permutes_pushed_through_reductions_match_eager(fn):
     """The reduced axes move with the permute: each result equals eager's, in one kernel."""
     torch.manual_seed(0)
@@ -903,8 +959,21 @@ def test_permutes_pushed_through_reductions_match_eager(fn):
 
 
 def _half_scalars(x, t):
-    return (x < 0.1, x == t, x >= 100000, torch.where(x > t, x, 0.1), x + 0.1, x - t, x ** 0.1,
-            x * 100000, x * t, x / 70000, x / t, x // t, x % t)
+    return (
+        x < 0.1,
+        x == t,
+        x >= 100000,
+        torch.where(x > t, x, 0.1),
+        x + 0.1,
+        x - t,
+        x**0.1,
+        x * 100000,
+        x * t,
+        x / 70000,
+        x / t,
+        x // t,
+        x % t,
+    )
 
 
 @pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
@@ -962,8 +1031,13 @@ def test_backend_integer_division_by_a_zero_scalar_raises_as_eager():
     the backend leaves them to torch, which raises at the call (the core would give 0). So does
     subtracting a bool."""
     x = torch.arange(-3, 3).to(torch.int32)
-    for fn in (lambda a: a // 0 + 1, lambda a: a % 0 + 1, lambda a: torch.div(a, 0, rounding_mode="floor") + 1,
-               lambda a: torch.div(a, 0, rounding_mode="trunc") + 1, lambda a: (a - True) * 2):
+    for fn in (
+        lambda a: a // 0 + 1,
+        lambda a: a % 0 + 1,
+        lambda a: torch.div(a, 0, rounding_mode="floor") + 1,
+        lambda a: torch.div(a, 0, rounding_mode="trunc") + 1,
+        lambda a: (a - True) * 2,
+    ):
         with pytest.raises(RuntimeError):
             fn(x)
         with pytest.raises(RuntimeError):
@@ -972,7 +1046,8 @@ def test_backend_integer_division_by_a_zero_scalar_raises_as_eager():
 
 
 _INT_DIVISIONS = {
-    "floordiv": lambda a, b: a // b + 1, "remainder": lambda a, b: a % b + 1,
+    "floordiv": lambda a, b: a // b + 1,
+    "remainder": lambda a, b: a % b + 1,
     "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor") * 2,
     "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc") * 2,
     "remainder_sum": lambda a, b: torch.remainder(a, b).sum(),
@@ -1009,7 +1084,7 @@ def test_integer_division_by_a_tensor_holding_zero_raises_as_eager(how, dtype):
 
 
 def _int_pow(x, e):
-    return x ** e + 1, torch.pow(2, e) * 3
+    return x**e + 1, torch.pow(2, e) * 3
 
 
 @pytest.mark.parametrize("how", ["fastcompile.compile", "torch.compile"])
@@ -1022,27 +1097,47 @@ def test_integer_pow_by_a_tensor_exponent_computes_as_eager(how, dtype):
     record = []
     f = fastcompile.compile(_int_pow) if how == "fastcompile.compile" else compile_fc(_int_pow, record=record)
     x = torch.tensor([1, 2, 3, -1, 0, -2, 5], dtype=dtype)
-    for e in (torch.tensor(1000), torch.tensor(-3), torch.tensor(3, dtype=dtype), torch.tensor(7),
-              torch.tensor([2, -1, 0, 3, 1, -2, 4], dtype=dtype), torch.tensor([-5, -4, -3, 2, -7, -1, 0])):
+    for e in (
+        torch.tensor(1000),
+        torch.tensor(-3),
+        torch.tensor(3, dtype=dtype),
+        torch.tensor(7),
+        torch.tensor([2, -1, 0, 3, 1, -2, 4], dtype=dtype),
+        torch.tensor([-5, -4, -3, 2, -7, -1, 0]),
+    ):
         with torch.no_grad():
             got, want = f(x, e), _int_pow(x, e)
         for g_, w in zip(got, want):
             assert g_.dtype == w.dtype and torch.equal(g_, w), (e, g_, w)
     if how == "torch.compile":
         assert sum(r.core_ops for r in record if r.fallback is None) > 0
-    torch.testing.assert_close(compile_fc(lambda a: a ** 3 - a)(x), x ** 3 - x, rtol=0, atol=0)
+    torch.testing.assert_close(compile_fc(lambda a: a**3 - a)(x), x**3 - x, rtol=0, atol=0)
 
 
 _BOOL_CASES = {
-    "remainder": lambda a, b: a % b, "remainder_scalar": lambda a, b: a % True,
-    "fmod": lambda a, b: torch.fmod(a, b), "clamp": lambda a, b: torch.clamp(a, False, True),
-    "clamp_min": lambda a, b: torch.clamp_min(a, True), "clamp_max": lambda a, b: torch.clamp_max(a, b),
-    "abs": lambda a, b: torch.abs(a), "round": lambda a, b: torch.round(a), "trunc": lambda a, b: torch.trunc(a),
-    "floor": lambda a, b: torch.floor(a), "ceil": lambda a, b: torch.ceil(a), "argmax": lambda a, b: a.argmax(),
-    "argmin": lambda a, b: a.argmin(dim=0), "floor_divide": lambda a, b: a // b, "pow_tensor": lambda a, b: a ** b,
-    "pow_int": lambda a, b: a ** 2, "sign": lambda a, b: torch.sign(a), "amax": lambda a, b: a.amax(),
-    "mul": lambda a, b: a * b, "sum": lambda a, b: a.sum(), "clamp_tensor_max": lambda a, b: torch.clamp(a, max=b),
-    "clamp_tensor_both": lambda a, b: torch.clamp(a, b, b), "clamp_min_tensor": lambda a, b: torch.clamp_min(a, b),
+    "remainder": lambda a, b: a % b,
+    "remainder_scalar": lambda a, b: a % True,
+    "fmod": lambda a, b: torch.fmod(a, b),
+    "clamp": lambda a, b: torch.clamp(a, False, True),
+    "clamp_min": lambda a, b: torch.clamp_min(a, True),
+    "clamp_max": lambda a, b: torch.clamp_max(a, b),
+    "abs": lambda a, b: torch.abs(a),
+    "round": lambda a, b: torch.round(a),
+    "trunc": lambda a, b: torch.trunc(a),
+    "floor": lambda a, b: torch.floor(a),
+    "ceil": lambda a, b: torch.ceil(a),
+    "argmax": lambda a, b: a.argmax(),
+    "argmin": lambda a, b: a.argmin(dim=0),
+    "floor_divide": lambda a, b: a // b,
+    "pow_tensor": lambda a, b: a**b,
+    "pow_int": lambda a, b: a**2,
+    "sign": lambda a, b: torch.sign(a),
+    "amax": lambda a, b: a.amax(),
+    "mul": lambda a, b: a * b,
+    "sum": lambda a, b: a.sum(),
+    "clamp_tensor_max": lambda a, b: torch.clamp(a, max=b),
+    "clamp_tensor_both": lambda a, b: torch.clamp(a, b, b),
+    "clamp_min_tensor": lambda a, b: torch.clamp_min(a, b),
 }
 
 

@@ -8,6 +8,7 @@
 
 Every test skips with a reason where torch is not importable (CI runs a Python without it).
 """
+
 import copy
 import warnings
 
@@ -15,20 +16,30 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch backend is not tested")
 
-import numpy as np                                            # noqa: E402
-import torch.nn as nn                                         # noqa: E402
-import torch.nn.functional as F                               # noqa: E402
+import numpy as np  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-import fastcompile                                            # noqa: E402
-from fastcompile.backends import torch as fbt                 # noqa: E402
-from torchhelp import (MLP, MODELS, TOL, FRONTENDS, compile_fc, _fc_graphs,   # noqa: E402
-                       _frontend, _training_pair, sgd_steps)
-from torchhelp import _reset_dynamo                           # noqa: E402,F401  (autouse fixture)
+import fastcompile  # noqa: E402
+from fastcompile.backends import torch as fbt  # noqa: E402
+from torchhelp import (  # noqa: E402
+    MLP,
+    MODELS,
+    TOL,
+    FRONTENDS,
+    compile_fc,
+    _fc_graphs,  # noqa: E402
+    _frontend,
+    _training_pair,
+    sgd_steps,
+)
+from torchhelp import _reset_dynamo  # noqa: E402,F401  (autouse fixture)
 
 
 # ----------------------------------------------------------------------------------------------
 # models
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("frontend", FRONTENDS)
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -41,14 +52,14 @@ def test_model_forward(name, frontend):
     cm = _frontend(frontend, m, record)
     with torch.no_grad():
         torch.testing.assert_close(cm(x), m(x), **TOL)
-        torch.testing.assert_close(cm(x), m(x), **TOL)          # second call: cached graph
+        torch.testing.assert_close(cm(x), m(x), **TOL)  # second call: cached graph
     if frontend == "fastcompile.compile":
         graphs, record = _fc_graphs(m)
-        assert len(graphs) == 1, graphs                       # the whole forward, no break
+        assert len(graphs) == 1, graphs  # the whole forward, no break
         compiled = graphs[0].compiled
-        assert compiled is not None and compiled.kernels      # core kernels ran
+        assert compiled is not None and compiled.kernels  # core kernels ran
         if not record:
-            return                                            # the core graph route (no aot_autograd)
+            return  # the core graph route (no aot_autograd)
     assert record and all(r.fallback is None for r in record)
     assert sum(r.core_ops for r in record) > 0
 
@@ -68,7 +79,7 @@ def test_model_training_step(name, frontend):
         torch.testing.assert_close(a, b, **TOL)
     for a, b in zip(p1, p0):
         torch.testing.assert_close(a, b, **TOL)
-    for a, b in zip(b1, b0):                    # BatchNorm running stats
+    for a, b in zip(b1, b0):  # BatchNorm running stats
         torch.testing.assert_close(a, b, **TOL)
     if frontend == "fastcompile.compile":
         graphs, record = _fc_graphs(mod)
@@ -123,8 +134,7 @@ def test_fc_compile_first_call_updates_norm_statistics_once():
     parameter: the first call updates the running statistics once, as eager does, though the
     tracer runs the norm, meets the parameter and traces again for autograd."""
     torch.manual_seed(0)
-    base = nn.Sequential(nn.BatchNorm1d(4), nn.Tanh(), nn.InstanceNorm1d(4, track_running_stats=True),
-                         nn.Linear(6, 2))
+    base = nn.Sequential(nn.BatchNorm1d(4), nn.Tanh(), nn.InstanceNorm1d(4, track_running_stats=True), nn.Linear(6, 2))
     eager, ours = copy.deepcopy(base).train(), copy.deepcopy(base).train()
     compiled = fastcompile.compile(ours)
     for k in range(3):
@@ -138,6 +148,7 @@ def test_fc_compile_first_call_draws_what_eager_draws():
     """A module wrapping nn.MultiheadAttention(dropout=0.1) in training: with one seed, the first
     compiled call draws the dropout masks eager draws, and leaves the generator where eager does
     (the trace's example computation must not draw them a first time)."""
+
     class W(nn.Module):
         def __init__(self):
             super().__init__()
@@ -145,6 +156,7 @@ def test_fc_compile_first_call_draws_what_eager_draws():
 
         def forward(self, x):
             return self.m(x, x, x, need_weights=False)[0]
+
     torch.manual_seed(0)
     m = W()
     mc = fastcompile.compile(copy.deepcopy(m))
@@ -231,6 +243,7 @@ def test_fc_compile_floats_are_read_at_each_call_with_torch_dtypes():
     value), with torch's result dtypes (float32 and float16 stay, an int64 tensor gives float32);
     a NumPy float scalar is baked in (torch takes it as a Python scalar, NumPy strongly typed)."""
     from fastcompile import _C
+
     f = fastcompile.compile(_tstep)
     for dtype in (torch.float32, torch.float16, torch.int64):
         fastcompile.reset()
@@ -260,13 +273,14 @@ def test_fc_compile_add_with_alpha_reads_the_float_at_each_call():
     torch's fused a + alpha * b, integers exact; a float alpha with integer tensors raises as
     in eager."""
     from fastcompile import _C
+
     f = fastcompile.compile(_alpha_step)
     with torch.no_grad():
         for dtype in (torch.float32, torch.float64):
             fastcompile.reset()
             p, g = torch.randn(257, dtype=dtype), torch.randn(257, dtype=dtype)
             for k in range(6):
-                lr = 0.1 * 0.9 ** k
+                lr = 0.1 * 0.9**k
                 for got, want in zip(f(p, g, lr), _alpha_step(p, g, lr)):
                     assert got.dtype == want.dtype
                     torch.testing.assert_close(got, want)
@@ -282,8 +296,10 @@ def test_fc_compile_add_with_alpha_reads_the_float_at_each_call():
 
 def test_fc_compile_dropout_checks_p_outside_training():
     """F.dropout(x, p=1.7, training=False) raises as eager does, compiled or not."""
+
     def f(x, p):
         return F.dropout(x, p=p, training=False) * 2
+
     cf = fastcompile.compile(f)
     x = torch.ones(3)
     torch.testing.assert_close(cf(x, 0.5), f(x, 0.5))
@@ -303,6 +319,7 @@ def test_fc_compile_first_call_with_a_computed_float_runs_each_extern_once():
 
     def f(m, x, lr):
         return m(x) * (lr * 2.0)
+
     cf = fastcompile.compile(f)
     for k in range(3):
         x = torch.randn(5, 4) + k
@@ -313,16 +330,24 @@ def test_fc_compile_first_call_with_a_computed_float_runs_each_extern_once():
 
 # -- aliasing and in-place semantics (a differential probe's findings) ---------------------------
 
+
 def _outputs(r):
     return r if isinstance(r, tuple) else (r,)
 
 
-@pytest.mark.parametrize("name,fn", [
-    ("clone_t", lambda x: x.clone().t()), ("clone_slice", lambda x: x.clone()[1:]),
-    ("clone_view", lambda x: x.clone().view(-1)), ("clone_select", lambda x: x.clone()[0]),
-    ("to_copy_slice", lambda x: x.to(copy=True)[1:]), ("detach_clone_t", lambda x: x.detach().clone().t()),
-    ("contiguous_t", lambda x: x.t().contiguous()), ("plain_t", lambda x: x.t()),
-])
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("clone_t", lambda x: x.clone().t()),
+        ("clone_slice", lambda x: x.clone()[1:]),
+        ("clone_view", lambda x: x.clone().view(-1)),
+        ("clone_select", lambda x: x.clone()[0]),
+        ("to_copy_slice", lambda x: x.to(copy=True)[1:]),
+        ("detach_clone_t", lambda x: x.detach().clone().t()),
+        ("contiguous_t", lambda x: x.t().contiguous()),
+        ("plain_t", lambda x: x.t()),
+    ],
+)
 def test_a_copy_then_a_view_never_shares_the_input(name, fn):
     """x.clone().t(): the core lowers the clone to x's own value; the extern view of it must
     still be a view of a copy (a view of x: writing to the result would write x). A plain view
@@ -339,7 +364,7 @@ def test_a_copy_then_a_view_never_shares_the_input(name, fn):
 
 def _exp_then_add_(x):
     y = x.exp()
-    y.add_(1)           # y is saved for exp's backward: eager's backward raises
+    y.add_(1)  # y is saved for exp's backward: eager's backward raises
     return y.sum()
 
 
@@ -351,10 +376,10 @@ def test_an_update_of_a_tensor_saved_for_backward_raises_as_eager(how):
     x = torch.randn(5, requires_grad=True)
     if how == "torch.compile, mutated after":
         f = compile_fc(torch.exp)
-        run = lambda: f(x).add_(1).sum()        # noqa: E731
+        run = lambda: f(x).add_(1).sum()  # noqa: E731
     else:
         f = compile_fc(_exp_then_add_) if how == "torch.compile" else fastcompile.compile(_exp_then_add_)
-        run = lambda: f(x)                      # noqa: E731
+        run = lambda: f(x)  # noqa: E731
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         _exp_then_add_(x).backward()
     for _ in range(2):
@@ -362,7 +387,7 @@ def test_an_update_of_a_tensor_saved_for_backward_raises_as_eager(how):
             run().backward()
     assert x.grad is None
     if how == "torch.compile, mutated after":
-        f(x).sum().backward()                   # no update: the gradient
+        f(x).sum().backward()  # no update: the gradient
         torch.testing.assert_close(x.grad, x.detach().exp())
 
 
@@ -405,8 +430,11 @@ def _clear_sign(x):
 def test_view_as_another_dtype_reinterprets_bits(how):
     """x.view(torch.int32) reinterprets the float's bits (torch's op), no value cast ([-1.5, 2.25]
     to [-1, 2]); clearing the sign bit through the view gives eager's values."""
-    fns = [lambda x: x.view(torch.int32) + 0, lambda x: (x.view(torch.int16) * 1, x.view(torch.uint8)[::2] + 1),
-           _clear_sign]
+    fns = [
+        lambda x: x.view(torch.int32) + 0,
+        lambda x: (x.view(torch.int16) * 1, x.view(torch.uint8)[::2] + 1),
+        _clear_sign,
+    ]
     for fn in fns:
         f = fastcompile.compile(fn) if how == "fastcompile.compile" else compile_fc(fn)
         for vals in ([-1.5, 2.25, -3.0, 0.0], [1e30, -0.0, float("inf"), -7.0]):
@@ -416,11 +444,18 @@ def test_view_as_another_dtype_reinterprets_bits(how):
             assert torch.equal(xe.view(torch.int32), xc.view(torch.int32))
 
 
-@pytest.mark.parametrize("make", [
-    lambda: nn.LeakyReLU(0.1, inplace=True), lambda: nn.ELU(inplace=True), lambda: nn.Hardswish(inplace=True),
-    lambda: nn.Hardsigmoid(inplace=True), lambda: nn.SELU(inplace=True), lambda: nn.CELU(inplace=True),
-    lambda: nn.Sequential(nn.Linear(3, 3), nn.LeakyReLU(0.2, True)),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: nn.LeakyReLU(0.1, inplace=True),
+        lambda: nn.ELU(inplace=True),
+        lambda: nn.Hardswish(inplace=True),
+        lambda: nn.Hardsigmoid(inplace=True),
+        lambda: nn.SELU(inplace=True),
+        lambda: nn.CELU(inplace=True),
+        lambda: nn.Sequential(nn.Linear(3, 3), nn.LeakyReLU(0.2, True)),
+    ],
+)
 def test_fc_compile_inplace_activation_modules_apply_once(make):
     """nn activations with inplace=True call F.leaky_relu(x, slope, True): inplace passed by
     position. The op applies once on the first call too (LeakyReLU: -0.1 for -1, not -0.01, as
@@ -463,19 +498,19 @@ def _ip_keeps_dtype(x, b):
 
 def _ip_int_mul_float(x, b):
     y = (x * 2).int()
-    y.mul_(1.5)                 # eager: RuntimeError (Float cannot be cast to Int)
+    y.mul_(1.5)  # eager: RuntimeError (Float cannot be cast to Int)
     return y
 
 
 def _ip_grows(x, b):
     y = x * 2
-    y.add_(b.view(-1, 1) * 0)   # (1, 4) += (4, 1): eager RuntimeError
+    y.add_(b.view(-1, 1) * 0)  # (1, 4) += (4, 1): eager RuntimeError
     return y
 
 
 def _ip_a_row(x, b):
     y = x * 2
-    y[0].relu_()                # a view: eager code (graph break)
+    y[0].relu_()  # a view: eager code (graph break)
     return y
 
 
@@ -489,12 +524,12 @@ def _ip_after_linear(x, b):
 def _ip_read_by_an_extern(x, b):
     y = _LIN(x)
     z = _LIN2(y)
-    y.relu_()                   # y was handed to an extern: eager code (graph break)
+    y.relu_()  # y was handed to an extern: eager code (graph break)
     return z, y
 
 
 def _ip_input(x, b):
-    x.relu_()                   # an input: eager code (graph break)
+    x.relu_()  # an input: eager code (graph break)
     return x * 2
 
 
@@ -509,25 +544,39 @@ _W = torch.randn(4, requires_grad=True)
 
 def _ip_through_a_view_then_a_row(x, b):
     g = x * _W
-    g.t().mul_(2.0)             # a view: eager code (in autograd mode, recorded for aot_autograd
-    g[0] += 1.0                 # it left g a view made inside its Function: this raised)
+    g.t().mul_(2.0)  # a view: eager code (in autograd mode, recorded for aot_autograd
+    g[0] += 1.0  # it left g a view made inside its Function: this raised)
     return g
 
 
 def _ip_saved_for_backward(x, b):
     y = x.exp()
-    y.relu_()                   # exp saved y: eager's backward raises
+    y.relu_()  # exp saved y: eager's backward raises
     return y
 
 
-@pytest.mark.parametrize("fn,breaks", [
-    (_ip_relu, 0), (_ip_add_broadcast, 0), (_ip_keeps_dtype, 0), (_ip_int_mul_float, None), (_ip_grows, None),
-    (_ip_a_row, 1), (_ip_after_linear, 0), (_ip_read_by_an_extern, 1), (_ip_input, 1), (_ip_masked, 0),
-    (_ip_saved_for_backward, 0), (_ip_through_a_view_then_a_row, None)])
+@pytest.mark.parametrize(
+    "fn,breaks",
+    [
+        (_ip_relu, 0),
+        (_ip_add_broadcast, 0),
+        (_ip_keeps_dtype, 0),
+        (_ip_int_mul_float, None),
+        (_ip_grows, None),
+        (_ip_a_row, 1),
+        (_ip_after_linear, 0),
+        (_ip_read_by_an_extern, 1),
+        (_ip_input, 1),
+        (_ip_masked, 0),
+        (_ip_saved_for_backward, 0),
+        (_ip_through_a_view_then_a_row, None),
+    ],
+)
 @pytest.mark.parametrize("grad", [False, True])
 def test_fc_compile_in_place_tensor_methods_as_eager(fn, breaks, grad):
     """y.relu_(), y.add_(b), F.leaky_relu(y, 0.2, True), ...: on a tensor the graph made that
-    nothing else can see, in-place Tensor methods are traced, not graph breaks: the core route rebinds y to the out-of-place value (in y's dtype), autograd mode records the
+    nothing else can see, in-place Tensor methods are traced, not graph breaks: the core route
+    rebinds y to the out-of-place value (in y's dtype), autograd mode records the
     in-place op for aot_autograd. Inputs, views and tensors an extern read stay eager code;
     what eager refuses raises as in eager, at the call or at backward."""
     if breaks is not None:
@@ -537,7 +586,10 @@ def test_fc_compile_in_place_tensor_methods_as_eager(fn, breaks, grad):
     f = fastcompile.compile(fn)
     for n in (3, 3, 5):
         x, b = torch.randn(n, 4) if fn is not _ip_grows else torch.randn(1, 4), torch.randn(4)
-        xe, xc = x.clone().requires_grad_(grad and fn is not _ip_input), x.clone().requires_grad_(grad and fn is not _ip_input)
+        xe, xc = (
+            x.clone().requires_grad_(grad and fn is not _ip_input),
+            x.clone().requires_grad_(grad and fn is not _ip_input),
+        )
         ctx = torch.enable_grad if grad else torch.no_grad
         with ctx():
             try:
@@ -571,8 +623,14 @@ def test_fc_compile_a_network_with_in_place_activations_is_one_graph():
     them: one graph (no graph break per activation, which in nn.Sequential would run the whole
     forward as plain Python), forward and a training step as eager."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.LeakyReLU(0.1, True),
-                      nn.Linear(8, 3), nn.Hardtanh(-0.5, 0.5, inplace=True))
+    m = nn.Sequential(
+        nn.Linear(6, 8),
+        nn.ReLU(inplace=True),
+        nn.Linear(8, 8),
+        nn.LeakyReLU(0.1, True),
+        nn.Linear(8, 3),
+        nn.Hardtanh(-0.5, 0.5, inplace=True),
+    )
     ref = copy.deepcopy(m)
     with torch.no_grad():
         ex = fastcompile.explain(m)(torch.randn(4, 6))
@@ -615,8 +673,11 @@ def test_group_norm_casts_of_broadcast_views_run_in_their_readers(dtype):
         for _ in range(2):
             torch.testing.assert_close(f(x), m(x), **TOL)
     kernels = [k for r in record for k in r.kernels]
-    copies = [k.fused for k in kernels if all(line.split("=")[1].strip().startswith("cast(")
-                                               for line in k.fused.splitlines()[1:] if "=" in line)]
+    copies = [
+        k.fused
+        for k in kernels
+        if all(line.split("=")[1].strip().startswith("cast(") for line in k.fused.splitlines()[1:] if "=" in line)
+    ]
     assert not copies, copies
     assert len({k.name for k in kernels}) == 3, [k.fused for k in kernels]
 
@@ -645,15 +706,21 @@ def test_fc_compile_a_module_called_under_no_grad_then_trained_compiles_for_auto
             ref(x).square().sum().backward()
             for pe, pc in zip(ref.parameters(), m.parameters()):
                 torch.testing.assert_close(pc.grad, pe.grad, msg="step %d" % step)
-    ex = fastcompile.explain(m)(torch.randn(5, 6))        # grad on: the autograd-mode graph
+    ex = fastcompile.explain(m)(torch.randn(5, 6))  # grad on: the autograd-mode graph
     assert ex.graph_count == 1 and ex.graph_break_count == 0, ex
 
 
-@pytest.mark.parametrize("name,fn", [
-    ("t_contiguous", lambda x: x.t().contiguous()), ("contiguous", lambda x: x.contiguous()),
-    ("t_contiguous_view", lambda x: x.t().contiguous().view(-1)), ("t_contiguous_t", lambda x: x.t().contiguous().t()),
-    ("detach", lambda x: x.detach()), ("sin_detach", lambda x: x.sin().detach()),
-])
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("t_contiguous", lambda x: x.t().contiguous()),
+        ("contiguous", lambda x: x.contiguous()),
+        ("t_contiguous_view", lambda x: x.t().contiguous().view(-1)),
+        ("t_contiguous_t", lambda x: x.t().contiguous().t()),
+        ("detach", lambda x: x.detach()),
+        ("sin_detach", lambda x: x.sin().detach()),
+    ],
+)
 def test_fc_compile_contiguous_and_detach_as_eager(name, fn):
     """x.t().contiguous() is a C-ordered copy, not the transposed view of x (.view(-1) after it
     would raise, and writes would reach x); x.detach() is a new tensor, not x."""
@@ -678,7 +745,8 @@ def test_fc_compile_views_share_their_base_as_in_eager():
     """Tensor outputs that view an input or another output are views of the tensor they view,
     not torch.from_numpy tensors over the same memory (no _base, storage_offset() 0, and a
     version counter of their own, so autograd would miss an in-place update through one: a
-    tensor saved for backward updated unnoticed); an output returned twice is one tensor; x.view(torch.int32), of another dtype, still shares x's memory."""
+    tensor saved for backward updated unnoticed); an output returned twice is one tensor;
+    x.view(torch.int32), of another dtype, still shares x's memory."""
     ex = fastcompile.explain(_views_of_inputs_and_outputs)(torch.ones(4, 3))
     assert ex.graph_count == 1 and ex.graph_break_count == 0, ex
     f = fastcompile.compile(_views_of_inputs_and_outputs)
@@ -751,7 +819,7 @@ def test_fc_compile_shapes_that_do_not_broadcast_raise_runtime_error():
 def _iadd_through_a_view(x, w):
     y = x * w
     z = y.t()
-    z += 1              # reaches y
+    z += 1  # reaches y
     return y
 
 
@@ -765,7 +833,7 @@ def _imul_a_row(x, w):
 def _iadd_a_viewed_base(x, w):
     y = x * w
     v = y.t()
-    y += 1              # reaches v
+    y += 1  # reaches v
     return v
 
 
@@ -797,7 +865,7 @@ def test_fc_compile_autograd_in_place_update_of_a_view_reaches_its_base(fn):
 
 def _branch_on_a_value(x):
     h = x * 2
-    if h.mean() > 0:            # a graph break
+    if h.mean() > 0:  # a graph break
         h = h * 3
     return h + 1
 
@@ -814,12 +882,14 @@ def test_fc_compile_autograd_mode_graphs_follow_new_sizes(fn, caplog):
     existing size (3)', and a frame without one runs as plain Python at every call), up to
     cache_size_limit; past it a graph runs its torch ops uncompiled, with a warning."""
     import logging
+
     records = []
     old_backend = fbt.backend
 
     def counting(gm, example_inputs, **kw):
         records.append(tuple(example_inputs[0].shape))
         return old_backend(gm, example_inputs, **kw)
+
     f = fastcompile.compile(fn)
     old_limit = fastcompile.config.get("cache_size_limit")
     fbt.backend = counting
@@ -827,7 +897,7 @@ def test_fc_compile_autograd_mode_graphs_follow_new_sizes(fn, caplog):
     try:
         with caplog.at_level(logging.WARNING, logger="fastcompile"):
             for b in (2, 3, 2, 3, 4, 5, 6, 5):
-                x = torch.rand(b, 4, requires_grad=True)        # h.mean() > 0: one resume path
+                x = torch.rand(b, 4, requires_grad=True)  # h.mean() > 0: one resume path
                 xe = x.detach().clone().requires_grad_(True)
                 out = f(x)
                 torch.testing.assert_close(out, fn(xe))
@@ -838,14 +908,14 @@ def test_fc_compile_autograd_mode_graphs_follow_new_sizes(fn, caplog):
         fbt.backend = old_backend
         fastcompile.config.set(cache_size_limit=old_limit)
     graphs = 2 if fn is _branch_on_a_value else 1
-    assert sorted(set(records)) == [(2, 4), (3, 4), (4, 4)], records     # 5 and 6: past the limit
+    assert sorted(set(records)) == [(2, 4), (3, 4), (4, 4)], records  # 5 and 6: past the limit
     assert len(records) == 3 * graphs, records
     assert any("cache_size_limit" in r.getMessage() for r in caplog.records)
 
 
 def _bn_then_item(x, bn):
     y = bn(x)
-    s = y.abs().max().item()        # a graph break
+    s = y.abs().max().item()  # a graph break
     return y / s
 
 
@@ -866,11 +936,18 @@ def test_fc_compile_a_graph_break_runs_each_extern_once_on_the_first_call():
             torch.testing.assert_close(bn.running_var, ref.running_var)
 
 
-@pytest.mark.parametrize("make,shape", [
-    (lambda: nn.BatchNorm1d(6), (5, 6)), (lambda: nn.BatchNorm1d(6), (5, 6, 7)),
-    (lambda: nn.BatchNorm2d(6), (2, 6, 4, 5)), (lambda: nn.BatchNorm3d(6, affine=False), (2, 6, 3, 4, 5)),
-    (lambda: nn.BatchNorm2d(6).double(), (2, 6, 4, 5)),
-    (lambda: nn.BatchNorm2d(6, track_running_stats=False), (2, 6, 4, 5)), (lambda: nn.BatchNorm2d(6).half(), (2, 6, 4, 5))])
+@pytest.mark.parametrize(
+    "make,shape",
+    [
+        (lambda: nn.BatchNorm1d(6), (5, 6)),
+        (lambda: nn.BatchNorm1d(6), (5, 6, 7)),
+        (lambda: nn.BatchNorm2d(6), (2, 6, 4, 5)),
+        (lambda: nn.BatchNorm3d(6, affine=False), (2, 6, 3, 4, 5)),
+        (lambda: nn.BatchNorm2d(6).double(), (2, 6, 4, 5)),
+        (lambda: nn.BatchNorm2d(6, track_running_stats=False), (2, 6, 4, 5)),
+        (lambda: nn.BatchNorm2d(6).half(), (2, 6, 4, 5)),
+    ],
+)
 def test_fc_compile_batch_norm_in_eval_mode_fuses(make, shape):
     """BatchNorm in eval mode, float32/float64, is traced as its per-channel scale and shift (not
     one extern call), so BN + ReLU(inplace=True) is one kernel over x; without running statistics
@@ -915,6 +992,7 @@ def test_a_graph_aot_autograd_refuses_runs_as_plain_torch(caplog):
     aot_eager takes it). The graph runs as plain torch (not BackendCompilerFailed), with a
     warning, and gives eager's result and input state."""
     import logging
+
     with caplog.at_level(logging.WARNING, logger="fastcompile.backends.torch"):
         f = compile_fc(_set_data)
         for _ in range(2):

@@ -1,6 +1,7 @@
 """The tracer (python/fastcompile/trace): graph and break counts, results equal
 to the uncompiled function (directly, through TraceResult.target or through the
 transformed code object), guards and the flat guard program."""
+
 import sys
 import types
 
@@ -20,7 +21,8 @@ import trace_corpus as C
 pytestmark = pytest.mark.skipif(
     sys.version_info[:2] not in trace.SUPPORTED_PYTHONS,
     reason="the tracer reads CPython 3.11/3.12 bytecode; on other versions frames run as plain Python "
-           "(test_unsupported_python_runs_plain covers that)")
+    "(test_unsupported_python_runs_plain covers that)",
+)
 
 try:
     import torch
@@ -36,8 +38,9 @@ def same(actual, expected, where="out"):
     if isinstance(expected, (np.ndarray, np.generic)):
         assert type(actual) is type(expected), "%s: %s vs %s" % (where, type(actual), type(expected))
         kind = "exact" if np.asarray(expected).dtype.kind in "biu" else "reduction"
-        assert_close_np(np.asarray(actual), np.asarray(expected), kind=kind,
-                        atol=None if kind == "exact" else 1e-5, err_msg=where)
+        assert_close_np(
+            np.asarray(actual), np.asarray(expected), kind=kind, atol=None if kind == "exact" else 1e-5, err_msg=where
+        )
     elif isinstance(expected, (tuple, list)):
         assert type(actual) is type(expected) and len(actual) == len(expected), where
         for i, (a, e) in enumerate(zip(actual, expected)):
@@ -56,8 +59,12 @@ def test_corpus(case, capsys):
         pytest.skip("torch is not installed")
     args, kwargs = case.args(), case.kwargs
     r = trace_function(case.fn, *args, **kwargs)
-    assert G.check_program(r.program, _slots(case.fn, args, kwargs), case.fn.__globals__,
-                           __builtins__, case.fn.__closure__) == -1
+    assert (
+        G.check_program(
+            r.program, _slots(case.fn, args, kwargs), case.fn.__globals__, __builtins__, case.fn.__closure__
+        )
+        == -1
+    )
     assert len(r.breaks) == case.breaks, r.breaks
     assert len(r.graphs) == case.graphs, r.graphs
     for b in r.breaks:
@@ -74,7 +81,7 @@ def test_corpus(case, capsys):
     else:
         assert r.breaks, "no target, no code and no break"
         got = case.fn(*args, **kwargs)
-    assert capsys.readouterr().out == printed          # side effects once, same order
+    assert capsys.readouterr().out == printed  # side effects once, same order
     same(got, expected)
 
 
@@ -119,14 +126,14 @@ def test_guard_dtype_rank_contiguity():
     x, y = C.a2(4, 5), C.a2(4, 5, seed=1)
     r = trace_function(C.np_add, x, y)
     assert _first_fail(r, C.np_add, x, y)[0] == -1
-    assert _first_fail(r, C.np_add, C.a2(7, 9), C.a2(7, 9))[0] == -1            # sizes are not guarded
+    assert _first_fail(r, C.np_add, C.a2(7, 9), C.a2(7, 9))[0] == -1  # sizes are not guarded
     i, ins = _first_fail(r, C.np_add, x.astype(np.float64), y)
     assert ins[0] == "ndarray" and ins[2] == np.float32
     i, ins = _first_fail(r, C.np_add, x, C.a2(4, 5, 1))
     assert ins[0] == "ndarray" and ins[3] == 2
     i, ins = _first_fail(r, C.np_add, x.T, y.T)
     assert ins[0] == "ndarray" and ins[5] == 1
-    i, ins = _first_fail(r, C.np_add, C.a2(1, 5), y)                              # size-1 pattern
+    i, ins = _first_fail(r, C.np_add, C.a2(1, 5), y)  # size-1 pattern
     assert ins[0] == "ndarray"
 
 
@@ -140,7 +147,7 @@ def test_guard_size_used_as_value():
 
 def test_guard_global_change():
     x = C.a2(4, 5)
-    with fastcompile.config.overriding(specialize_float=True):     # C.SCALE is a float
+    with fastcompile.config.overriding(specialize_float=True):  # C.SCALE is a float
         r = trace_function(C.np_global, x)
     old = C.SCALE
     try:
@@ -163,13 +170,15 @@ def test_guard_python_args_and_closure():
     def outer(c):
         def f(x):
             return x + c
+
         return f
+
     f1, f2 = outer(1), outer(2)
     r = trace_function(f1, x)
     assert any(ins[0] == "closure" for ins in r.program)
     assert G.check_program(r.program, {0: x}, f1.__globals__, __builtins__, f1.__closure__) == -1
     assert G.check_program(r.program, {0: x}, f2.__globals__, __builtins__, f2.__closure__) >= 0
-    f1, f2, f3 = outer(1.0), outer(2.0), outer(2)   # a float closure is read at each call
+    f1, f2, f3 = outer(1.0), outer(2.0), outer(2)  # a float closure is read at each call
     r = trace_function(f1, x)
     assert G.check_program(r.program, {0: x}, f1.__globals__, __builtins__, f1.__closure__) == -1
     assert G.check_program(r.program, {0: x}, f2.__globals__, __builtins__, f2.__closure__) == -1
@@ -195,6 +204,7 @@ def test_slot_of_cell_argument():
     def f(x, y):
         g = lambda: y
         return x * g()
+
     names = localsplus_names(f.__code__)
     assert names.index("y") == 1
     x = C.a2(3)
@@ -224,7 +234,7 @@ def test_torch_requires_grad_traces_for_autograd():
     assert not r.breaks and len(r.graphs) == 1
     assert isinstance(r.graphs[0].graph, torch.fx.Graph)
     kinds = [i[0] for i in r.program]
-    assert "call0" in kinds                                        # grad mode is guarded
+    assert "call0" in kinds  # grad mode is guarded
     got = r.target(*slot_values(C.th_add, (x, x), {}, r.slots))
     assert got.grad_fn is not None
     got.sum().backward()
@@ -233,7 +243,7 @@ def test_torch_requires_grad_traces_for_autograd():
     C.th_add(x, x).sum().backward()
     torch.testing.assert_close(g, x.grad)
     assert _first_fail(r, C.th_add, x, x)[0] == -1
-    with torch.no_grad():                                          # the guard fails without grad
+    with torch.no_grad():  # the guard fails without grad
         assert _first_fail(r, C.th_add, x, x)[1][0] == "eq"
 
 
@@ -241,9 +251,11 @@ def test_global_of_a_function_from_another_module_is_guarded(tmp_path, monkeypat
     """A global read by a function inlined from another module is guarded through that
     module's globals dict: changing it makes the guard program fail."""
     (tmp_path / "fc_helpermod.py").write_text(
-        "import numpy as np\nSCALE = 2\ndef helper(x):\n    return x * SCALE + np.sin(x)\n")
+        "import numpy as np\nSCALE = 2\ndef helper(x):\n    return x * SCALE + np.sin(x)\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
+
     mod = importlib.import_module("fc_helpermod")
 
     def f(x):
@@ -268,7 +280,7 @@ def test_grad_mode_is_guarded_for_tensors_that_require_grad():
         return w * 2 + 1
 
     w = torch.ones(3, requires_grad=True)
-    r = trace_function(f, w, fullgraph=True)            # grad on: autograd mode, an FX graph
+    r = trace_function(f, w, fullgraph=True)  # grad on: autograd mode, an FX graph
     assert isinstance(r.graphs[0].graph, torch.fx.Graph)
     with torch.no_grad():
         r = trace_function(f, w)
@@ -311,20 +323,23 @@ def test_compiled_source_reader_matches_evaluate():
     srcs = [
         mods_src,
         S.ItemSource(S.ItemSource(S.DictAttrSource(root, "mods"), "second"), 1),
-        S.ItemSource(S.DictAttrSource(root, "mods"), "absent"),            # MISSING key
-        S.ItemSource(S.ItemSource(S.DictAttrSource(root, "mods"), "second"), 7),   # index
-        S.DictAttrSource(root, "nothing"),                                  # MISSING attribute
-        S.DictAttrSource(S.DictAttrSource(root, "nothing"), "deeper"),      # below a MISSING
+        S.ItemSource(S.DictAttrSource(root, "mods"), "absent"),  # MISSING key
+        S.ItemSource(S.ItemSource(S.DictAttrSource(root, "mods"), "second"), 7),  # index
+        S.DictAttrSource(root, "nothing"),  # MISSING attribute
+        S.DictAttrSource(S.DictAttrSource(root, "nothing"), "deeper"),  # below a MISSING
         S.TypeAttrSource(S.TypeOfSource(root), "kind"),
         S.TypeOfSource(root),
         S.SlotAttrSource(S.DictAttrSource(root, "sl"), "a"),
-        S.SlotAttrSource(S.DictAttrSource(root, "sl"), "b"),                # unset slot
+        S.SlotAttrSource(S.DictAttrSource(root, "sl"), "b"),  # unset slot
         S.FuncAttrSource(S.DictAttrSource(root, "fn"), "__defaults__"),
         S.FuncAttrSource(S.DictAttrSource(root, "fn"), "__kwdefaults__"),
-        S.GlobalSource("g"), S.GlobalSource("len"), S.GlobalSource("no_such_name"),
-        S.LocalSource("other", 1), S.LocalSource("unbound", 9),
+        S.GlobalSource("g"),
+        S.GlobalSource("len"),
+        S.GlobalSource("no_such_name"),
+        S.LocalSource("other", 1),
+        S.LocalSource("unbound", 9),
         S.ClosureSource("c", 0),
-        mods_src,                                                            # twice: read once
+        mods_src,  # twice: read once
     ]
     cell = types.CellType(3.5)
     args = ({0: o, 1: "local"}, {"g": 42}, __builtins__, (cell,))
@@ -349,9 +364,10 @@ def test_compiled_source_reader_matches_evaluate():
 
 def test_source_hash_is_computed_once():
     from fastcompile.trace import sources as S
+
     a = S.ItemSource(S.DictAttrSource(S.LocalSource("self", 0), "m"), "w")
     b = S.ItemSource(S.DictAttrSource(S.LocalSource("other_name", 0), "m"), "w")
-    assert a == b and hash(a) == hash(b)           # equal paths: equal hashes, as before
+    assert a == b and hash(a) == hash(b)  # equal paths: equal hashes, as before
     assert hash(a) == hash(a) and a._hash == hash(a)
     assert a != S.ItemSource(S.DictAttrSource(S.LocalSource("self", 1), "m"), "w")
     assert len({a, b, S.ItemSource(a.base, "v")}) == 2

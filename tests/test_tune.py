@@ -3,6 +3,7 @@ Compiled.tuning reports. The times themselves are never asserted (shared machine
 the candidates offered, that the fastest is the one recorded, that a launch shape is timed
 once and then used, that results stay right (bitwise where the kernel does not depend on the
 thread count), and that errors and small launches behave as without tuning."""
+
 import numpy as np
 import pytest
 
@@ -74,7 +75,7 @@ def test_strided_pointwise_tunes_threads_and_column_blocks():
     blocks = {bl for _, bl, _ in e["candidates"]}
     assert blocks == {0, 16, 32, 64, 128, 256, 512}
     assert len(e["candidates"]) == len(blocks) * len(thread_counts())
-    for i in range(3):                                   # timed once, then used
+    for i in range(3):  # timed once, then used
         (out,) = f(a, b)
         assert_close_np(out, a * b)
     (e2,) = f.tuning
@@ -91,24 +92,24 @@ def test_contiguous_pointwise_offers_no_blocks():
 
 def test_each_launch_shape_is_tuned_once_and_the_table_is_capped():
     f = mul_graph()
-    for rows in range(100, 111):                           # 11 shapes, all past the size floor
+    for rows in range(100, 111):  # 11 shapes, all past the size floor
         a = np.ones((rows, 64), np.float32)
         f(a, a)
         f(a, a)
     entries = f.tuning
-    assert len(entries) == 8                               # FC_TUNE_MAXENTRIES: the oldest go
-    assert sorted(e["outer"] for e in entries) == [(r * 64,) for r in range(103, 111)]   # collapsed to 1-d
+    assert len(entries) == 8  # FC_TUNE_MAXENTRIES: the oldest go
+    assert sorted(e["outer"] for e in entries) == [(r * 64,) for r in range(103, 111)]  # collapsed to 1-d
     assert all(e["uses"] == 1 for e in entries)
 
 
 def test_small_launches_are_not_timed():
     f = mul_graph()
-    a = np.ones((63, 64), np.float32)                      # 4032 elements < FC_TUNE_MIN_ELEMS
+    a = np.ones((63, 64), np.float32)  # 4032 elements < FC_TUNE_MIN_ELEMS
     f(a, a)
     assert f.tuning == []
 
 
-@pytest.mark.parametrize("rows,cols", [(512, 300), (3, 40000)])   # rows per thread; split rows
+@pytest.mark.parametrize("rows,cols", [(512, 300), (3, 40000)])  # rows per thread; split rows
 def test_reductions_stay_right(rows, cols):
     g = Graph()
     x = g.input("float64", 2)
@@ -155,7 +156,7 @@ def test_kernel_error_raises_and_records_nothing():
     assert f.tuning == []
     b[4321] = 2
     (out,) = f(a, b)
-    assert_close_np(out, a ** b)
+    assert_close_np(out, a**b)
     assert len(f.tuning) == 1
 
 
@@ -175,6 +176,7 @@ def test_config_knob_and_per_graph_override():
 def test_environment_turns_it_on(monkeypatch):
     """FASTCOMPILE_AUTOTUNE=1 is read at import: a fresh interpreter tunes graphs that do not say."""
     from conftest import run_isolated
+
     monkeypatch.setenv("FASTCOMPILE_AUTOTUNE", "1")
     r = run_isolated("""
         import numpy as np
@@ -193,6 +195,7 @@ def test_tuning_report_and_tuned_calls_do_not_leak():
     """Compiled.tuning builds new dicts each time; tuned launches take the table's entry. Neither
     may keep references to the inputs or grow traced memory."""
     import sys
+
     f = mul_graph()
     a = np.ones((200, 100), np.float32)
     f(a, a)
@@ -205,6 +208,7 @@ def test_tuning_report_and_tuned_calls_do_not_leak():
     def step():
         f.tuning
         f(a, a)
+
     grew = traced_growth(step, 200, 2000)
     assert grew < 64 * 1024, "grew by %d bytes over 2,000 calls" % grew
 
@@ -216,12 +220,13 @@ def test_threads_tuning_one_shape_at_once_record_it_once():
     f = mul_graph(autotune=False)
     a = np.ones((256, 512), np.float32)
     b = lay_transposed(np.full((256, 512), 2, np.float32))
-    f(a[:8], b[:8])                 # the plan (layouts, not sizes) exists: only tuning is left
+    f(a[:8], b[:8])  # the plan (layouts, not sizes) exists: only tuning is left
     nk = len(f.kernels)
     f.autotune = True
 
     def work(i):
         np.testing.assert_array_equal(f(a, b)[0], a * b)
+
     assert run_threads(work, 3) == []
     assert len(f.kernels) == nk
     assert len(f.tuning) == 1, [(e["outer"], e["inner"], e["uses"]) for e in f.tuning]

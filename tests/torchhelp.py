@@ -2,6 +2,7 @@
 test_torch_training.py, gpu/test_cuda_torch.py): the backend compile, the models and the SGD
 step. Importing it skips the importing module where torch is not installed.
 """
+
 import copy
 import functools
 
@@ -9,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch backend is not tested")
 
-import torch.nn as nn                                         # noqa: E402
-import torch.nn.functional as F                               # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from fastcompile.backends import torch as fbt                 # noqa: E402
+from fastcompile.backends import torch as fbt  # noqa: E402
 
 
 def compile_fc(fn, record=None, **kw):
@@ -30,11 +31,13 @@ def _reset_dynamo():
 # models
 # ----------------------------------------------------------------------------------------------
 
+
 class MLP(nn.Module):
     def __init__(self, d=32):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(d, 64), nn.GELU(), nn.Linear(64, 64), nn.SiLU(),
-                                 nn.LayerNorm(64), nn.Linear(64, 10))
+        self.net = nn.Sequential(
+            nn.Linear(d, 64), nn.GELU(), nn.Linear(64, 64), nn.SiLU(), nn.LayerNorm(64), nn.Linear(64, 10)
+        )
 
     def forward(self, x):
         return self.net(x)
@@ -71,6 +74,7 @@ class Block(nn.Module):
 
 class RNN(nn.Module):
     """An Elman cell written by hand, unrolled over the sequence by Dynamo."""
+
     def __init__(self, d=16, hidden=32):
         super().__init__()
         self.wx = nn.Linear(d, hidden)
@@ -101,6 +105,7 @@ def _frontend(frontend, module, record):
     if frontend == "torch.compile":
         return compile_fc(module, record=record)
     import fastcompile
+
     fastcompile.reset()
     return fastcompile.compile(module)
 
@@ -109,6 +114,7 @@ def _fc_graphs(module):
     """fastcompile.compile's traced graphs of module.forward (GraphInfo), newest entry first,
     and the torch-backend runners of those traced in autograd mode."""
     from fastcompile import _C
+
     graphs, runners = [], []
     for entry in _C.code_entries(type(module).forward.__code__):
         assert not entry.info.result.breaks, entry.info.result.breaks
@@ -124,8 +130,9 @@ def sgd_steps(pairs, x):
     results, target = [], []
     for model, run in pairs:
         loss, grads = _sgd_step(model, run, torch.optim.SGD(model.parameters(), lr=0.1), x, target)
-        results.append((loss, grads, [p.detach().clone() for p in model.parameters()],
-                        [b.clone() for b in model.buffers()]))
+        results.append(
+            (loss, grads, [p.detach().clone() for p in model.parameters()], [b.clone() for b in model.buffers()])
+        )
     return results
 
 

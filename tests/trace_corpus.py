@@ -1,6 +1,7 @@
 """Small functions for tests/test_trace.py: each entry is
 Case(fn, args_factory, graphs, breaks, torch) -- the expected number of graphs
 and breaks of the first trace of fn(*args)."""
+
 # (tests/golden/explain/*.txt quote line numbers of this file: FASTCOMPILE_UPDATE_GOLDEN=1 rewrites them)
 import math
 
@@ -36,6 +37,7 @@ def helper_scale(x, s=3.0):
 def make_adder(c):
     def add(x):
         return x + c
+
     return add
 
 
@@ -55,85 +57,215 @@ AFF = Affine(2.0, -1.0)
 # ---------------------------------------------------------------- NumPy, no break
 
 
-def np_add(x, y): return x + y
-def np_ops(x, y): return (x - y) * (x / (np.abs(y) + 1)) ** 2 // 1 % 3
-def np_unary(x): return -np.exp(x) + np.tanh(x) - np.sqrt(np.abs(x)) + np.log1p(np.abs(x))
-def np_where(x): return np.where(x > 0, x, 0.1 * x)
-def np_maxmin(x, y): return np.maximum(x, y) - np.minimum(x, 0)
-def np_sum_axis(x): return np.sum(x, axis=1)
-def np_mean_keep(x): return x.mean(axis=-1, keepdims=True)
-def np_var_std(x): return np.var(x, axis=0) + x.std(axis=1, ddof=1).sum()
-def np_argmax(x): return np.argmax(x, axis=1), x.argmin(axis=0)
-def np_any_all(x): return np.any(x > 1, axis=0), (x < 5).all()
-def np_full_reduce(x): return x.sum(), np.max(x), np.prod(x[:2, :2])
-def np_astype(x): return (x * 10).astype(np.int32) + 1
-def np_transpose(x): return x.T + 1, np.transpose(x) * 2
-def np_reshape(x): return x.reshape(-1) * 2, x.reshape(x.shape[0], -1).sum(axis=1)
-def np_index(x): return x[1:, ::2] + x[0, ::2], x[None, :, 0]
-def np_matmul(x, y): return np.tanh(x @ y.T), np.dot(x, y.T).sum()
-def np_concat(x, y): return np.concatenate([x, y], axis=0) * 2, np.stack((x, y)).mean(axis=0)
-def np_compare(x, y): return (x > y) & (x < 1) | ~(y == 0)
-def np_int_ops(a, b): return (a & b) ^ (a | 3), a // 3, a % 5
-def np_clip(x): return np.clip(x, -0.5, 0.5) * 2
-def np_shape_value(x): return x * x.shape[1]
-def np_ndim_dtype(x): return x * x.ndim if x.dtype == np.float32 else x
-def np_len(x): return x / len(x)
-def np_global(x): return x * SCALE + OFFSET
-def np_closure(x): return ADD5(x) * 2
-def np_nested(x): return helper_scale(x) + helper_scale(x, s=0.5)
+def np_add(x, y):
+    return x + y
+
+
+def np_ops(x, y):
+    return (x - y) * (x / (np.abs(y) + 1)) ** 2 // 1 % 3
+
+
+def np_unary(x):
+    return -np.exp(x) + np.tanh(x) - np.sqrt(np.abs(x)) + np.log1p(np.abs(x))
+
+
+def np_where(x):
+    return np.where(x > 0, x, 0.1 * x)
+
+
+def np_maxmin(x, y):
+    return np.maximum(x, y) - np.minimum(x, 0)
+
+
+def np_sum_axis(x):
+    return np.sum(x, axis=1)
+
+
+def np_mean_keep(x):
+    return x.mean(axis=-1, keepdims=True)
+
+
+def np_var_std(x):
+    return np.var(x, axis=0) + x.std(axis=1, ddof=1).sum()
+
+
+def np_argmax(x):
+    return np.argmax(x, axis=1), x.argmin(axis=0)
+
+
+def np_any_all(x):
+    return np.any(x > 1, axis=0), (x < 5).all()
+
+
+def np_full_reduce(x):
+    return x.sum(), np.max(x), np.prod(x[:2, :2])
+
+
+def np_astype(x):
+    return (x * 10).astype(np.int32) + 1
+
+
+def np_transpose(x):
+    return x.T + 1, np.transpose(x) * 2
+
+
+def np_reshape(x):
+    return x.reshape(-1) * 2, x.reshape(x.shape[0], -1).sum(axis=1)
+
+
+def np_index(x):
+    return x[1:, ::2] + x[0, ::2], x[None, :, 0]
+
+
+def np_matmul(x, y):
+    return np.tanh(x @ y.T), np.dot(x, y.T).sum()
+
+
+def np_concat(x, y):
+    return np.concatenate([x, y], axis=0) * 2, np.stack((x, y)).mean(axis=0)
+
+
+def np_compare(x, y):
+    return (x > y) & (x < 1) | ~(y == 0)
+
+
+def np_int_ops(a, b):
+    return (a & b) ^ (a | 3), a // 3, a % 5
+
+
+def np_clip(x):
+    return np.clip(x, -0.5, 0.5) * 2
+
+
+def np_shape_value(x):
+    return x * x.shape[1]
+
+
+def np_ndim_dtype(x):
+    return x * x.ndim if x.dtype == np.float32 else x
+
+
+def np_len(x):
+    return x / len(x)
+
+
+def np_global(x):
+    return x * SCALE + OFFSET
+
+
+def np_closure(x):
+    return ADD5(x) * 2
+
+
+def np_nested(x):
+    return helper_scale(x) + helper_scale(x, s=0.5)
+
+
 def np_lambda(x):
     f = lambda v: v * 3 + 1
     return f(x) - f(1.0)
-def np_defaults(x, a=2, *, b=3.0): return x * a + b
-def np_varargs(*xs): return sum(xs) * len(xs)
-def np_kwargs(x, **kw): return x * kw["scale"] + kw.get("shift", 0)
+
+
+def np_defaults(x, a=2, *, b=3.0):
+    return x * a + b
+
+
+def np_varargs(*xs):
+    return sum(xs) * len(xs)
+
+
+def np_kwargs(x, **kw):
+    return x * kw["scale"] + kw.get("shift", 0)
+
+
 def np_loop_range(x):
     acc = x
     for i in range(4):
         acc = acc * 0.5 + i
     return acc
+
+
 def np_loop_list(x, ys):
     out = []
     for y in ys:
         out.append(x + y)
     return out
-def np_dict_build(x): return {"a": x + 1, "b": [x * 2, (x - 1, 3)], "n": 7}
+
+
+def np_dict_build(x):
+    return {"a": x + 1, "b": [x * 2, (x - 1, 3)], "n": 7}
+
+
 def np_dict_iter(x):
     d = {"p": 1.0, "q": 2.0}
     for k, v in d.items():
         x = x + v
     return x
-def np_method(x): return AFF.apply(x)
+
+
+def np_method(x):
+    return AFF.apply(x)
+
+
 def np_if_python(x, flag):
     if flag:
         return x + 1
     return x - 1
+
+
 def np_enumerate_zip(x, y):
     r = x
     for i, (a, b) in enumerate(zip([x, y], [y, x])):
         r = r + a * b * i
     return r
+
+
 def np_tuple_unpack(x, y):
     a, b = y, x
     c, *rest = (a, b, x)
     return c + rest[0] + rest[1]
-def np_comprehension(x): return [x * i for i in range(3)]
+
+
+def np_comprehension(x):
+    return [x * i for i in range(3)]
+
+
 def np_inplace(x):
     y = x + 1
     y += 2
     y *= 3
     return y
+
+
 def np_fstring(x, n):
     name = f"v{n}"
     return {name: x + n}
-def np_math(x): return x * math.sqrt(2.0) + math.pi
-def np_passthrough(x, y): return x, y * 2, None, "s"
-def np_no_array(a, b): return a * b + 1
-def np_float64(x): return x / 3 + 1
-def np_int_array(a): return a * 2 + 1, a > 3
+
+
+def np_math(x):
+    return x * math.sqrt(2.0) + math.pi
+
+
+def np_passthrough(x, y):
+    return x, y * 2, None, "s"
+
+
+def np_no_array(a, b):
+    return a * b + 1
+
+
+def np_float64(x):
+    return x / 3 + 1
+
+
+def np_int_array(a):
+    return a * 2 + 1, a > 3
+
+
 def np_shape_unpack(x):
     n, m = x.shape
     return x.reshape(m, n)
+
 
 # ---------------------------------------------------------------- NumPy, breaks
 
@@ -366,23 +498,56 @@ if torch is not None:
     MLP_M = MLP().eval().requires_grad_(False)
     BLOCK_M = Block().eval().requires_grad_(False)
 
-    def th_add(x, y): return x + y * 2
-    def th_funcs(x): return torch.exp(x) + torch.tanh(x) - torch.sigmoid(x) * torch.relu(x)
-    def th_methods(x): return x.exp().sum(dim=1, keepdim=True) + x.mean(-1, keepdim=True) + x.abs().max()
-    def th_F(x): return F.gelu(x) + F.silu(x) + F.relu(x) + F.softmax(x, dim=-1)
-    def th_gelu_tanh(x): return F.gelu(x, approximate="tanh")
-    def th_int_div(a, b): return a / b, a // 2, (a > 2).float()
-    def th_casts(x): return x.double() * 2, (x * 10).long(), x.to(torch.float64)
-    def th_view(x): return x.view(-1) * 2, x.permute(1, 0) + 1, x.unsqueeze(0).sum(0)
-    def th_matmul(x, y): return torch.tanh(x @ y.T), torch.matmul(x, y.T)
-    def th_where(x): return torch.where(x > 0, x, x * 0.1), torch.clamp(x, -0.5, 0.5)
-    def th_var(x): return x.var(dim=1), torch.std(x, dim=0, unbiased=False)
-    def th_layer_norm(x, w, b): return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
-    def th_linear(x, w): return F.linear(x, w)
-    def th_mlp(x): return MLP_M(x)
-    def th_block(x, idx): return BLOCK_M(x, idx)
-    def th_size(x): return x * x.size(0) + x.dim()
-    def th_cat(x, y): return torch.cat([x, y], dim=0).softmax(-1)
+    def th_add(x, y):
+        return x + y * 2
+
+    def th_funcs(x):
+        return torch.exp(x) + torch.tanh(x) - torch.sigmoid(x) * torch.relu(x)
+
+    def th_methods(x):
+        return x.exp().sum(dim=1, keepdim=True) + x.mean(-1, keepdim=True) + x.abs().max()
+
+    def th_F(x):
+        return F.gelu(x) + F.silu(x) + F.relu(x) + F.softmax(x, dim=-1)
+
+    def th_gelu_tanh(x):
+        return F.gelu(x, approximate="tanh")
+
+    def th_int_div(a, b):
+        return a / b, a // 2, (a > 2).float()
+
+    def th_casts(x):
+        return x.double() * 2, (x * 10).long(), x.to(torch.float64)
+
+    def th_view(x):
+        return x.view(-1) * 2, x.permute(1, 0) + 1, x.unsqueeze(0).sum(0)
+
+    def th_matmul(x, y):
+        return torch.tanh(x @ y.T), torch.matmul(x, y.T)
+
+    def th_where(x):
+        return torch.where(x > 0, x, x * 0.1), torch.clamp(x, -0.5, 0.5)
+
+    def th_var(x):
+        return x.var(dim=1), torch.std(x, dim=0, unbiased=False)
+
+    def th_layer_norm(x, w, b):
+        return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+    def th_linear(x, w):
+        return F.linear(x, w)
+
+    def th_mlp(x):
+        return MLP_M(x)
+
+    def th_block(x, idx):
+        return BLOCK_M(x, idx)
+
+    def th_size(x):
+        return x * x.size(0) + x.dim()
+
+    def th_cat(x, y):
+        return torch.cat([x, y], dim=0).softmax(-1)
 
     def th_break_print(x):
         y = torch.relu(x)

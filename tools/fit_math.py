@@ -27,13 +27,14 @@ NumPy and the math module are needed. The printed errors are those of the
 double-precision fits, before the constants are rounded to float; the kernel's
 own error is checked on every float by tests/test_fc_math.py's sweep.
 """
+
 import math
 
 import numpy as np
 
-C_MAX = 14.5                     # fc_gelu_f32 clamps |x| there (0x41680000)
+C_MAX = 14.5  # fc_gelu_f32 clamps |x| there (0x41680000)
 P_DEG, Q_DEG, S_DEG = 3, 4, 4
-EXP_DEG = 4                      # Q of fc__expf
+EXP_DEG = 4  # Q of fc__expf
 
 
 def erfcx(a):
@@ -62,23 +63,24 @@ def lawson(design, rhs, row_scale, residual, shape, iters):
 
 
 def fit_rational(iters=400):
-    c = np.unique(np.concatenate([np.linspace(0, C_MAX, 40001),
-                                  C_MAX * (1 - np.cos(np.linspace(0, np.pi / 2, 40001)))]))
+    c = np.unique(
+        np.concatenate([np.linspace(0, C_MAX, 40001), C_MAX * (1 - np.cos(np.linspace(0, np.pi / 2, 40001)))])
+    )
     f = erfcx(c / math.sqrt(2))
-    s = c / C_MAX                                  # fit in [0, 1] for conditioning
+    s = c / C_MAX  # fit in [0, 1] for conditioning
     vp = np.vander(s, P_DEG + 1, increasing=True)
     vq = np.vander(s, Q_DEG + 1, increasing=True)
-    design = np.hstack([vp, -f[:, None] * vq[:, 1:]])      # q0 = 1
+    design = np.hstack([vp, -f[:, None] * vq[:, 1:]])  # q0 = 1
     shape = 1 / (1 + 4 * c * c)
 
     def residual(x):
-        qv = vq @ np.concatenate([[1.0], x[P_DEG + 1:]])
-        return (vp @ x[:P_DEG + 1]) / qv / f - 1, 1 / (f * np.abs(qv))
+        qv = vq @ np.concatenate([[1.0], x[P_DEG + 1 :]])
+        return (vp @ x[: P_DEG + 1]) / qv / f - 1, 1 / (f * np.abs(qv))
 
     x, worst = lawson(design, f, 1 / f, residual, shape, iters)
-    p = x[:P_DEG + 1] / C_MAX ** np.arange(P_DEG + 1)
-    q = np.concatenate([[1.0], x[P_DEG + 1:]]) / C_MAX ** np.arange(Q_DEG + 1)
-    p, q = -0.5 * p / q[-1], q / q[-1]                     # Q monic; the -1/2 into P
+    p = x[: P_DEG + 1] / C_MAX ** np.arange(P_DEG + 1)
+    q = np.concatenate([[1.0], x[P_DEG + 1 :]]) / C_MAX ** np.arange(Q_DEG + 1)
+    p, q = -0.5 * p / q[-1], q / q[-1]  # Q monic; the -1/2 into P
     return p, q, worst
 
 
@@ -88,7 +90,7 @@ def fit_exp_tail(scale, half, low, deg, iters=400):
     r = np.linspace(-half, half, 20001)
     y = np.exp(scale * r)
     fixed = sum((scale * r) ** j / math.factorial(j) for j in range(low))
-    design = np.vander(r, deg + 1, increasing=True) * (r ** low)[:, None]
+    design = np.vander(r, deg + 1, increasing=True) * (r**low)[:, None]
 
     def residual(x):
         return (fixed + design @ x) / y - 1, 1 / y
@@ -101,8 +103,7 @@ def main():
     # gelu's e^r = exp(-r' / 2) = 1 + r' S(r'), r' = -2r reaching ln2 plus rounding
     sx, err_s = fit_exp_tail(-0.5, math.log(2) * 1.0002, 1, S_DEG)
     f32 = lambda v: "%.9ef" % float(np.float32(v))
-    print("/* tools/fit_math.py: P / Q = -erfcx(c / sqrt2) / 2 within %.2g (1 + 4c^2) relative,"
-          % err_pq)
+    print("/* tools/fit_math.py: P / Q = -erfcx(c / sqrt2) / 2 within %.2g (1 + 4c^2) relative," % err_pq)
     print(" * 1 + r' S(r') = exp(-r' / 2) within %.2g relative */" % err_s)
     for i in range(P_DEG, -1, -1):
         print("#define FC_GELU_P%d %s" % (i, f32(p[i])))

@@ -7,6 +7,7 @@ The table comes from each knob's static fields (env, type, default, doc), not fr
 ``config.describe()``, whose values depend on the environment it runs in.
 config.py is loaded by its path, so no build of the C extension is needed.
 """
+
 import argparse
 import importlib.util
 import os
@@ -17,7 +18,8 @@ CONFIG_PY = os.path.join(ROOT, "python", "fastcompile", "config.py")
 OUTPUT = os.path.join(ROOT, "docs", "configuration.md")
 COMMAND = "python3 tools/gen_config_docs.py"
 
-HEADER = """\
+HEADER = (
+    """\
 <!-- GENERATED from python/fastcompile/config.py by `%s`; do not edit by hand.
      tests/test_docs.py fails when this file is stale. -->
 # Configuration
@@ -43,7 +45,9 @@ where NVRTC and the CUDA driver are looked for, in [cuda.md](cuda.md).
 
 | environment variable | name | type | default | meaning |
 |---|---|---|---|---|
-""" % COMMAND
+"""
+    % COMMAND
+)
 
 
 def load_config(path=CONFIG_PY):
@@ -73,9 +77,10 @@ def _default(value):
 
 def render(config):
     """The whole of docs/configuration.md for a config module (one that has KNOBS)."""
-    rows = ["| `%s` | `%s` | %s | %s | %s |" % (k.env, k.name, _type_name(k.type), _default(k.default),
-                                             _cell(k.doc))
-            for k in config.KNOBS]
+    rows = [
+        "| `%s` | `%s` | %s | %s | %s |" % (k.env, k.name, _type_name(k.type), _default(k.default), _cell(k.doc))
+        for k in config.KNOBS
+    ]
     return HEADER + "\n".join(rows) + "\n"
 
 

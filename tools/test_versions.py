@@ -9,6 +9,7 @@ version), and run pytest on FRONTEND_TESTS from the repository root. The
 exit status is non-zero if a version is missing, fails to install, or fails
 a test: a missing interpreter is an error, never a skip.
 """
+
 import glob
 import os
 import shutil
@@ -23,8 +24,9 @@ def find_python(version):
     """The interpreter for 'X.Y', or None."""
     exe = shutil.which("python" + version)
     if exe:
-        probe = subprocess.run([exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                               capture_output=True, text=True)
+        probe = subprocess.run(
+            [exe, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+        )
         if probe.returncode == 0 and probe.stdout.strip() == version:
             return exe
     roots = [os.environ.get("PYENV_ROOT"), os.path.expanduser("~/.pyenv")]
@@ -68,7 +70,7 @@ def test_version(version, pytest_args):
 def main(argv):
     if "--" in argv:
         cut = argv.index("--")
-        versions, pytest_args = argv[:cut], argv[cut + 1:]
+        versions, pytest_args = argv[:cut], argv[cut + 1 :]
     else:
         versions, pytest_args = argv, []
     if not versions:

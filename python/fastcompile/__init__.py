@@ -4,6 +4,7 @@ The C core takes a graph of array ops (``fastcompile.graph``), fuses it into a
 few kernels, writes C with OpenMP, compiles it once, caches it in memory and on
 disk, and runs it at memory speed.
 """
+
 __version__ = "0.1.0"
 
 import logging as _logging
@@ -51,14 +52,25 @@ def pending_compiles(wait: bool = False, timeout: "float | None" = None) -> int:
     building in a background thread. ``wait=True`` first waits (at most ``timeout`` s) for the
     builds already started."""
     from . import pending
+
     if wait:
         pending.wait(timeout)
     return len(pending.pending())
 
 
-from .api import compile, reset            # noqa: E402  (after _configure: tracing compiles graphs)
-from .explain import explain               # noqa: E402
-from .profiler import profile              # noqa: E402
+from .api import compile, reset  # noqa: E402  (after _configure: tracing compiles graphs)
+from .explain import explain  # noqa: E402
+from .profiler import profile  # noqa: E402
 
-__all__ = ["compile", "explain", "reset", "graph", "config", "cache_clear", "stats", "cuda_info",
-           "pending_compiles", "profile"]
+__all__ = [
+    "compile",
+    "explain",
+    "reset",
+    "graph",
+    "config",
+    "cache_clear",
+    "stats",
+    "cuda_info",
+    "pending_compiles",
+    "profile",
+]

@@ -14,9 +14,18 @@ def hashable(x):
 # torch dtype name -> NumPy dtype name, for every dtype the core stores as it is (bfloat16 is
 # not here: the torch backend carries it as float32, the tracer leaves it to torch)
 _TORCH_TO_NUMPY_NAMES = (
-    ("bool", "bool"), ("int8", "int8"), ("int16", "int16"), ("int32", "int32"), ("int64", "int64"),
-    ("uint8", "uint8"), ("uint16", "uint16"), ("uint32", "uint32"), ("uint64", "uint64"),
-    ("float16", "float16"), ("float32", "float32"), ("float64", "float64"),
+    ("bool", "bool"),
+    ("int8", "int8"),
+    ("int16", "int16"),
+    ("int32", "int32"),
+    ("int64", "int64"),
+    ("uint8", "uint8"),
+    ("uint16", "uint16"),
+    ("uint32", "uint32"),
+    ("uint64", "uint64"),
+    ("float16", "float16"),
+    ("float32", "float32"),
+    ("float64", "float64"),
 )
 
 

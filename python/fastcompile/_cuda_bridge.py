@@ -3,13 +3,14 @@
 Imported by the C core only once a torch tensor reaches a compiled graph, so importing
 fastcompile never imports torch. Outputs come from torch's caching allocator on the device's
 current stream, the stream every kernel is launched on."""
+
 import torch
 
 TENSOR = torch.Tensor
 _empty = torch.empty
 _full = torch.full
 _current_stream = torch.cuda.current_stream
-_DEVICES = [torch.device("cuda", i) for i in range(16)]     # the runtime's device indices: 0-15
+_DEVICES = [torch.device("cuda", i) for i in range(16)]  # the runtime's device indices: 0-15
 
 
 def empty(shape, dtype, dev):
@@ -27,6 +28,7 @@ def full(value, dtype, dev):
 if callable(getattr(torch._C, "_cuda_getCurrentRawStream", None)):
     stream = torch._C._cuda_getCurrentRawStream
 else:
+
     def stream(dev):
         """torch's current stream on CUDA device ``dev``, as the CUstream handle (an int)."""
         return _current_stream(dev).cuda_stream

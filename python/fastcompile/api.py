@@ -4,6 +4,7 @@ In: a function or an nn.Module. Out: a callable that runs it with the PEP 523 ho
 frame is traced (python/fastcompile/trace) into graphs and guards, and the C hook keeps the result
 as a cache entry on the code object.
 """
+
 import functools
 import os
 import sys
@@ -51,7 +52,7 @@ def _skip_roots_for(files):
 
 @functools.lru_cache(maxsize=4096)
 def _skip_file(filename, roots):
-    if not filename or filename.startswith("<"):      # <frozen ...>, <string> (exec'd by libraries)
+    if not filename or filename.startswith("<"):  # <frozen ...>, <string> (exec'd by libraries)
         return True
     path = os.path.abspath(filename)
     return path.startswith(roots)
@@ -66,9 +67,13 @@ def skip_code(code):
 # the callback
 # ----------------------------------------------------------------------------------------------
 
+
 def _where(code, lineno=None):
-    return "%s (%s:%d)" % (code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
-                           code.co_filename, lineno or code.co_firstlineno)
+    return "%s (%s:%d)" % (
+        code.co_qualname if hasattr(code, "co_qualname") else code.co_name,
+        code.co_filename,
+        lineno or code.co_firstlineno,
+    )
 
 
 class ConvertFrame:
@@ -80,7 +85,7 @@ class ConvertFrame:
     def __init__(self, fullgraph=False, recorder=None, force=()):
         self.fullgraph = fullgraph
         self.recorder = recorder
-        self.force = frozenset(force)   # code traced even where skip_code says no (a module's forward)
+        self.force = frozenset(force)  # code traced even where skip_code says no (a module's forward)
 
     def __call__(self, frame, cache_size):
         code = frame.f_code
@@ -93,22 +98,30 @@ class ConvertFrame:
             if self.recorder is not None:
                 self.recorder.recompiles.append(reason)
             if cache_size >= limit:
-                warnings.warn("fastcompile: %s was compiled for %d different inputs, the limit "
-                              "(fastcompile.config cache_size_limit); it runs uncompiled from now on. "
-                              "Last recompile: %s" % (_where(code), cache_size, reason),
-                              FastcompileWarning, stacklevel=2)
+                warnings.warn(
+                    "fastcompile: %s was compiled for %d different inputs, the limit "
+                    "(fastcompile.config cache_size_limit); it runs uncompiled from now on. "
+                    "Last recompile: %s" % (_where(code), cache_size, reason),
+                    FastcompileWarning,
+                    stacklevel=2,
+                )
                 return _C.RUN_ONLY
         t0 = time.perf_counter()
         try:
-            result = _trace.trace_frame(code, frame.f_globals, frame.f_builtins, frame.closure,
-                                        frame.f_locals, fullgraph=self.fullgraph)
+            result = _trace.trace_frame(
+                code, frame.f_globals, frame.f_builtins, frame.closure, frame.f_locals, fullgraph=self.fullgraph
+            )
         except _trace.Unsupported:
-            raise                                      # fullgraph=True: the user asked for it
-        except Exception as exc:                       # an internal error: plain Python, never a crash
+            raise  # fullgraph=True: the user asked for it
+        except Exception as exc:  # an internal error: plain Python, never a crash
             if not config.get("suppress_errors"):
                 raise
-            warnings.warn("fastcompile: internal error while tracing %s; it runs uncompiled: %s: %s"
-                          % (_where(code), type(exc).__name__, exc), FastcompileWarning, stacklevel=2)
+            warnings.warn(
+                "fastcompile: internal error while tracing %s; it runs uncompiled: %s: %s"
+                % (_where(code), type(exc).__name__, exc),
+                FastcompileWarning,
+                stacklevel=2,
+            )
             return _C.SKIP
         entry = self._entry(code, result)
         if self.recorder is not None:
@@ -144,6 +157,7 @@ class ConvertFrame:
 # public API
 # ----------------------------------------------------------------------------------------------
 
+
 def _forward_code(module):
     fwd = getattr(getattr(module, "forward", None), "__func__", None)
     return getattr(fwd, "__code__", None)
@@ -162,7 +176,7 @@ class CompiledModule:
     def __call__(self, *args, **kwargs):
         code = _forward_code(self._orig_mod)
         if code is not None and _C.code_state(code) == "skip":
-            _C.reset_code(code)         # another compiled function skipped this torch code
+            _C.reset_code(code)  # another compiled function skipped this torch code
         return self._hooked(*args, **kwargs)
 
     def __getattr__(self, name):

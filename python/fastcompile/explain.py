@@ -4,6 +4,7 @@ In: a function or nn.Module and its arguments. Out: an ExplainOutput with TorchD
 (graphs, graph_count, graph_break_count, break_reasons, ops_per_graph, out_guards,
 compile_times) plus ours: kernels (generated source per kernel) and recompiles (one line each).
 """
+
 import os
 import re
 
@@ -16,7 +17,7 @@ class _Recorder:
     """What the ConvertFrame of one explain() run saw, frame by frame."""
 
     def __init__(self):
-        self.frames = []          # (code, TraceResult, seconds)
+        self.frames = []  # (code, TraceResult, seconds)
         self.recompiles = []
 
     def add_frame(self, code, result, seconds, entry):
@@ -27,8 +28,11 @@ def _ops_of(graph):
     """Op names of a Graph, in order (inputs and constants left out), from its text dump. An
     autograd-mode frame's graph is a torch.fx.Graph of torch ops: their names."""
     if not hasattr(graph, "dump"):
-        return [n.target if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
-                for n in graph.nodes if n.op in ("call_function", "call_method")]
+        return [
+            n.target if n.op == "call_method" else getattr(n.target, "__name__", str(n.target))
+            for n in graph.nodes
+            if n.op in ("call_function", "call_method")
+        ]
     ops = []
     for line in graph.dump().splitlines():
         m = re.match(r"\s*%\d+ = (\w+)\(", line)
@@ -63,25 +67,37 @@ class ExplainOutput:
                 self.graphs.append(info.graph)
                 self.ops_per_graph.append(_ops_of(info.graph))
                 compiled = getattr(info, "compiled", None)
-                for k in (compiled.kernels if compiled is not None else ()):
+                for k in compiled.kernels if compiled is not None else ():
                     self.kernels.append((len(self.graphs) - 1, k.name, k.path))
             self._frames.append((where, result, seconds, range(first, len(self.graphs))))
         self.graph_count = len(self.graphs)
         self.graph_break_count = len(self.break_reasons)
 
     def __str__(self):
-        out = ["Graph count: %d" % self.graph_count,
-               "Graph break count: %d" % self.graph_break_count,
-               "Op count: %d" % sum(len(o) for o in self.ops_per_graph)]
+        out = [
+            "Graph count: %d" % self.graph_count,
+            "Graph break count: %d" % self.graph_break_count,
+            "Op count: %d" % sum(len(o) for o in self.ops_per_graph),
+        ]
         for where, result, seconds, graphs in self._frames:
             out.append("")
-            out.append("Frame %s: %d graph(s), %d break(s), traced and compiled in %.1f ms"
-                       % (where, len(graphs), len(result.breaks), seconds * 1e3))
+            out.append(
+                "Frame %s: %d graph(s), %d break(s), traced and compiled in %.1f ms"
+                % (where, len(graphs), len(result.breaks), seconds * 1e3)
+            )
             for gi in graphs:
                 info = result.graphs[gi - graphs.start]
-                out.append("  Graph %d (%s:%d-%d): %d ops: %s" % (
-                    gi, _short(info.span[0]), info.span[1], info.span[2], len(self.ops_per_graph[gi]),
-                    " ".join(self.ops_per_graph[gi])))
+                out.append(
+                    "  Graph %d (%s:%d-%d): %d ops: %s"
+                    % (
+                        gi,
+                        _short(info.span[0]),
+                        info.span[1],
+                        info.span[2],
+                        len(self.ops_per_graph[gi]),
+                        " ".join(self.ops_per_graph[gi]),
+                    )
+                )
                 if info.float_sources:
                     out.append("    Floats read at each call: %s" % ", ".join(repr(s) for s in info.float_sources))
             for b in result.breaks:
@@ -107,8 +123,13 @@ class ExplainOutput:
 def explain(fn, *, fullgraph=False):
     """``explain(fn)(*args, **kwargs)`` runs fn once, compiled from scratch, and returns an
     ExplainOutput. It drops every compiled entry first (as fastcompile.reset())."""
-    target = fn._orig_mod if isinstance(fn, api.CompiledModule) else getattr(fn, "fn", fn) \
-        if isinstance(fn, _C.Hooked) else fn
+    target = (
+        fn._orig_mod
+        if isinstance(fn, api.CompiledModule)
+        else getattr(fn, "fn", fn)
+        if isinstance(fn, _C.Hooked)
+        else fn
+    )
 
     def run(*args, **kwargs):
         api.reset()
@@ -117,8 +138,8 @@ def explain(fn, *, fullgraph=False):
         force = [code] if code is not None else ()
         hooked = _C.Hooked(target, api.ConvertFrame(fullgraph=fullgraph, recorder=recorder, force=force))
         try:
-            with config.overriding(async_compile=False):    # the report lists the kernels: the
-                hooked(*args, **kwargs)                     # one call compiles them (this thread)
+            with config.overriding(async_compile=False):  # the report lists the kernels: the
+                hooked(*args, **kwargs)  # one call compiles them (this thread)
         finally:
             api.reset()
         return ExplainOutput(recorder)

@@ -9,6 +9,7 @@
 
 ``ops()`` lists the op table (name -> arity, kind, meaning).
 """
+
 from ._C import Compiled, Graph, Value, ops
 
 __all__ = ["Graph", "Value", "Compiled", "ops"]

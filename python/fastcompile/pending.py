@@ -5,6 +5,7 @@ deferred graphs (not lowered yet) and runners (kernels building), our tracer's f
 (kernels building while the trace's values were returned). Each has ``ready`` and
 ``wait(timeout)``. ``fastcompile.pending_compiles()`` reads this.
 """
+
 import threading
 import time
 import weakref

@@ -12,6 +12,7 @@ checks, plan lookup). Compiles a call waits for are a separate row, not call tim
 are launched asynchronously: they are counted (calls, elements, bytes) but not timed; time them
 with torch.profiler or Nsight Systems. Profiling costs two clock reads per launch and extern.
 """
+
 import threading
 import time
 
@@ -19,7 +20,7 @@ from . import _C
 from .explain import _short
 
 _lock = threading.Lock()
-_depth = 0          # profile() blocks open: the outermost switches recording on and off
+_depth = 0  # profile() blocks open: the outermost switches recording on and off
 
 _KINDS = ("call", "compile", "kernel", "cuda", "extern")
 
@@ -94,7 +95,7 @@ class Profile:
         rows = []
         for key, r in end.items():
             s = start.get(key)
-            if s is not None:       # an enclosing block's events before this one began
+            if s is not None:  # an enclosing block's events before this one began
                 r = r[:2] + tuple(a - b for a, b in zip(r[2:6], s[2:6])) + r[6:]
             if r[2] > 0:
                 rows.append(ProfileRow(*r))
@@ -119,18 +120,24 @@ class Profile:
         """The report: totals, then the ``top`` rows by time (None: all)."""
         t = self.totals()
         calls = sum(r.calls for r in self.rows if r.kind == "call")
-        out = ["fastcompile profile: %.3f ms wall; %d call%s of compiled graphs: %.3f ms"
-               % (t["wall"], calls, "" if calls == 1 else "s", t["call"])]
+        out = [
+            "fastcompile profile: %.3f ms wall; %d call%s of compiled graphs: %.3f ms"
+            % (t["wall"], calls, "" if calls == 1 else "s", t["call"])
+        ]
 
         def pct(ms):
             return " (%.0f%%)" % (100.0 * ms / t["call"]) if t["call"] > 0 else ""
-        out.append("  kernels %.3f ms%s, externs %.3f ms%s, other %.3f ms%s; compiles waited for %.3f ms"
-                   % (t["kernel"], pct(t["kernel"]), t["extern"], pct(t["extern"]), t["other"],
-                      pct(t["other"]), t["compile"]))
+
+        out.append(
+            "  kernels %.3f ms%s, externs %.3f ms%s, other %.3f ms%s; compiles waited for %.3f ms"
+            % (t["kernel"], pct(t["kernel"]), t["extern"], pct(t["extern"]), t["other"], pct(t["other"]), t["compile"])
+        )
         ncuda = sum(r.calls for r in self.rows if r.kind == "cuda")
         if ncuda:
-            out.append("  %d CUDA kernel launch%s counted, not timed (asynchronous: use torch.profiler)"
-                       % (ncuda, "" if ncuda == 1 else "es"))
+            out.append(
+                "  %d CUDA kernel launch%s counted, not timed (asynchronous: use torch.profiler)"
+                % (ncuda, "" if ncuda == 1 else "es")
+            )
         if self.dropped:
             out.append("  %d event%s dropped (out of memory)" % (self.dropped, "" if self.dropped == 1 else "s"))
         shown = self.rows if top is None else self.rows[:top]
@@ -145,11 +152,15 @@ class Profile:
                 where.append(_short(r.path))
             ms = "%.3f" % r.ms if r.kind != "cuda" else "-"
             mean = "%.1f" % r.mean_us if r.kind != "cuda" else "-"
-            out.append("  %-7s %10s %6s %7d %10s %7s  %s%s" % (r.kind, ms, share, r.calls, mean, bw, r.name,
-                                                             "  [%s]" % ", ".join(where) if where else ""))
+            out.append(
+                "  %-7s %10s %6s %7d %10s %7s  %s%s"
+                % (r.kind, ms, share, r.calls, mean, bw, r.name, "  [%s]" % ", ".join(where) if where else "")
+            )
         if len(shown) < len(self.rows):
-            out.append("  ... %d more row%s (table(top=None) shows all)"
-                       % (len(self.rows) - len(shown), "" if len(self.rows) - len(shown) == 1 else "s"))
+            out.append(
+                "  ... %d more row%s (table(top=None) shows all)"
+                % (len(self.rows) - len(shown), "" if len(self.rows) - len(shown) == 1 else "s")
+            )
         return "\n".join(out)
 
     def __str__(self):

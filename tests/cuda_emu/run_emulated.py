@@ -7,6 +7,7 @@ What this covers without a GPU: the device-array bridge, plan keys per device, g
 kernels (grid-stride loops, unrolling, block reductions, the row cache), the launch packing
 (fc_cu_launch's layout), 32-bit index selection and the errors. What it cannot: the real
 NVRTC/driver, timing, 64-bit indexing (needs > 2^31 elements)."""
+
 import sys
 import types
 
@@ -20,7 +21,8 @@ from fastcompile.graph import Graph
 class EmuCuda(torch.Tensor):
     """A CPU tensor that reports cuda:0: its data pointer is host memory the emulated kernels
     read and write."""
-    __torch_function__ = torch._C._disabled_torch_function_impl    # attributes straight from C
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # attributes straight from C
 
     @property
     def is_cuda(self):
@@ -82,6 +84,7 @@ def case(name):
         n_ok += 1
         print("ok", name, flush=True)
         return fn
+
     return deco
 
 
@@ -94,10 +97,10 @@ def _():
     x = rng.standard_normal(5000).astype(np.float32)
     y = rng.standard_normal(5000).astype(np.float32)
     f, (z,) = run(lambda g, a, b: [g.call("add", g.call("mul", a, b), 1.0)], x, y)
-    np.testing.assert_array_equal(z, x * y + np.float32(1))          # no contraction: exact
+    np.testing.assert_array_equal(z, x * y + np.float32(1))  # no contraction: exact
     k = f.kernels[0]
     assert k.so_path is None and "__global__" in k.source and k.path.endswith(k.key + ".cu")
-    assert open(k.path).read() == k.source          # what runs, readable beside its cubin
+    assert open(k.path).read() == k.source  # what runs, readable beside its cubin
 
 
 @case("flat kernels' vector loop: aligned and misaligned views, tails, mixed element sizes")
@@ -105,16 +108,22 @@ def _():
     for n in (1, 7, 8, 9, 517, 4099):
         x = rng.standard_normal(n + 1).astype(np.float32)
         h = rng.standard_normal(n + 1).astype(np.float16)
-        for off in (0, 1):             # off 1: a view one element in, not 16-byte aligned
-            f, (z, b) = run(lambda g, a, c: [g.call("add", g.call("mul", a, a), g.call("cast", c, dtype="float32")),
-                                             g.call("gt", c, 0.5)], x[off:off + n], h[off:off + n])
-            np.testing.assert_array_equal(z, x[off:off + n] * x[off:off + n] + h[off:off + n].astype(np.float32))
-            np.testing.assert_array_equal(b, h[off:off + n] > 0.5)
-    assert "fc_cu_vload<4>" in f.kernels[0].source       # float32 the widest: 4 a vector
+        for off in (0, 1):  # off 1: a view one element in, not 16-byte aligned
+            f, (z, b) = run(
+                lambda g, a, c: [
+                    g.call("add", g.call("mul", a, a), g.call("cast", c, dtype="float32")),
+                    g.call("gt", c, 0.5),
+                ],
+                x[off : off + n],
+                h[off : off + n],
+            )
+            np.testing.assert_array_equal(z, x[off : off + n] * x[off : off + n] + h[off : off + n].astype(np.float32))
+            np.testing.assert_array_equal(b, h[off : off + n] > 0.5)
+    assert "fc_cu_vload<4>" in f.kernels[0].source  # float32 the widest: 4 a vector
     bf = rng.integers(0, 1 << 16, 4099, dtype=np.uint16)
-    bf[(bf & 0x7f80) == 0x7f80] = 0x3f80                 # no NaN/inf bit patterns
+    bf[(bf & 0x7F80) == 0x7F80] = 0x3F80  # no NaN/inf bit patterns
     for off in (0, 3):
-        u = bf[off:off + 4093]
+        u = bf[off : off + 4093]
         _, (y,) = run(lambda g, a: [g.call("neg", a)], u)
         np.testing.assert_array_equal(y.view(np.uint16), u ^ 0x8000)
 
@@ -124,6 +133,7 @@ def _():
     def build(g, u, m):
         d = g.call("sub", u, m)
         return [g.call("exp", d), g.call("sum", d, axis=-1)]
+
     for rows, cols, off in ((3, 4096, 0), (4, 4100, 0), (3, 4096, 1), (2, 5000, 0), (5, 12, 0), (3, 10, 0)):
         x = rng.standard_normal((rows, cols + off)).astype(np.float32)[:, off:]
         m = rng.standard_normal((rows, 1)).astype(np.float32)
@@ -131,7 +141,7 @@ def _():
         close(e, np.exp(x - m), rtol=2e-6, atol=0, what="%s off %d" % ((rows, cols), off))
         close(s, (x.astype(np.float64) - m).sum(-1), rtol=1e-5, atol=1e-4, what="%s off %d" % ((rows, cols), off))
     assert "fc_rv" in f.kernels[0].source and "fc_cu_vstore<4>" in f.kernels[0].source
-    bf = rng.integers(0x3c00, 0x4000, (4, 2048), dtype=np.uint16)    # bfloat16 in [0.0078, 2)
+    bf = rng.integers(0x3C00, 0x4000, (4, 2048), dtype=np.uint16)  # bfloat16 in [0.0078, 2)
     _, (y,) = run(lambda g, a: [g.call("softmax", a, axis=-1)], bf)
     xs = (bf.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     want = np.exp(xs - xs.max(-1, keepdims=True))
@@ -147,10 +157,10 @@ def _():
     try:
         for cap in (1, 3):
             fastcompile.config.set(cuda_max_grid=cap)
-            for off in (0, 1):                            # the vector loop, then the scalar one
+            for off in (0, 1):  # the vector loop, then the scalar one
                 _, (y,) = run(lambda g, a: [g.call("mul", g.call("exp", a), 2.0)], x[off:])
                 close(y, np.exp(x[off:]) * 2, rtol=2e-6)
-            _, (z,) = run(lambda g, a: [g.call("add", a, 1.0)], r.T)      # strided
+            _, (z,) = run(lambda g, a: [g.call("add", a, 1.0)], r.T)  # strided
             np.testing.assert_array_equal(z, r.T + np.float32(1))
             _, (s, m) = run(lambda g, a: [g.call("softmax", a, axis=-1), g.call("amax", a, axis=-1)], r)
             e = np.exp(r.astype(np.float64) - r.max(-1, keepdims=True))
@@ -183,7 +193,8 @@ def _():
     assert y.dtype == np.float16
     xf = x.astype(np.float64)
     from math import erf
-    want = np.array([0.5 * v * (1 + erf(v / 2 ** 0.5)) for v in xf]).astype(np.float16)
+
+    want = np.array([0.5 * v * (1 + erf(v / 2**0.5)) for v in xf]).astype(np.float16)
     close(y.astype(np.float32), want.astype(np.float32), rtol=1e-3, atol=1e-3)
 
 
@@ -206,6 +217,7 @@ def _():
         d = g.call("sub", u, mu)
         var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
         return [g.call("mul", g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5))), v)]
+
     f, (y,) = run(build, x, w)
     xd = x.astype(np.float64)
     want = (xd - xd.mean(-1, keepdims=True)) / np.sqrt(xd.var(-1, keepdims=True) + 1e-5) * w
@@ -216,8 +228,9 @@ def _():
 @case("reductions over a middle axis and over two axes (the general unravelling)")
 def _():
     x = rng.standard_normal((6, 50, 7)).astype(np.float32)
-    _, (a, b, c) = run(lambda g, u: [g.call("sum", u, axis=1), g.call("amax", u, axis=(0, 2)),
-                                     g.call("argmax", u, axis=1)], x)
+    _, (a, b, c) = run(
+        lambda g, u: [g.call("sum", u, axis=1), g.call("amax", u, axis=(0, 2)), g.call("argmax", u, axis=1)], x
+    )
     close(a, x.astype(np.float64).sum(1), rtol=1e-5)
     np.testing.assert_array_equal(b, x.max((0, 2)))
     np.testing.assert_array_equal(c, x.argmax(1))
@@ -227,8 +240,14 @@ def _():
 def _():
     x = rng.standard_normal((4, 300)).astype(np.float64)
     x[2, 17] = np.nan
-    _, (a, b, c) = run(lambda g, u: [g.call("amax", u, axis=-1), g.call("any", g.call("gt", u, 2.5), axis=-1),
-                                     g.call("var", u, axis=-1)], x)
+    _, (a, b, c) = run(
+        lambda g, u: [
+            g.call("amax", u, axis=-1),
+            g.call("any", g.call("gt", u, 2.5), axis=-1),
+            g.call("var", u, axis=-1),
+        ],
+        x,
+    )
     np.testing.assert_array_equal(np.isnan(a), np.isnan(x.max(-1)))
     np.testing.assert_array_equal(b, (x > 2.5).any(-1))
     close(c, x.var(-1), rtol=1e-10, atol=0)
@@ -281,8 +300,13 @@ def _():
     # CUDA runs the CPU's erfc (rational function times an inline exp) with fmaf and a
     # correctly rounded P / Q, so with FMA on the CPU the two agree bit for bit (here the
     # emulation's division is exact; the device's rcp-based one equals it on gelu's range)
-    x = np.concatenate([rng.standard_normal(4000) * 4, np.linspace(-16, 16, 3001),
-                        [0.0, -0.0, 1e-30, -1e-30, 14.5, -14.5, 40.0, -40.0]]).astype(np.float32)
+    x = np.concatenate(
+        [
+            rng.standard_normal(4000) * 4,
+            np.linspace(-16, 16, 3001),
+            [0.0, -0.0, 1e-30, -1e-30, 14.5, -14.5, 40.0, -40.0],
+        ]
+    ).astype(np.float32)
     for op in ("gelu", "gelu_grad"):
         g = Graph()
         u = g.input("float32", 1)
@@ -292,8 +316,8 @@ def _():
         (cu,) = f(dev(x))
         cu = host(cu)
         if " fma" in open("/proc/cpuinfo").read() or "fphp" in open("/proc/cpuinfo").read():
-            np.testing.assert_array_equal(cu, cpu, err_msg=op)   # -0 and +0 alike, NaN by position
-        else:           # an x86-64 without FMA: the CPU's kernel rounds each product
+            np.testing.assert_array_equal(cu, cpu, err_msg=op)  # -0 and +0 alike, NaN by position
+        else:  # an x86-64 without FMA: the CPU's kernel rounds each product
             close(cu, cpu, rtol=4e-6, atol=1e-37, what=op)
 
 
@@ -323,11 +347,13 @@ def _():
 @case("a kernel over the 4096-byte launch parameter limit raises before it compiles")
 def _():
     xs = [np.ones((1,) * 15 + (3,), np.float32) for _ in range(17)]
+
     def build(g, *us):
         acc = us[0]
         for u in us[1:]:
             acc = g.call("add", acc, u)
         return [acc]
+
     try:
         run(build, *xs)
     except NotImplementedError as e:
@@ -339,6 +365,7 @@ def _():
 @case("no references leak: inputs, outputs, extern results, constants, across many calls")
 def _():
     import gc
+
     g = Graph()
     u, v = g.input("float32", 1), g.input("float32", 1)
     e = g.extern(lambda t: (t + 1).as_subclass(EmuCuda), g.call("mul", u, v))

@@ -1,5 +1,6 @@
 """Helpers for tests/gpu: the skip conditions, and NumPy <-> CUDA tensor conversion that keeps
 each array's layout (strides, broadcast dims), so the CPU suite's layout matrix runs on CUDA."""
+
 import numpy as np
 import pytest
 
@@ -19,14 +20,14 @@ def to_cuda(a):
     """A NumPy array as a CUDA tensor with the same element strides (zero strides stay zero).
     torch has no negative strides: such arrays arrive C-contiguous (same values)."""
     if not isinstance(a, np.ndarray) or not a.dtype.isnative or a.dtype.kind not in "biuf":
-        return a                    # what torch cannot hold goes in as it is (the graph raises)
+        return a  # what torch cannot hold goes in as it is (the graph raises)
     if any(s < 0 or s % a.itemsize for s in a.strides):
         a = np.ascontiguousarray(a)
     strides = tuple(s // a.itemsize for s in a.strides)
     if a.size == 0:
         return torch.from_numpy(np.ascontiguousarray(a)).cuda()
     span = 1 + sum((n - 1) * s for n, s in zip(a.shape, strides))
-    flat = np.lib.stride_tricks.as_strided(a, (span,), (a.itemsize,))     # the memory a spans
+    flat = np.lib.stride_tricks.as_strided(a, (span,), (a.itemsize,))  # the memory a spans
     base = torch.from_numpy(np.array(flat)).cuda()
     return torch.as_strided(base, a.shape, strides)
 

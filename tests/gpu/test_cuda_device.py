@@ -4,6 +4,7 @@ The device's arch is detected and the kernels compile for it (cubin, or PTX
 when the GPU is newer than NVRTC); a torch CUDA tensor fed to a compiled graph
 runs the plan on the GPU. test_cuda_matrix and test_cuda_torch cover the rest.
 """
+
 import cudahelp
 from fastcompile import _C
 from fastcompile.graph import Graph
@@ -24,7 +25,7 @@ def test_device_arch_compiles():
     major, minor = torch.cuda.get_device_capability(0)
     assert INFO["device_arch"] == major * 10 + minor
     (k,) = gelu_graph()._cuda_render(("float32", 1))
-    r = _C._cuda_compile(k["source"], None)     # None: the device's arch
+    r = _C._cuda_compile(k["source"], None)  # None: the device's arch
     assert r["arch"].endswith(str(INFO["device_arch"])) or r["kind"] == "ptx"
 
 

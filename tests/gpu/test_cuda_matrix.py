@@ -10,11 +10,11 @@ Left out, by rule rather than by name: tests that read a kernel's C source (``.s
 CPU renderer's text, tests/test_cuda_codegen.py has CUDA's), that run a child interpreter
 (``run_isolated``: no torch there) or that time/tune CPU launches (``tuning``); and by name,
 with the reason, the few whose subject is the CPU path's own behaviour (CPU_ONLY)."""
+
 import importlib.util
 import inspect
 import os
 
-import pytest
 
 import cudahelp
 
@@ -26,7 +26,7 @@ CPU_ONLY = {
     "test_pool_serves_only_blocks_it_keeps": "the CPU allocation pool (CUDA outputs come from torch's allocator)",
     "test_output_too_big_raises_numpys_error": "NumPy's allocation error (torch raises its own OutOfMemoryError)",
     "test_error_int_pow_negative_exponent": "CUDA kernels do not raise: an integer to a negative integer power "
-                                            "gives what the kernel computes, as torch on CUDA (README, CUDA)",
+    "gives what the kernel computes, as torch on CUDA (README, CUDA)",
 }
 
 
@@ -40,19 +40,22 @@ def _load(name):
 
 
 def _is_fixture(obj):
-    return hasattr(obj, "_pytestfixturefunction") or hasattr(obj, "_fixture_function_marker") or \
-        "Fixture" in type(obj).__name__
+    return (
+        hasattr(obj, "_pytestfixturefunction")
+        or hasattr(obj, "_fixture_function_marker")
+        or "Fixture" in type(obj).__name__
+    )
 
 
 for _name in MODULES:
     _mod = _load(_name)
     for _k, _fn in list(vars(_mod).items()):
         if _is_fixture(_fn) and not _k.startswith("test_"):
-            globals()[_k] = _fn                 # the module's own fixtures (add_f32, ...)
+            globals()[_k] = _fn  # the module's own fixtures (add_f32, ...)
             continue
         if not (_k.startswith("test_") and inspect.isfunction(_fn)):
             continue
         _src = inspect.getsource(_fn)
         if any(w in _src for w in LEFT_OUT) or _k in CPU_ONLY:
             continue
-        globals()["test_%s__%s" % (_name[len("test_"):], _k[len("test_"):])] = _fn
+        globals()["test_%s__%s" % (_name[len("test_") :], _k[len("test_") :])] = _fn

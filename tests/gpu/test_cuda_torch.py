@@ -1,6 +1,7 @@
 """CUDA against torch eager on CUDA: graph API ops in float16/bfloat16, the torch.compile backend
 and fastcompile.compile on the torch issue's models (forward and one training step), a graph
 moved between CPU and CUDA, streams, and the errors a user meets."""
+
 import copy
 import functools
 import sys
@@ -16,8 +17,8 @@ pytestmark = cudahelp.SKIP
 torch = cudahelp.torch
 F = torch.nn.functional
 sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.dirname(__file__)))
-import torchhelp as tb                   # noqa: E402  (the models and the SGD step of the CPU tests)
-from fastcompile.backends import torch as fbt   # noqa: E402
+import torchhelp as tb  # noqa: E402  (the models and the SGD step of the CPU tests)
+from fastcompile.backends import torch as fbt  # noqa: E402
 
 
 def compiled(build, *dtypes_ndims):
@@ -32,12 +33,17 @@ def compiled(build, *dtypes_ndims):
 # ----------------------------------------------------------------------------------------------
 
 # against a float64 reference on the same inputs: the output's rounding, plus libdevice's few ULP
-TOL_BY_DTYPE = {torch.float16: dict(rtol=2e-3, atol=1e-3), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
-                torch.float32: dict(rtol=1e-5, atol=1e-6)}
+TOL_BY_DTYPE = {
+    torch.float16: dict(rtol=2e-3, atol=1e-3),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
+    torch.float32: dict(rtol=1e-5, atol=1e-6),
+}
 CASES = {
     "gelu": (lambda g, x: [g.call("gelu", x)], lambda x: F.gelu(x)),
-    "silu_mul": (lambda g, x: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), x)],
-                 lambda x: x * torch.sigmoid(x) * x),
+    "silu_mul": (
+        lambda g, x: [g.call("mul", g.call("mul", x, g.call("sigmoid", x)), x)],
+        lambda x: x * torch.sigmoid(x) * x,
+    ),
     "softmax": (lambda g, x: [g.call("softmax", x, axis=-1)], lambda x: torch.softmax(x, -1)),
     "sum": (lambda g, x: [g.call("sum", x, axis=-1)], lambda x: x.sum(-1)),
     "amax": (lambda g, x: [g.call("amax", x, axis=0)], lambda x: x.amax(0)),
@@ -68,6 +74,7 @@ def test_layernorm_one_kernel_matches_torch():
         var = g.call("mean", g.call("mul", d, d), axis=-1, keepdims=True)
         y = g.call("mul", d, g.call("rsqrt", g.call("add", var, 1e-5)))
         return [g.call("add", g.call("mul", y, w), b)]
+
     f = compiled(build, ("float32", 2), ("float32", 1), ("float32", 1))
     x = torch.randn(4096, 4096, device="cuda")
     w, b = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
@@ -79,11 +86,11 @@ def test_layernorm_one_kernel_matches_torch():
 def test_strided_and_broadcast_inputs():
     f = compiled(lambda g, x, y: [g.call("add", g.call("exp", x), y)], ("float32", 2), ("float32", 2))
     base = torch.randn(300, 500, device="cuda")
-    x = base.t()                                   # transposed
-    y = torch.randn(1, 300, device="cuda").expand(500, 300)   # stride 0
+    x = base.t()  # transposed
+    y = torch.randn(1, 300, device="cuda").expand(500, 300)  # stride 0
     (z,) = f(x, y)
     torch.testing.assert_close(z, torch.exp(x) + y)
-    (z2,) = f(x.contiguous(), y.contiguous())      # another layout: another plan, same values
+    (z2,) = f(x.contiguous(), y.contiguous())  # another layout: another plan, same values
     torch.testing.assert_close(z2, z)
 
 
@@ -105,7 +112,7 @@ def test_vector_paths_aligned_misaligned_and_capped_grids(dtype, cap):
     try:
         fastcompile.config.set(cuda_max_grid=cap)
         for off, n in ((0, 8192), (1, 8192), (0, 8999), (3, 4097)):
-            x, y = base[off:off + n], base[off + 1:off + 1 + n]
+            x, y = base[off : off + n], base[off + 1 : off + 1 + n]
             (z,) = add(x, y)
             if dtype == torch.bfloat16:
                 torch.testing.assert_close(z.double(), x.double() * x.double() + y.double(), rtol=4e-3, atol=1e-3)
@@ -145,7 +152,7 @@ def test_cpu_then_cuda_recompiles_and_stays_correct():
     np.testing.assert_allclose(a, np.tanh(xc), rtol=2e-6)
     np.testing.assert_allclose(b.cpu().numpy(), np.tanh(xc), rtol=2e-6, atol=1e-7)
     np.testing.assert_array_equal(c, a)
-    assert len(f.kernels) == n_cpu + 1            # nothing rebuilt on the way back
+    assert len(f.kernels) == n_cpu + 1  # nothing rebuilt on the way back
 
 
 def test_mixed_devices_raise_a_clear_error():
@@ -178,9 +185,9 @@ def test_side_stream_orders_with_torch():
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
         x = torch.ones(1 << 24, device="cuda")
-        x.add_(1)                                  # 2
-        (y,) = f(x)                                # 4
-        y.add_(1)                                  # 5
+        x.add_(1)  # 2
+        (y,) = f(x)  # 4
+        y.add_(1)  # 5
     s.synchronize()
     assert float(y.min()) == 5.0 and float(y.max()) == 5.0
 
@@ -195,6 +202,7 @@ def test_cubin_disk_cache_hit():
 # ----------------------------------------------------------------------------------------------
 # the torch backend and fastcompile.compile on the torch issue's models
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def _reset_dynamo():

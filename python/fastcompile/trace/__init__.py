@@ -6,6 +6,7 @@ builtins, closure and bound locals; out: a TraceResult.
     r.target(*[value of each slot in r.slots])   # == fn(*args), one compiled graph
     r.program                                    # flat guard program (guards.py)
 """
+
 import inspect
 import sys
 
@@ -16,10 +17,19 @@ from .helpers import NeedAutograd
 from .interp import Tracer
 from .variables import Unsupported
 
-SUPPORTED_PYTHONS = ((3, 11), (3, 12))    # bytecode the interpreter loop knows
+SUPPORTED_PYTHONS = ((3, 11), (3, 12))  # bytecode the interpreter loop knows
 
-__all__ = ["trace_frame", "trace_function", "TraceResult", "GraphInfo", "BreakReason", "Unsupported",
-           "EntryInfo", "reset", "guards"]
+__all__ = [
+    "trace_frame",
+    "trace_function",
+    "TraceResult",
+    "GraphInfo",
+    "BreakReason",
+    "Unsupported",
+    "EntryInfo",
+    "reset",
+    "guards",
+]
 
 
 class BreakReason:
@@ -43,7 +53,12 @@ class TraceResult:
 
     def __repr__(self):
         return "TraceResult(graphs=%d, breaks=%r, guards=%d, target=%s, code=%s)" % (
-            len(self.graphs), self.breaks, len(self.guards), self.target is not None, self.code is not None)
+            len(self.graphs),
+            self.breaks,
+            len(self.guards),
+            self.target is not None,
+            self.code is not None,
+        )
 
 
 def _rng_state():
@@ -58,6 +73,7 @@ def _rng_state():
 def _set_rng_state(state):
     if state is not None:
         import torch
+
         torch.set_rng_state(state[0])
         if state[1] is not None:
             torch.cuda.set_rng_state_all(state[1])
@@ -68,8 +84,10 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
     included) and of the free variables; closure: the function's cells."""
     result = TraceResult()
     if sys.version_info[:2] not in SUPPORTED_PYTHONS:
-        why = ("fastcompile's tracer reads CPython %s bytecode, not %d.%d: the frame runs as plain Python"
-               % (" and ".join("%d.%d" % v for v in SUPPORTED_PYTHONS), *sys.version_info[:2]))
+        why = "fastcompile's tracer reads CPython %s bytecode, not %d.%d: the frame runs as plain Python" % (
+            " and ".join("%d.%d" % v for v in SUPPORTED_PYTHONS),
+            *sys.version_info[:2],
+        )
         stack = [(code.co_filename, code.co_firstlineno, code.co_name, "")]
         if fullgraph:
             raise Unsupported(why, stack)
@@ -121,6 +139,7 @@ def trace_frame(code, f_globals, f_builtins, closure, f_locals, fullgraph=False)
 
     def target(*values):
         return run(*values)[0]
+
     result.target, result.slots = run.fast_target or target, run.slots
     result.graphs = graph_info(tracer, run)
     result.guards = guards.dedupe(tracer.guards)
@@ -149,7 +168,7 @@ class EntryInfo:
         by_slot = {i: frame.f_locals[n] for i, n in enumerate(names) if n in frame.f_locals}
         try:
             actual = sources.evaluate(g.source, by_slot, frame.f_globals, frame.f_builtins, frame.closure)
-        except Exception as exc:             # a report must not fail the frame
+        except Exception as exc:  # a report must not fail the frame
             actual = "unreadable (%s)" % type(exc).__name__
         else:
             actual = guards.describe_actual(g, actual)

@@ -1,6 +1,7 @@
 """Trace stage, calls and inlining: a call of a traced value: Python functions and nn.Module
 forwards inlined as new Frames, builtins and container methods folded or done on Vars, NumPy,
 torch and array-method calls recorded. In: the callable and its traced arguments; out: a Var."""
+
 import builtins as _builtins
 import functools
 import inspect
@@ -15,18 +16,62 @@ from . import helpers as H
 from . import numpy_ops as NP
 from . import sources as S
 from .frame import Frame
-from .helpers import (FLOAT_RESULT, SCALARS, Lazy, any_array, describe, fn_name, kind_of,
-                      unlazy)
-from .variables import (NULL, ArrayMethodVar, ArrayVar, CellVar, DictVar, FuncVar, IterVar,
-                        ListVar, MethodVar, PyVar, ScalarVar, ShapeVar, TupleVar, Unsupported,
-                        AbsentAttribute)
+from .helpers import FLOAT_RESULT, SCALARS, Lazy, any_array, describe, fn_name, kind_of, unlazy
+from .variables import (
+    NULL,
+    ArrayMethodVar,
+    ArrayVar,
+    CellVar,
+    DictVar,
+    FuncVar,
+    IterVar,
+    ListVar,
+    MethodVar,
+    PyVar,
+    ScalarVar,
+    ShapeVar,
+    TupleVar,
+    Unsupported,
+    AbsentAttribute,
+)
 
-torch = H.reads_torch(__name__)     # bound by helpers.sync_torch()
+torch = H.reads_torch(__name__)  # bound by helpers.sync_torch()
 
 FOLDABLE_BUILTINS = {
-    len, range, isinstance, issubclass, abs, min, max, int, float, bool, str, tuple, list, dict,
-    enumerate, zip, reversed, sorted, getattr, hasattr, type, round, divmod, pow, sum, any, all,
-    slice, iter, callable, hash, repr, format, id,
+    len,
+    range,
+    isinstance,
+    issubclass,
+    abs,
+    min,
+    max,
+    int,
+    float,
+    bool,
+    str,
+    tuple,
+    list,
+    dict,
+    enumerate,
+    zip,
+    reversed,
+    sorted,
+    getattr,
+    hasattr,
+    type,
+    round,
+    divmod,
+    pow,
+    sum,
+    any,
+    all,
+    slice,
+    iter,
+    callable,
+    hash,
+    repr,
+    format,
+    id,
 }
 FOLDABLE_MODULES = ("math", "operator", "functools", "itertools")
 
@@ -34,12 +79,14 @@ FOLDABLE_MODULES = ("math", "operator", "functools", "itertools")
 def _cell_loader(tracer, cell, source):
     """Loads an inlined function's closure cell; source (S.CellSource): its contents are guarded
     and re-read at call time, and mutating them is a side effect."""
+
     def load():
         try:
             value = cell.cell_contents
         except ValueError:
             return None
         return tracer.wrap(value, source)
+
     return load
 
 
@@ -51,14 +98,33 @@ def _kind_name(v):
 
 def _is_torch_callable(v):
     mod = getattr(v, "__module__", None) or ""
-    return mod == "torch" or mod.startswith("torch.") or getattr(v, "__self__", None) is torch._C._VariableFunctions \
-        or type(v).__name__ == "builtin_function_or_method" and getattr(v, "__self__", None).__class__.__name__ == "module" \
+    return (
+        mod == "torch"
+        or mod.startswith("torch.")
+        or getattr(v, "__self__", None) is torch._C._VariableFunctions
+        or type(v).__name__ == "builtin_function_or_method"
+        and getattr(v, "__self__", None).__class__.__name__ == "module"
         and getattr(getattr(v, "__self__", None), "__name__", "").startswith("torch")
+    )
 
 
-_CONTAINER_METHODS = {list.append, list.extend, list.insert, list.pop, list.clear, list.reverse,
-                      list.index, list.count, tuple.index, tuple.count, dict.items, dict.keys,
-                      dict.values, dict.get, dict.update}
+_CONTAINER_METHODS = {
+    list.append,
+    list.extend,
+    list.insert,
+    list.pop,
+    list.clear,
+    list.reverse,
+    list.index,
+    list.count,
+    tuple.index,
+    tuple.count,
+    dict.items,
+    dict.keys,
+    dict.values,
+    dict.get,
+    dict.update,
+}
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,9 +139,25 @@ def _inline_torch_modules():
     modules run whole as one extern call, which is safer for large forwards
     (attention, convolutions) the tracer would break inside."""
     nn = torch.nn
-    return frozenset(getattr(nn, n) for n in ("GELU", "SiLU", "ReLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax",
-                                              "LayerNorm", "Dropout", "Identity", "Softplus", "Mish", "Hardtanh")
-                     if hasattr(nn, n))
+    return frozenset(
+        getattr(nn, n)
+        for n in (
+            "GELU",
+            "SiLU",
+            "ReLU",
+            "Sigmoid",
+            "Tanh",
+            "Softmax",
+            "LogSoftmax",
+            "LayerNorm",
+            "Dropout",
+            "Identity",
+            "Softplus",
+            "Mish",
+            "Hardtanh",
+        )
+        if hasattr(nn, n)
+    )
 
 
 class CallHandlers:
@@ -87,13 +169,13 @@ class CallHandlers:
         n = ins.arg
         args = self.pop(n)
         callable_, first = self.pop(), self.pop()
-        if first is not NULL:                       # [method, self, args] form
+        if first is not NULL:  # [method, self, args] form
             callable_, args = first, [callable_] + args
         kwargs = {}
         if f.kw_names:
             k = len(f.kw_names)
-            kwargs = dict(zip(f.kw_names, args[len(args) - k:]))
-            args = args[:len(args) - k]
+            kwargs = dict(zip(f.kw_names, args[len(args) - k :]))
+            args = args[: len(args) - k]
             f.kw_names = None
         self.push(self.call_var(callable_, args, kwargs))
 
@@ -116,7 +198,7 @@ class CallHandlers:
         if ins.arg & 0x02:
             kwd = unlazy(self.pop())
             kwdefaults = dict(kwd.items) if isinstance(kwd, DictVar) else {k: PyVar(v) for k, v in self.py(kwd).items()}
-        defaults = tuple(self.unpack(self.pop())) if ins.arg & 0x01 else ()    # (0,): a constant tuple
+        defaults = tuple(self.unpack(self.pop())) if ins.arg & 0x01 else ()  # (0,): a constant tuple
         self.push(FuncVar(code, f.f_globals, defaults, kwdefaults, closure, code.co_name))
 
     def call_var(self, fn, args, kwargs):
@@ -134,18 +216,24 @@ class CallHandlers:
             return self.container_method(v, args, kwargs)
         if torch is not None and isinstance(v, torch.nn.Module):
             return self.module_call(fn, args, kwargs)
-        if isinstance(v, types.BuiltinFunctionType) and getattr(v, "__module__", None) == "builtins" \
-                or v in (range, enumerate, zip, reversed, int, float, bool, str, tuple, list, dict,
-                         type, slice, isinstance, len):
+        if (
+            isinstance(v, types.BuiltinFunctionType)
+            and getattr(v, "__module__", None) == "builtins"
+            or v
+            in (range, enumerate, zip, reversed, int, float, bool, str, tuple, list, dict, type, slice, isinstance, len)
+        ):
             return self.builtin_call(v, args, kwargs)
         if NP.is_numpy_callable(v):
             return self.numpy_call(v, args, kwargs)
         if torch is not None and _is_torch_callable(v):
             from . import torch_ops
+
             return torch_ops.call(self, v, args, kwargs)
         if isinstance(v, types.FunctionType):
-            cells = tuple(CellVar(loader=_cell_loader(self, c, S.CellSource(c, "%s.<cell %s>" % (v.__qualname__, n))))
-                          for n, c in zip(v.__code__.co_freevars, v.__closure__ or ()))
+            cells = tuple(
+                CellVar(loader=_cell_loader(self, c, S.CellSource(c, "%s.<cell %s>" % (v.__qualname__, n))))
+                for n, c in zip(v.__code__.co_freevars, v.__closure__ or ())
+            )
             defaults = self.function_defaults(v, fn.source, "__defaults__")
             kwd = self.function_defaults(v, fn.source, "__kwdefaults__")
             return self.inline(v.__code__, v.__globals__, cells, defaults, kwd, args, kwargs)
@@ -157,7 +245,7 @@ class CallHandlers:
             obj = self.wrap(v.__self__, S.SlotAttrSource(src, "__self__") if src else None)
             return self.call_var(func, [obj] + list(args), kwargs)
         if _hashable(v) and v in FLOAT_RESULT and not kwargs and any(isinstance(unlazy(a), ScalarVar) for a in args):
-            r = self.scalar_op(v, fn_name(v), [unlazy(a) for a in args])      # math.sqrt(lr)
+            r = self.scalar_op(v, fn_name(v), [unlazy(a) for a in args])  # math.sqrt(lr)
             if r is not None:
                 return r
         mod = (getattr(v, "__module__", None) or "").split(".")[0]
@@ -180,18 +268,23 @@ class CallHandlers:
         if not values:
             return empty
         if src is None:
-            return type(empty)((k, self.wrap(d, None)) for k, d in values.items()) if isinstance(values, dict) \
+            return (
+                type(empty)((k, self.wrap(d, None)) for k, d in values.items())
+                if isinstance(values, dict)
                 else tuple(self.wrap(d, None) for d in values)
+            )
         fsrc, shape = S.FuncAttrSource(src, name), []
 
         def loader(key):
             def load():
-                if not shape:       # the first default used: the tuple or dict itself
+                if not shape:  # the first default used: the tuple or dict itself
                     shape.append(True)
                     self.guard(fsrc, "type", type(values))
                     self.guard(fsrc, "len", len(values))
                 return self.wrap(values[key], S.ItemSource(fsrc, key))
+
             return load
+
         if isinstance(values, dict):
             return {k: Lazy(loader(k)) for k in values}
         return tuple(Lazy(loader(i)) for i in range(len(values)))
@@ -204,8 +297,9 @@ class CallHandlers:
             depth, p = depth + 1, p.parent
         if depth > 40:
             self.unsupported("inlining deeper than 40 frames (recursion?)")
-        dummy = types.FunctionType(code, {}, code.co_name, defaults or None,
-                                   tuple(types.CellType() for _ in code.co_freevars))
+        dummy = types.FunctionType(
+            code, {}, code.co_name, defaults or None, tuple(types.CellType() for _ in code.co_freevars)
+        )
         dummy.__kwdefaults__ = dict(kwdefaults) or None
         try:
             bound = inspect.signature(dummy).bind(*args, **kwargs)
@@ -213,13 +307,15 @@ class CallHandlers:
             self.unsupported("TypeError while tracing a call to %s: %s" % (code.co_name, e))
         bound.apply_defaults()
         builtins_ = f_globals.get("__builtins__", _builtins)
-        frame = Frame(code, f_globals, builtins_ if isinstance(builtins_, dict) else vars(builtins_),
-                      self.frame)
+        frame = Frame(code, f_globals, builtins_ if isinstance(builtins_, dict) else vars(builtins_), self.frame)
         for name, value in bound.arguments.items():
             if name.startswith("implicit") and name not in code.co_varnames:
-                name = "." + name[len("implicit"):]         # inspect renames comprehension args
-            if isinstance(value, tuple) and code.co_flags & 0x04 and name == code.co_varnames[
-                    code.co_argcount + code.co_kwonlyargcount]:
+                name = "." + name[len("implicit") :]  # inspect renames comprehension args
+            if (
+                isinstance(value, tuple)
+                and code.co_flags & 0x04
+                and name == code.co_varnames[code.co_argcount + code.co_kwonlyargcount]
+            ):
                 value = TupleVar(value)
             elif isinstance(value, dict) and code.co_flags & 0x08:
                 value = DictVar(value)
@@ -231,11 +327,21 @@ class CallHandlers:
     def module_call(self, mod_var, args, kwargs):
         mod = mod_var.value
         m = torch.nn.modules.module
-        if mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks or \
-                m._global_forward_hooks or m._global_forward_pre_hooks or m._global_backward_hooks:
+        if (
+            mod._forward_hooks
+            or mod._forward_pre_hooks
+            or mod._backward_hooks
+            or m._global_forward_hooks
+            or m._global_forward_pre_hooks
+            or m._global_backward_hooks
+        ):
             self.unsupported("nn.Module hooks are not supported")
-        if isinstance(mod, torch.nn.modules.dropout._DropoutNd) and mod.training and mod.p > 0 \
-                and type(mod) is not torch.nn.Dropout:
+        if (
+            isinstance(mod, torch.nn.modules.dropout._DropoutNd)
+            and mod.training
+            and mod.p > 0
+            and type(mod) is not torch.nn.Dropout
+        ):
             # Dropout1d/2d/3d, AlphaDropout, ...: as an extern call its eager example would draw
             # from the RNG while tracing (nn.Dropout is inlined: F.dropout, see torch_ops.call)
             self.unsupported("%s in training mode is random (hint: model.eval())" % type(mod).__name__)
@@ -246,10 +352,18 @@ class CallHandlers:
             # module call, its eager example while tracing would update the input it is given, and
             # the call would then apply it a second time
             from .torch_ops import _INPLACE_ACTIVATIONS
+
             if type(mod).__name__.lower() not in {a.replace("_", "") for a in _INPLACE_ACTIVATIONS}:
                 self.unsupported("%s(inplace=True) updates its input in place" % type(mod).__name__)
-            return self.inline(fwd.__code__, fwd.__globals__, (), tuple(self.wrap(d, None) for d in
-                               (fwd.__defaults__ or ())), {}, [mod_var] + list(args), kwargs)
+            return self.inline(
+                fwd.__code__,
+                fwd.__globals__,
+                (),
+                tuple(self.wrap(d, None) for d in (fwd.__defaults__ or ())),
+                {},
+                [mod_var] + list(args),
+                kwargs,
+            )
         if type(mod) is torch.nn.Sequential and len(args) == 1 and not kwargs:
             # its children one after the other: each is inlined, traced or called on its own
             if mod_var.source is not None:
@@ -258,26 +372,50 @@ class CallHandlers:
             for name in mod._modules:
                 x = self.call_var(self.module_child(mod_var, name), [x], {})
             return x
-        if self.fx is not None and type(mod) not in _inline_torch_modules() and \
-                (type(mod).__module__ or "").startswith("torch."):
+        if (
+            self.fx is not None
+            and type(mod) not in _inline_torch_modules()
+            and (type(mod).__module__ or "").startswith("torch.")
+        ):
             return self.fx_module_call(mod_var, args, kwargs)
-        if self.fx is None and type(mod) in _batch_norms() and not mod.training and mod_var.source is not None \
-                and mod.running_mean is not None and mod.running_var is not None and len(args) == 1 and not kwargs \
-                and isinstance(unlazy(args[0]), ArrayVar) and unlazy(args[0]).kind == "torch" \
-                and unlazy(args[0]).ndim >= 2 and unlazy(args[0]).example.dtype in (torch.float32, torch.float64) \
-                and all(t is None or t.dtype == unlazy(args[0]).example.dtype
-                        for t in (mod.running_mean, mod.running_var, mod.weight, mod.bias)):
+        if (
+            self.fx is None
+            and type(mod) in _batch_norms()
+            and not mod.training
+            and mod_var.source is not None
+            and mod.running_mean is not None
+            and mod.running_var is not None
+            and len(args) == 1
+            and not kwargs
+            and isinstance(unlazy(args[0]), ArrayVar)
+            and unlazy(args[0]).kind == "torch"
+            and unlazy(args[0]).ndim >= 2
+            and unlazy(args[0]).example.dtype in (torch.float32, torch.float64)
+            and all(
+                t is None or t.dtype == unlazy(args[0]).example.dtype
+                for t in (mod.running_mean, mod.running_var, mod.weight, mod.bias)
+            )
+        ):
             # eval mode (guarded), float32/float64 throughout (the dtypes are guarded): a
             # per-channel scale and shift, traced, so it fuses with the ops around it (torch's
             # CPU kernel computes half in float32). Training mode updates its statistics: one
             # extern call
             from .torch_ops import batch_norm_eval
-            return self.inline(batch_norm_eval.__code__, batch_norm_eval.__globals__, (), (), {},
-                               [mod_var] + list(args), {})
+
+            return self.inline(
+                batch_norm_eval.__code__, batch_norm_eval.__globals__, (), (), {}, [mod_var] + list(args), {}
+            )
         if type(mod) in _inline_torch_modules():
             # torch's own forward, inlined so its ops fuse (nn.GELU -> the core's gelu)
-            return self.inline(fwd.__code__, fwd.__globals__, (), tuple(self.wrap(d, None) for d in
-                               (fwd.__defaults__ or ())), {}, [mod_var] + list(args), kwargs)
+            return self.inline(
+                fwd.__code__,
+                fwd.__globals__,
+                (),
+                tuple(self.wrap(d, None) for d in (fwd.__defaults__ or ())),
+                {},
+                [mod_var] + list(args),
+                kwargs,
+            )
         return self.call_var(PyVar(fwd), [mod_var] + list(args), kwargs)
 
     def container_method(self, fn, args, kwargs):
@@ -330,11 +468,11 @@ class CallHandlers:
                 return PyVar(len(a.items))
             return PyVar(len(self.unpack(a)))
         if isinstance(args[0] if args else None, ScalarVar) and len(args) <= 2:
-            a = args[0]                         # a float or NumPy float, by its type guard; its value unread
+            a = args[0]  # a float or NumPy float, by its type guard; its value unread
             if fn is float and len(args) == 1 and type(a.value) is float:
                 return a
             if fn in (float, abs) and len(args) == 1:
-                r = self.scalar_op(fn, fn.__name__, args)      # float(np.float32(x)): a Python float
+                r = self.scalar_op(fn, fn.__name__, args)  # float(np.float32(x)): a Python float
                 if r is not None:
                     return r
             if fn is type and len(args) == 1:
@@ -382,7 +520,7 @@ class CallHandlers:
                 return self.getattr_var(args[0], name)
             except AbsentAttribute:
                 if len(args) == 3:
-                    return args[2]          # absent (guarded by getattr_var where it can be)
+                    return args[2]  # absent (guarded by getattr_var where it can be)
                 raise
         if fn is hasattr:
             o = unlazy(args[0])
@@ -391,12 +529,17 @@ class CallHandlers:
             if isinstance(o, PyVar) and o.source is not None and len(args) == 2:
                 name = self.py(args[1])
                 try:
-                    self.getattr_var(o, name)      # guards what it finds, or the absence
+                    self.getattr_var(o, name)  # guards what it finds, or the absence
                     return PyVar(True)
                 except AbsentAttribute:
                     return PyVar(False)
-        if fn in (sum, max, min, abs) and any_array(args, kwargs) or \
-                fn is sum and len(args) == 1 and any(isinstance(unlazy(x), ArrayVar) for x in self.unpack(args[0])):
+        if (
+            fn in (sum, max, min, abs)
+            and any_array(args, kwargs)
+            or fn is sum
+            and len(args) == 1
+            and any(isinstance(unlazy(x), ArrayVar) for x in self.unpack(args[0]))
+        ):
             return self.builtin_array(fn, args, kwargs)
         if fn in (float, int, bool, complex) and any_array(args, kwargs):
             self.unsupported("data-dependent %s() of an array value" % fn.__name__)
@@ -421,8 +564,11 @@ class CallHandlers:
         if not NP.is_pure(fn):
             self.unsupported("call to %s is not supported (not a pure function)" % fn_name(fn))
         if not any_array(args, kwargs):
-            if isinstance(fn, type) and issubclass(fn, NP.FOLDABLE_CLASSES) or \
-                    fn in (np.result_type, np.promote_types, np.can_cast, np.dtype):
+            if (
+                isinstance(fn, type)
+                and issubclass(fn, NP.FOLDABLE_CLASSES)
+                or fn in (np.result_type, np.promote_types, np.can_cast, np.dtype)
+            ):
                 return self.fold(fn, args, kwargs)
             return self.fold(fn, args, kwargs)
         kind = kind_of(args, kwargs)
@@ -448,13 +594,15 @@ class CallHandlers:
                 params = {k: self.py(v) for k, v in b.arguments.items() if k != "a"}
             except (TypeError, ValueError, Unsupported):
                 params = None
-            if params is not None and "a" in b.arguments and not any(
-                    v is not np._NoValue for k, v in params.items() if k in ("where", "initial")):
+            if (
+                params is not None
+                and "a" in b.arguments
+                and not any(v is not np._NoValue for k, v in params.items() if k in ("where", "initial"))
+            ):
                 params = {k: v for k, v in params.items() if v is not np._NoValue}
                 attrs = NP.reduction_attrs(name, **params)
                 if attrs is not None:
-                    return self.array_call(fn, args, kwargs, NP.REDUCTIONS[name], attrs,
-                                           core_args=[b.arguments["a"]])
+                    return self.array_call(fn, args, kwargs, NP.REDUCTIONS[name], attrs, core_args=[b.arguments["a"]])
         if fn is np.asarray and nargs == 1 and not kwargs and isinstance(unlazy(args[0]), ArrayVar):
             return unlazy(args[0])
         return self.array_call(fn, args, kwargs)
@@ -469,6 +617,7 @@ class CallHandlers:
             self.unsupported("%s.%s mutates the array (side effect)" % (what, name))
         if arr.kind == "torch":
             from . import torch_ops
+
             return torch_ops.method(self, arr, name, args, kwargs)
         if name in NP.REDUCTIONS:
             return self.numpy_call(getattr(np, name), [arr] + list(args), kwargs)
@@ -482,5 +631,5 @@ class CallHandlers:
         if not hasattr(np.ndarray, name):
             self.unsupported("ndarray has no attribute %r" % name)
         if hasattr(np, name) and NP.writes_into(getattr(np, name), 1 + len(args), kwargs):
-            self.unsupported("ndarray.%s(out=...) writes into an array (side effect)" % name)   # a.clip(0, 1, o)
+            self.unsupported("ndarray.%s(out=...) writes into an array (side effect)" % name)  # a.clip(0, 1, o)
         return self.array_call(lambda x, *a, **k: getattr(x, name)(*a, **k), [arr] + list(args), kwargs)

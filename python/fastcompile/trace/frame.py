@@ -1,6 +1,7 @@
 """Trace stage, frame: a trace's frames (instructions, locals, cells, stack) and its start
 from the real frame: the top frame's locals and closure cells, read lazily. In: a code object and
 the frame's locals; out: the Frame the run loop executes."""
+
 import dis
 import linecache
 
@@ -25,7 +26,7 @@ def protected_offsets(code):
     instrs = list(dis.get_instructions(code))
     for e in dis._parse_exception_table(code):
         if _cleanup_only(instrs, e.target):
-            continue                        # 3.12 inlined comprehension: restores a local, reraises
+            continue  # 3.12 inlined comprehension: restores a local, reraises
         out.update(range(e.start, e.end, 2))
     return out
 
@@ -45,13 +46,12 @@ def _cleanup_only(instrs, target):
 
 class Frame:
     def __init__(self, code, f_globals, f_builtins, parent, top=False):
-        self.code, self.f_globals, self.f_builtins, self.parent, self.top = \
-            code, f_globals, f_builtins, parent, top
+        self.code, self.f_globals, self.f_builtins, self.parent, self.top = code, f_globals, f_builtins, parent, top
         self.instrs = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
         self.index_of = {ins.offset: k for k, ins in enumerate(self.instrs)}
         self.protected = protected_offsets(code)
-        self.locals = {}        # name -> Var (fast locals)
-        self.cells = {}         # name -> CellVar (cellvars and freevars)
+        self.locals = {}  # name -> Var (fast locals)
+        self.cells = {}  # name -> CellVar (cellvars and freevars)
         self.stack = []
         self.pc = 0
         self.kw_names = None
@@ -79,7 +79,7 @@ class FrameSetup:
         for i, name in enumerate(code.co_freevars):
             cell_src = S.ClosureSource(name, i)
             frame.cells[name] = CellVar(external=True, loader=self._loader(name, cell_src))
-        for name in names[:len(names) - nfree]:
+        for name in names[: len(names) - nfree]:
             if name in self.f_locals:
                 src = S.LocalSource(name, self.slots[name])
                 frame.locals[name] = Lazy(self._loader(name, src))
@@ -96,4 +96,5 @@ class FrameSetup:
             else:
                 value = self.f_locals[name]
             return self.wrap(value, src)
+
         return load

@@ -1,6 +1,7 @@
 """Trace stage, graph call: turns the traced state into a callable that runs the
 compiled graph once and rebuilds Python values around its outputs. In: a
 Tracer and the Vars to rebuild; out: (run(*slot_values) -> list, slots)."""
+
 import logging
 import os
 import sys
@@ -23,7 +24,7 @@ class GraphInfo:
     def __init__(self, graph, input_sources, op_count, span, compiled=None):
         self.graph, self.input_sources, self.op_count, self.span = graph, input_sources, op_count, span
         self._compiled = compiled
-        self.float_sources = []     # the floats it reads at each call (not baked in: no recompile)
+        self.float_sources = []  # the floats it reads at each call (not baked in: no recompile)
 
     @property
     def compiled(self):
@@ -36,12 +37,17 @@ class GraphInfo:
 def graph_info(tracer, run):
     if run.graph is None or tracer.op_count == 0:
         return []
-    fname = tracer.code.co_filename          # the span is in the traced function's own file
+    fname = tracer.code.co_filename  # the span is in the traced function's own file
     lines = [ln for f, ln in tracer.lines if f == fname] or [ln for _, ln in tracer.lines]
     if not any(f == fname for f, _ in tracer.lines) and tracer.lines:
         fname = tracer.lines[0][0]
-    info = GraphInfo(run.graph, [src for src, _, _ in tracer.inputs], tracer.op_count,
-                     (fname, min(lines), max(lines)), getattr(run, "compiled", None))
+    info = GraphInfo(
+        run.graph,
+        [src for src, _, _ in tracer.inputs],
+        tracer.op_count,
+        (fname, min(lines), max(lines)),
+        getattr(run, "compiled", None),
+    )
     info.float_sources = [src for src, kind, _ in tracer.inputs if kind == "scalar"]
     return [info]
 
@@ -63,17 +69,20 @@ def _view_bases(tracer, outputs):
     output whose memory holds the others'}. At each call such an output is made a torch view of
     that tensor (_torch_view), so it shares its version counter and storage as eager's view
     does; torch.from_numpy would make a tensor of its own over the same memory."""
+
     def host(x):
-        h = host_of(x)              # None for bfloat16: the core had a float32 copy
+        h = host_of(x)  # None for bfloat16: the core had a float32 copy
         return h if h is not None and h.size else None
-    ins = [(src, host(arr), arr.requires_grad) for src, kind, arr in tracer.inputs
-           if kind == "torch" and src is not None]
+
+    ins = [
+        (src, host(arr), arr.requires_grad) for src, kind, arr in tracer.inputs if kind == "torch" and src is not None
+    ]
     exs = {k: host(v.example) for k, v in enumerate(outputs) if v.kind == "torch"}
     exs = {k: a for k, a in exs.items() if a is not None}
     bases, left = {}, []
     for k, a in exs.items():
         hit = next(((s, g) for s, b, g in ins if b is not None and np.may_share_memory(a, b)), None)
-        if hit is not None:     # x.detach() of an input requiring grad: a view of x.detach()
+        if hit is not None:  # x.detach() of an input requiring grad: a view of x.detach()
             bases[k] = (hit[0], hit[1] and not getattr(outputs[k].example, "requires_grad", False))
         else:
             left.append(k)
@@ -84,8 +93,9 @@ def _view_bases(tracer, outputs):
         if len(group) < 2:
             continue
         spans = {j: _span(exs[j]) for j in group}
-        root = next((j for j in group if all(spans[j][0] <= lo and hi <= spans[j][1]
-                                            for lo, hi in spans.values())), None)
+        root = next(
+            (j for j in group if all(spans[j][0] <= lo and hi <= spans[j][1] for lo, hi in spans.values())), None
+        )
         for j in group:
             if root is not None and j != root:
                 bases[j] = root
@@ -106,7 +116,7 @@ def _span(a):
 def _out_tensor(env, outs, k, bases):
     """Tensor output k of this call: one tensor per output per call (a, a returns one object
     twice), a view of the tensor it views where it views one (_view_bases)."""
-    t = env.memo.get(k)                     # int keys: never a Source
+    t = env.memo.get(k)  # int keys: never a Source
     if t is None:
         b = bases.get(k)
         r = outs[k]
@@ -130,9 +140,15 @@ def _torch_view(t, r):
     storage = t.untyped_storage()
     base = storage.data_ptr()
     lo, hi = _span(r)
-    if r.size == 0 or str(t.dtype)[6:] != r.dtype.name or (lo - base) % isz \
-            or any(st < 0 or st % isz for st in r.strides) or lo < base or hi > base + storage.nbytes():
-        return _from_numpy(r)                                       # "torch.float32": float32
+    if (
+        r.size == 0
+        or str(t.dtype)[6:] != r.dtype.name
+        or (lo - base) % isz
+        or any(st < 0 or st % isz for st in r.strides)
+        or lo < base
+        or hi > base + storage.nbytes()
+    ):
+        return _from_numpy(r)  # "torch.float32": float32
     return t.as_strided(r.shape, [st // isz for st in r.strides], (lo - base) // isz)
 
 
@@ -147,11 +163,9 @@ def build(tracer, vars_, user_stack=()):
     nlocalsplus = len(tracer.slots)
     nfree = len(tracer.code.co_freevars)
 
-    torch = sys.modules.get("torch")        # imported if the trace met a tensor (never imported here)
-
     def plan(v):
         v = unlazy(v)
-        if isinstance(v, ScalarVar):            # read again from the frame, or computed again
+        if isinstance(v, ScalarVar):  # read again from the frame, or computed again
             _roots(v.source, roots)
             src = v.source
             return lambda env, outs: env.get(src)
@@ -164,7 +178,7 @@ def build(tracer, vars_, user_stack=()):
                 out_index[id(v)] = len(outputs)
                 outputs.append(v)
             k = out_index[id(v)]
-            as_torch = v.kind == "torch" and tracer.fx is None       # autograd mode returns tensors
+            as_torch = v.kind == "torch" and tracer.fx is None  # autograd mode returns tensors
             scalar = isinstance(v.example, np.generic)
 
             def get(env, outs, k=k):
@@ -172,6 +186,7 @@ def build(tracer, vars_, user_stack=()):
                     return _out_tensor(env, outs, k, bases)
                 r = outs[k]
                 return r[()] if scalar else r
+
             return get
         if isinstance(v, PyVar):
             if v.source is not None:
@@ -179,13 +194,13 @@ def build(tracer, vars_, user_stack=()):
                 src = v.source
                 return lambda env, outs: env.get(src)
             remake = getattr(v, "remake", None)
-            if remake is not None:                  # e.g. np.errstate(...): one per call
+            if remake is not None:  # e.g. np.errstate(...): one per call
                 fn, a, k = remake
                 return lambda env, outs: fn(*a, **k)
             c = v.value
             return lambda env, outs: c
         if isinstance(v, (TupleVar, ListVar)):
-            if v.source is not None and isinstance(v, ListVar):     # its items unread: no guard on them
+            if v.source is not None and isinstance(v, ListVar):  # its items unread: no guard on them
                 _roots(v.source, roots)
                 src = v.source
                 return lambda env, outs: env.get(src)
@@ -207,7 +222,7 @@ def build(tracer, vars_, user_stack=()):
             return lambda env, outs: shape
         raise Unsupported("cannot rebuild a %s after the graph" % type(v).__name__, user_stack)
 
-    bases = {}          # tensor output index -> the input source or output index it views
+    bases = {}  # tensor output index -> the input source or output index it views
     plans = [plan(v) for v in vars_]
     if tracer.fx is None:
         bases.update(_view_bases(tracer, outputs))
@@ -236,17 +251,20 @@ def build(tracer, vars_, user_stack=()):
     if outputs:
         graph.output(*[v.value for v in outputs])
     code = tracer.code
-    state = {"compiled": None, "first": None,      # label: the graph's name in fastcompile.profile()
-             "label": "%s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), code.co_firstlineno)}
+    state = {
+        "compiled": None,
+        "first": None,  # label: the graph's name in fastcompile.profile()
+        "label": "%s (%s:%d)" % (code.co_name, os.path.basename(code.co_filename), code.co_firstlineno),
+    }
     if outputs:
         background = bool(config.get("async_compile"))
         if background:
             state["compiled"] = _compile(graph, state)
         state["first"] = _FirstCall(tracer, outputs, state["compiled"], background)
 
-    has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's arrays
+    has_outputs = bool(outputs)  # run keeps no Var: their examples are the trace's arrays
     input_srcs = [src for src, _ in inputs]
-    read_inputs = S.compile_reader(input_srcs)      # one generated function, not evaluate() each
+    read_inputs = S.compile_reader(input_srcs)  # one generated function, not evaluate() each
     torch_inputs = [j for j, (_, kind) in enumerate(inputs) if kind == "torch"]
 
     def run(*values):
@@ -257,18 +275,18 @@ def build(tracer, vars_, user_stack=()):
         if has_outputs:
             first = state["first"]
             got = None
-            if first is not None:           # the first call, or the next one (async: waits for the build)
+            if first is not None:  # the first call, or the next one (async: waits for the build)
                 if first.inputs is not None:
                     got = first.take([env.get(src) for src, _ in inputs])
                     if got is not None and got[0] is not None:
                         return [p(env, got[0]) for p in plans]
                 first.wait()
-                state["first"] = None       # spent: later calls skip all this
+                state["first"] = None  # spent: later calls skip all this
             c = state["compiled"]
             if c is None:
                 c = state["compiled"] = _compile(graph, state)
             values = read_inputs(*env.args)
-            env.memo.update(zip(input_srcs, values))    # the plans below read these as before
+            env.memo.update(zip(input_srcs, values))  # the plans below read these as before
             arrays = list(values)
             for j in torch_inputs:
                 arrays[j] = arrays[j].detach().numpy()
@@ -279,21 +297,22 @@ def build(tracer, vars_, user_stack=()):
                 outs = c(*arrays) if got is None else c._call_with(tuple(arrays), got[1])
             except ValueError as e:
                 if not torch_inputs or e.__traceback__.tb_next is not None:
-                    raise       # NumPy's semantics, or an extern's own error (a Python frame below)
+                    raise  # NumPy's semantics, or an extern's own error (a Python frame below)
                 # the core's: shapes that do not broadcast (kernels are not specialized on sizes);
                 # torch raises RuntimeError where NumPy (and so the core) raises ValueError
                 raise RuntimeError(str(e)) from e
         return [p(env, outs) for p in plans]
 
     run.slots = slots
-    run.compiled = lambda: state["compiled"]     # the Compiled, once the first call made it
+    run.compiled = lambda: state["compiled"]  # the Compiled, once the first call made it
     run.graph = graph if outputs else None
     run.op_count = op_count
-    run.lines = list(tracer.lines)       # (filename, lineno) of each op of the graph
-    run.fast_target = _fast_target(vars_, outputs, inputs, slots, state, graph, state["first"]) \
-        if outputs and not checks else None
+    run.lines = list(tracer.lines)  # (filename, lineno) of each op of the graph
+    run.fast_target = (
+        _fast_target(vars_, outputs, inputs, slots, state, graph, state["first"]) if outputs and not checks else None
+    )
     if run.fast_target is not None and state["first"] is not None and not state["first"].background:
-        state["first"] = None           # sync: the fast target runs the graph, run() never will
+        state["first"] = None  # sync: the fast target runs the graph, run() never will
     return run
 
 
@@ -338,7 +357,7 @@ class _FirstCall:
 
     @property
     def ready(self):
-        return self.done.is_set() or self.pid != os.getpid()    # a fork's child builds at its calls
+        return self.done.is_set() or self.pid != os.getpid()  # a fork's child builds at its calls
 
     def take(self, values):
         """(traced outputs or None (sync), extern stand-ins) for the first call (values: its
@@ -347,9 +366,11 @@ class _FirstCall:
         self.outs = self.stand_ins = self.inputs = None
         # the traced objects themselves; a float read at each call (a ScalarVar's input) by its
         # value, bit for bit: computed again at this call (lr * 0.5), it is a new object
-        if ins is None or len(values) != len(ins) or any(
-                a is not b and not (s and same_value(a, b))
-                for a, b, s in zip(values, ins, self.scalars)):
+        if (
+            ins is None
+            or len(values) != len(ins)
+            or any(a is not b and not (s and same_value(a, b)) for a, b, s in zip(values, ins, self.scalars))
+        ):
             return None
         return outs, stand_ins
 
@@ -363,6 +384,7 @@ class _FirstCall:
         compiled's (after the build). picks: the Pick objects calling it (filled in by the
         caller); the first call that runs the kernels hands them compiled itself, so later
         calls run with no Python frame, as without async compile."""
+
         def call(*arrays):
             if self.inputs is not None:
                 got = self.take(arrays)
@@ -373,6 +395,7 @@ class _FirstCall:
                 p.fn = compiled
             picks.clear()
             return compiled(*arrays)
+
         return call
 
 
@@ -393,7 +416,7 @@ def _submit(first, compiled, arrays, stand_ins):
             _WORKER[0] = t
             try:
                 t.start()
-            except RuntimeError:                # no thread to be had: the calls build
+            except RuntimeError:  # no thread to be had: the calls build
                 _WORKER[0] = None
                 for f, _, _, _ in _QUEUE:
                     f.done.set()
@@ -412,7 +435,7 @@ def _work():
         try:
             _build(batch)
         finally:
-            batch = None        # the first calls' arrays are let go before their calls go on
+            batch = None  # the first calls' arrays are let go before their calls go on
             for first in firsts:
                 first.done.set()
 
@@ -429,8 +452,9 @@ def _load_all(compiled, arrays, stand_ins):
         compiled._prebuild(arrays, stand_ins)
         type(compiled)._load_pending((compiled,))
     except Exception as e:
-        log.debug("fastcompile: first-call batch compile failed (%s: %s); the call compiles "
-                  "its kernels", type(e).__name__, e)
+        log.debug(
+            "fastcompile: first-call batch compile failed (%s: %s); the call compiles its kernels", type(e).__name__, e
+        )
 
 
 def _build(batch):
@@ -442,21 +466,19 @@ def _build(batch):
         try:
             compiled._prebuild(arrays, stand_ins)
             built.append(compiled)
-        except BaseException as e:      # the calls build what they need, and raise as without it
-            log.debug("fastcompile: background build failed (%s: %s); calls build their kernels",
-                      type(e).__name__, e)
+        except BaseException as e:  # the calls build what they need, and raise as without it
+            log.debug("fastcompile: background build failed (%s: %s); calls build their kernels", type(e).__name__, e)
         del arrays, stand_ins
     try:
         if built:
             type(built[0])._load_pending(built)
     except BaseException as e:
-        log.debug("fastcompile: background compile failed (%s: %s); calls compile their kernels",
-                  type(e).__name__, e)
+        log.debug("fastcompile: background compile failed (%s: %s); calls compile their kernels", type(e).__name__, e)
 
 
 def _reset_after_fork():
     global _QUEUE_LOCK
-    _QUEUE_LOCK = threading.Lock()      # a fork may copy it held by the worker the child lacks
+    _QUEUE_LOCK = threading.Lock()  # a fork may copy it held by the worker the child lacks
     _QUEUE.clear()
     _WORKER[0] = None
 
@@ -474,8 +496,11 @@ def _stand_in(traced):
     result, run, args = traced
     r = tuple(_host(x) for x in result) if isinstance(result, (tuple, list)) else _host(result)
     hosts = [a for a in (_host(x) for x in args) if isinstance(a, np.ndarray)]
-    if any(isinstance(x, np.ndarray) and np.may_share_memory(x, a)
-           for x in (r if isinstance(r, tuple) else (r,)) for a in hosts):
+    if any(
+        isinstance(x, np.ndarray) and np.may_share_memory(x, a)
+        for x in (r if isinstance(r, tuple) else (r,))
+        for a in hosts
+    ):
         return run
     return lambda *a: r
 
@@ -507,22 +532,27 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
     # free (the core's kernels are not): one compiled graph per tuple of input sizes
     compiled = {}
     runners = []
-    has_outputs = bool(outputs)         # run keeps no Var: their examples are the trace's tensors
+    has_outputs = bool(outputs)  # run keeps no Var: their examples are the trace's tensors
     input_srcs = [src for src, _ in inputs]
     read_inputs = S.compile_reader(input_srcs)
-    where = tracer.lines[0] if tracer.lines else ("?", 0)       # run keeps no tracer (its examples)
+    where = tracer.lines[0] if tracer.lines else ("?", 0)  # run keeps no tracer (its examples)
 
     def compile_for(key, tensors):
         import copy
         import torch
         from ..backends import torch as torch_backend
+
         gm = torch.fx.GraphModule(torch.nn.Module(), copy.deepcopy(fxg))
         limit = config.get("cache_size_limit")
-        if len(compiled) >= limit:          # past it: the graph's torch ops, uncompiled
+        if len(compiled) >= limit:  # past it: the graph's torch ops, uncompiled
             if len(compiled) == limit:
-                log.warning("fastcompile: a graph of %s:%d was compiled for %d sets of input sizes, "
-                            "the limit (cache_size_limit); new sizes run its torch ops uncompiled",
-                            where[0], where[1], limit)
+                log.warning(
+                    "fastcompile: a graph of %s:%d was compiled for %d sets of input sizes, "
+                    "the limit (cache_size_limit); new sizes run its torch ops uncompiled",
+                    where[0],
+                    where[1],
+                    limit,
+                )
             compiled[key] = gm
             return gm
         c = compiled[key] = torch_backend.backend(gm, tensors, record=runners)
@@ -533,7 +563,7 @@ def _build_fx(tracer, plans, outputs, inputs, slots, nlocalsplus, nfree):
         outs = ()
         if has_outputs:
             tensors = read_inputs(*env.args)
-            env.memo.update(zip(input_srcs, tensors))   # the plans below read these as before
+            env.memo.update(zip(input_srcs, tensors))  # the plans below read these as before
             key = tuple(getattr(t, "shape", None) for t in tensors)
             c = compiled.get(key)
             if c is None:
@@ -560,29 +590,34 @@ def _fast_target(vars_, outputs, inputs, slots, state, graph, first=None):
     """For the common frame (NumPy arrays straight from arguments in, one array or a
     tuple of arrays straight out of the graph), a target with no per-call
     bookkeeping: pick the arguments, call the Compiled, pick the outputs. None otherwise."""
-    if len(vars_) != 1 or any(kind not in ("numpy", "scalar") or not isinstance(src, S.LocalSource)
-                              for src, kind in inputs):
+    if len(vars_) != 1 or any(
+        kind not in ("numpy", "scalar") or not isinstance(src, S.LocalSource) for src, kind in inputs
+    ):
         return None
     ret = unlazy(vars_[0])
     items = ret.items if isinstance(ret, TupleVar) else [ret]
     ks = []
     for v in items:
         v = unlazy(v)
-        if not isinstance(v, ArrayVar) or v.source is not None or v.kind != "numpy" \
-                or isinstance(v.example, np.generic):
+        if (
+            not isinstance(v, ArrayVar)
+            or v.source is not None
+            or v.kind != "numpy"
+            or isinstance(v.example, np.generic)
+        ):
             return None
         ks.append(next(i for i, o in enumerate(outputs) if o is v))
     pos = tuple(slots.index(src.slot) for src, _ in inputs)
     compiled = state["compiled"] = state["compiled"] or _compile(graph, state)
     if first is not None and not first.background and first.inputs is not None:
-        _load_all(compiled, tuple(first.inputs), first.stand_ins)    # the first call is next
+        _load_all(compiled, tuple(first.inputs), first.stand_ins)  # the first call is next
     # Sync: the Compiled itself, so the first call runs the externs again (NumPy arrays in,
     # arrays out: pure NumPy calls). Async: a Python wrapper until the kernels first run
     picks = []
     fn = compiled if first is None or not first.background else first.wrap(compiled, picks)
     if not isinstance(ret, TupleVar):
         (k,) = ks
-        picks.append(_C.Pick(fn, pos, k))                # C: no Python frame per call
+        picks.append(_C.Pick(fn, pos, k))  # C: no Python frame per call
         return picks[0]
     if ks == list(range(len(outputs))):
         picks.append(_C.Pick(fn, pos))

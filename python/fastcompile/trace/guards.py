@@ -28,6 +28,7 @@ checks  ("type", reg, type_obj)         type(v) is type_obj
 
 size1_mask bit i is set iff shape[i] == 1; contig 0 any, 1 C-contiguous, 2 not.
 A load that finds nothing fails at that load."""
+
 import builtins as _builtins_mod
 import os
 import struct
@@ -42,6 +43,7 @@ from . import sources as S
 
 class Guard:
     """One fact about one source: kind is a check name above, args its operands."""
+
     __slots__ = ("source", "kind", "args")
 
     def __init__(self, source, kind, *args):
@@ -70,7 +72,13 @@ class Guard:
         if self.kind in ("ndarray", "tensor"):
             dtype, ndim, mask, contig = self.args[:4]
             txt = "%s is %s %s ndim=%d size1_mask=0b%s contig=%s" % (
-                src, self.kind, dtype, ndim, format(mask, "b"), ("any", "C", "non-C")[contig])
+                src,
+                self.kind,
+                dtype,
+                ndim,
+                format(mask, "b"),
+                ("any", "C", "non-C")[contig],
+            )
             if self.kind == "tensor":
                 txt += " device=%s requires_grad=%s" % self.args[4:6]
             return txt
@@ -137,9 +145,12 @@ def describe_object(obj):
     if isinstance(obj, types.FunctionType):
         code = obj.__code__
         return "function %s (%s:%d)" % (name, os.path.basename(code.co_filename), code.co_firstlineno)
-    owner = getattr(obj, "__self__", None)      # identity only: an ndarray's == is elementwise
-    if isinstance(obj, types.BuiltinFunctionType) and (owner is None or owner is _builtins_mod) \
-            or type(obj).__name__ == "ufunc":
+    owner = getattr(obj, "__self__", None)  # identity only: an ndarray's == is elementwise
+    if (
+        isinstance(obj, types.BuiltinFunctionType)
+        and (owner is None or owner is _builtins_mod)
+        or type(obj).__name__ == "ufunc"
+    ):
         kind = "ufunc" if type(obj).__name__ == "ufunc" else "builtin"
         return "%s %s" % (kind, name if mod in (None, "builtins") else "%s.%s" % (mod, name))
     return "<%s object at 0x%x>" % (type(obj).__qualname__, id(obj))
@@ -155,13 +166,20 @@ def size1_mask(shape):
 
 def array_guard(source, arr):
     """The compile-key guard of a NumPy array."""
-    return Guard(source, "ndarray", arr.dtype, arr.ndim, size1_mask(arr.shape),
-                 1 if arr.flags.c_contiguous else 2)
+    return Guard(source, "ndarray", arr.dtype, arr.ndim, size1_mask(arr.shape), 1 if arr.flags.c_contiguous else 2)
 
 
 def tensor_guard(source, t):
-    return Guard(source, "tensor", t.dtype, t.dim(), size1_mask(t.shape),
-                 1 if t.is_contiguous() else 2, t.device, bool(t.requires_grad))
+    return Guard(
+        source,
+        "tensor",
+        t.dtype,
+        t.dim(),
+        size1_mask(t.shape),
+        1 if t.is_contiguous() else 2,
+        t.device,
+        bool(t.requires_grad),
+    )
 
 
 def dedupe(guards):
@@ -248,8 +266,12 @@ def describe_actual(guard, value):
         except AttributeError:
             return "a %s" % type(value).__name__
         return "%s %s ndim=%d size1_mask=0b%s contig=%s" % (
-            type(value).__name__, value.dtype, len(shape), format(size1_mask(shape), "b"),
-            "C" if contig else "non-C")
+            type(value).__name__,
+            value.dtype,
+            len(shape),
+            format(size1_mask(shape), "b"),
+            "C" if contig else "non-C",
+        )
     return "a %s" % type(value).__name__
 
 
@@ -275,19 +297,30 @@ def _check(ins, v):
         return isinstance(v, type) and S.type_lookup(v, ins[2]) is S.MISSING
     if kind == "ndarray":
         import numpy as np
+
         if type(v) is not np.ndarray:
             return False
         _, _, dtype, ndim, mask, contig = ins
-        return (v.dtype == dtype and v.ndim == ndim and size1_mask(v.shape) == mask
-                and _contig_ok(v.flags.c_contiguous, contig))
+        return (
+            v.dtype == dtype
+            and v.ndim == ndim
+            and size1_mask(v.shape) == mask
+            and _contig_ok(v.flags.c_contiguous, contig)
+        )
     if kind == "tensor":
         import torch
+
         if not isinstance(v, torch.Tensor):
             return False
         _, _, dtype, ndim, mask, contig, device, rg = ins
-        return (v.dtype == dtype and v.dim() == ndim and size1_mask(v.shape) == mask
-                and _contig_ok(v.is_contiguous(), contig) and v.device == device
-                and bool(v.requires_grad) == rg)
+        return (
+            v.dtype == dtype
+            and v.dim() == ndim
+            and size1_mask(v.shape) == mask
+            and _contig_ok(v.is_contiguous(), contig)
+            and v.device == device
+            and bool(v.requires_grad) == rg
+        )
     raise ValueError("unknown guard instruction %r" % (kind,))
 
 

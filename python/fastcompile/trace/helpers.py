@@ -1,6 +1,7 @@
 """Trace stage, helpers: what every part of the tracer shares: torch (bound once the process
 has imported it), the exceptions that switch routes, lazy frame locals, and small functions of
 Vars and values. A leaf: it imports no trace module but variables (itself a leaf)."""
+
 import math
 import operator
 import sys
@@ -16,7 +17,7 @@ from .variables import ArrayVar, DictVar, ListVar, PyVar, TupleVar
 # imported it. None on NumPy-only installs, and until then.
 torch = None
 TORCH_TO_NP = {}
-_TORCH_READERS = []         # the trace modules whose code reads the global torch (reads_torch)
+_TORCH_READERS = []  # the trace modules whose code reads the global torch (reads_torch)
 
 SCALARS = (type(None), bool, int, float, str, bytes)
 
@@ -35,7 +36,7 @@ def sync_torch():
     if torch is not None:
         return
     t = sys.modules.get("torch")
-    if t is None or not hasattr(t, "nn"):          # not imported, or still importing
+    if t is None or not hasattr(t, "nn"):  # not imported, or still importing
         return
     TORCH_TO_NP.update({dt: np.dtype(name) for dt, name in torch_numpy_dtypes(t).items()})
     torch = t
@@ -122,18 +123,49 @@ NP_FLOATS = (np.float16, np.float32, np.float64)
 # functions of floats and ints whose result is a float (or an exception): float arithmetic on
 # ScalarVars that Python computes again at each call (Tracer.scalar_op); ** is not here (a
 # negative base gives a complex)
-FLOAT_RESULT = frozenset((operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
-                           operator.mod, operator.neg, operator.pos, abs, math.sqrt, math.exp, math.log,
-                           math.log2, math.log10, math.log1p, math.expm1, math.sin, math.cos, math.tan,
-                           math.tanh, math.atan, math.fabs, math.hypot, math.atan2, math.copysign, float))
+FLOAT_RESULT = frozenset(
+    (
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.truediv,
+        operator.floordiv,
+        operator.mod,
+        operator.neg,
+        operator.pos,
+        abs,
+        math.sqrt,
+        math.exp,
+        math.log,
+        math.log2,
+        math.log10,
+        math.log1p,
+        math.expm1,
+        math.sin,
+        math.cos,
+        math.tan,
+        math.tanh,
+        math.atan,
+        math.fabs,
+        math.hypot,
+        math.atan2,
+        math.copysign,
+        float,
+    )
+)
 
 
 def host_of(x):
     """A traced example's memory as a NumPy array (tensors: their NumPy view), or None."""
     if isinstance(x, np.ndarray):
         return x
-    if torch is not None and isinstance(x, torch.Tensor) and x.dtype in TORCH_TO_NP \
-            and x.layout == torch.strided and x.device.type == "cpu":
+    if (
+        torch is not None
+        and isinstance(x, torch.Tensor)
+        and x.dtype in TORCH_TO_NP
+        and x.layout == torch.strided
+        and x.device.type == "cpu"
+    ):
         return x.detach().numpy()
     return None
 

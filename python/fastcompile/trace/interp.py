@@ -6,6 +6,7 @@ state (return value or the stack and locals at the break).
 Tracer is one class written in parts, one mixin per job: frame.py (the top frame),
 runloop.py (the loop, value wrapping), opcodes.py, calls.py (calls, inlining),
 record.py (array ops into the graph); helpers.py holds what they share."""
+
 import builtins as _builtins
 
 from fastcompile.graph import Graph
@@ -24,24 +25,23 @@ class Tracer(FrameSetup, RunLoop, OpcodeHandlers, CallHandlers, ArrayRecorder):
     """One trace of one frame. stop_at: index of the top-frame instruction to
     stop before (a restart after a break)."""
 
-    def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None, autograd=False,
-                 core_only=False):
+    def __init__(self, code, f_globals, f_builtins, closure, f_locals, stop_at=None, autograd=False, core_only=False):
         sync_torch()
         self.core_only = core_only  # no optional switch to autograd mode (NeedAutograd.optional)
         self.code, self.f_globals, self.closure = code, f_globals, closure or ()
         self.f_builtins = f_builtins if isinstance(f_builtins, dict) else vars(f_builtins or _builtins)
         self.f_locals, self.stop_at = f_locals, stop_at
         self.graph = Graph()
-        self.inputs = []            # (source, kind, example) per graph input
-        self.scalar_exprs = []      # the ScalarVars of float arithmetic (scalar_op), in trace order
-        self.extern_results = []    # per extern of the graph, in order: (eager result, run function,
+        self.inputs = []  # (source, kind, example) per graph input
+        self.scalar_exprs = []  # the ScalarVars of float arithmetic (scalar_op), in trace order
+        self.extern_results = []  # per extern of the graph, in order: (eager result, run function,
         #                             its array arguments' examples), from tracing
-        self.arrays = {}            # (id(array), source), autograd mode id(array) -> ArrayVar of inputs
-        self.keep = []              # objects whose id is a key above
+        self.arrays = {}  # (id(array), source), autograd mode id(array) -> ArrayVar of inputs
+        self.keep = []  # objects whose id is a key above
         self.guards = []
-        self.wrapped = {}           # source -> Var
+        self.wrapped = {}  # source -> Var
         self.op_count = 0
-        self.lines = []             # (filename, lineno) of each op
+        self.lines = []  # (filename, lineno) of each op
         self.steps = 0
         self.slots = {n: i for i, n in enumerate(localsplus_names(code))}
         # autograd mode: every torch op is recorded as a node of an FX graph, which runs through

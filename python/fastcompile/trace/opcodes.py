@@ -1,6 +1,7 @@
 """Trace stage, opcode handlers: one Tracer method per bytecode instruction (op_<OPNAME>) and
 what they share: loads and stores, containers, jumps, operators, subscripts and attributes.
 In: the Frame and the instruction; out: the Frame's stack and locals, updated."""
+
 import dis
 import inspect
 import operator
@@ -15,11 +16,25 @@ from . import helpers as H
 from . import numpy_ops as NP
 from . import sources as S
 from .helpers import SCALARS, Lazy, describe, fn_name, is_array, kind_of, unlazy
-from .variables import (NULL, ArrayMethodVar, ArrayVar, CellVar, DictVar, FuncVar, IterVar,
-                        ListVar, MethodVar, PyVar, ScalarVar, ShapeVar, TupleVar, Var,
-                        AbsentAttribute)
+from .variables import (
+    NULL,
+    ArrayMethodVar,
+    ArrayVar,
+    CellVar,
+    DictVar,
+    FuncVar,
+    IterVar,
+    ListVar,
+    MethodVar,
+    PyVar,
+    ScalarVar,
+    ShapeVar,
+    TupleVar,
+    Var,
+    AbsentAttribute,
+)
 
-torch = H.reads_torch(__name__)     # bound by helpers.sync_torch()
+torch = H.reads_torch(__name__)  # bound by helpers.sync_torch()
 
 
 class _UnboundMarker(Var):
@@ -40,10 +55,17 @@ class OpcodeHandlers:
 
     # ------------------------------------------------------------------ opcodes: loads and stores
 
-    def op_RESUME(self, f, ins): pass
-    def op_NOP(self, f, ins): pass
-    def op_PRECALL(self, f, ins): pass
-    def op_COPY_FREE_VARS(self, f, ins): pass
+    def op_RESUME(self, f, ins):
+        pass
+
+    def op_NOP(self, f, ins):
+        pass
+
+    def op_PRECALL(self, f, ins):
+        pass
+
+    def op_COPY_FREE_VARS(self, f, ins):
+        pass
 
     def op_MAKE_CELL(self, f, ins):
         name = ins.argval
@@ -62,7 +84,7 @@ class OpcodeHandlers:
 
     def op_LOAD_FAST(self, f, ins):
         name = ins.argval
-        if name in f.cells:                                  # 3.12 comprehension cells
+        if name in f.cells:  # 3.12 comprehension cells
             return self.op_LOAD_DEREF(f, ins)
         if name not in f.locals:
             self.unsupported("local variable %r read before assignment" % name)
@@ -98,8 +120,7 @@ class OpcodeHandlers:
         if cell is None:
             cell = f.cells[ins.argval] = CellVar()
         if cell.external:
-            self.unsupported("store to a variable of an enclosing function (nonlocal %s) "
-                             "is not supported" % ins.argval)
+            self.unsupported("store to a variable of an enclosing function (nonlocal %s) is not supported" % ins.argval)
         cell.contents = self.pop()
 
     def op_LOAD_CLOSURE(self, f, ins):
@@ -247,22 +268,21 @@ class OpcodeHandlers:
         if isinstance(v, DictVar):
             return [PyVar(k) for k in v.items]
         if isinstance(v, IterVar):
-            out = v.items[v.pos:]
+            out = v.items[v.pos :]
             v.pos = len(v.items)
             return out
         if isinstance(v, ShapeVar):
             return [PyVar(x) for x in self.py(v)]
         if isinstance(v, PyVar):
             val = v.value
-            if torch is not None and isinstance(val, (torch.nn.ModuleList, torch.nn.Sequential,
-                                                      torch.nn.ModuleDict)):
-                if v.source is not None:            # a module appended later must recompile
+            if torch is not None and isinstance(val, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict)):
+                if v.source is not None:  # a module appended later must recompile
                     self.guard(S.DictAttrSource(v.source, "_modules"), "len", len(val._modules))
                 if isinstance(val, torch.nn.ModuleDict):
                     return [PyVar(k) for k in val._modules]
                 return [self.module_child(v, k) for k in val._modules]
             if isinstance(val, (range, str, bytes)) or type(val) is tuple:
-                return [PyVar(x) for x in val]      # a tuple constant: for k in (1.0, 2.0)
+                return [PyVar(x) for x in val]  # a tuple constant: for k in (1.0, 2.0)
         if isinstance(v, ArrayVar):
             self.unsupported("iteration over an array (data-dependent length)")
         self.unsupported("iteration over %s is not supported" % describe(v))
@@ -279,8 +299,8 @@ class OpcodeHandlers:
         before, after = ins.arg & 0xFF, ins.arg >> 8
         if len(items) < before + after:
             self.unsupported("not enough values to unpack")
-        mid = ListVar(items[before:len(items) - after])
-        for v in reversed(items[len(items) - after:]):
+        mid = ListVar(items[before : len(items) - after])
+        for v in reversed(items[len(items) - after :]):
             self.push(v)
         self.push(mid)
         for v in reversed(items[:before]):
@@ -339,7 +359,7 @@ class OpcodeHandlers:
             return
         self.pop()
         self.jump(f, ins.argval)
-        if f.instrs[f.pc].opname == "END_FOR":              # 3.12: skip END_FOR
+        if f.instrs[f.pc].opname == "END_FOR":  # 3.12: skip END_FOR
             f.pc += 1
 
     def op_END_FOR(self, f, ins):
@@ -398,17 +418,21 @@ class OpcodeHandlers:
             return self.fold(fn, [a, b], {})
         if inplace and isinstance(a, ArrayVar) and self.fx is not None:
             if a.source is not None or not a.fresh or a.escaped:
-                self.unsupported("in-place %s= on a tensor that may be shared (an input or a view) "
-                                 "is not supported" % sym)
-            new = self.array_op(fn, core_op, [a, b], sym)      # a fresh tensor: rebind it
+                self.unsupported(
+                    "in-place %s= on a tensor that may be shared (an input or a view) is not supported" % sym
+                )
+            new = self.array_op(fn, core_op, [a, b], sym)  # a fresh tensor: rebind it
             a.example, a.fx = new.example, new.fx
             return a
         if inplace and isinstance(a, ArrayVar):
             if a.source is not None or not a.fresh or a.escaped:
-                self.unsupported("in-place %s= on an array that may be shared (an input or a view) "
-                                 "is not supported" % sym)
+                self.unsupported(
+                    "in-place %s= on an array that may be shared (an input or a view) is not supported" % sym
+                )
             ifn = getattr(operator, "i" + fn.__name__.strip("_"))
-            new = self.array_op(lambda x, y: ifn(x.clone() if a.kind == "torch" else x.copy(), y), core_op, [a, b], sym + "=")
+            new = self.array_op(
+                lambda x, y: ifn(x.clone() if a.kind == "torch" else x.copy(), y), core_op, [a, b], sym + "="
+            )
             a.value, a.example = new.value, new.example
             return a
         return self.array_op(fn, core_op, [a, b], sym)
@@ -417,6 +441,7 @@ class OpcodeHandlers:
         kind = kind_of(args, {})
         if kind == "torch":
             from . import torch_ops
+
             return torch_ops.pointwise(self, fn, core_op, args, {})
         return self.array_call(fn, args, {}, core_op)
 
@@ -430,15 +455,14 @@ class OpcodeHandlers:
             self.unsupported("%s raised %s: %s while tracing" % (fn_name(fn), type(e).__name__, e))
         var = self.wrap_result(value)
         if isinstance(var, PyVar) and hasattr(type(value), "__enter__"):
-            var.remake = (fn, pa, pk)       # a context manager is stateful: made afresh per call
+            var.remake = (fn, pa, pk)  # a context manager is stateful: made afresh per call
         return var
 
     def wrap_result(self, v):
         if isinstance(v, np.generic) and v.dtype.kind in "biuf":
-            return PyVar(v)         # np.float32(0.5): a strongly typed constant, as core ops take it
+            return PyVar(v)  # np.float32(0.5): a strongly typed constant, as core ops take it
         if is_array(v):
-            self.unsupported("an array computed from Python values only (constant arrays are "
-                             "not supported)")
+            self.unsupported("an array computed from Python values only (constant arrays are not supported)")
         if type(v) is tuple:
             return TupleVar([self.wrap_result(x) for x in v])
         if type(v) is list:
@@ -478,9 +502,14 @@ class OpcodeHandlers:
                 self.unsupported("identity (is) of floats read at each call")
         elif isinstance(a, PyVar) and isinstance(b, PyVar):
             va, vb = a.value, b.value
-            if a is not b and (a.source is not None or b.source is not None) and type(va) is type(vb) \
-                    and type(va) in (int, float, complex, str, bytes) and va == vb \
-                    and not (type(va) is int and -5 <= va <= 256):
+            if (
+                a is not b
+                and (a.source is not None or b.source is not None)
+                and type(va) is type(vb)
+                and type(va) in (int, float, complex, str, bytes)
+                and va == vb
+                and not (type(va) is int and -5 <= va <= 256)
+            ):
                 # equal numbers or strings, guarded by value: one object at this call, maybe
                 # two at the next (only CPython's small ints are always one)
                 self.unsupported("identity (is) of equal %s values read from the frame" % type(va).__name__)
@@ -525,7 +554,11 @@ class OpcodeHandlers:
             if key not in o.items:
                 self.unsupported("KeyError %r while tracing" % (key,))
             return o.items[key]
-        if isinstance(o, PyVar) and torch is not None and isinstance(o.value, (torch.nn.ModuleList, torch.nn.Sequential)):
+        if (
+            isinstance(o, PyVar)
+            and torch is not None
+            and isinstance(o.value, (torch.nn.ModuleList, torch.nn.Sequential))
+        ):
             names = list(o.value._modules)
             if isinstance(key, slice):
                 self.unsupported("slicing an nn.ModuleList/Sequential")
@@ -588,14 +621,13 @@ class OpcodeHandlers:
         if isinstance(obj, FuncVar):
             self.unsupported("attribute of a function made in the trace")
         if isinstance(obj, ScalarVar):
-            obj = PyVar(self.py(obj))       # lr.real, lr.is_integer(): of this value
+            obj = PyVar(self.py(obj))  # lr.real, lr.is_integer(): of this value
         if not isinstance(obj, PyVar):
             self.unsupported("attribute %r of %s" % (name, describe(obj)))
         value, src = obj.value, obj.source
         if name == "__dict__" and src is not None:
             # a mapping whose items no guard reads (o.__dict__["lr"] = 0.25 later would go unseen)
-            self.unsupported("%s.__dict__ is read by Python (hint: read the attribute itself)"
-                             % type(value).__name__)
+            self.unsupported("%s.__dict__ is read by Python (hint: read the attribute itself)" % type(value).__name__)
         if isinstance(value, types.ModuleType):
             d = value.__dict__
             if name in d:
@@ -611,12 +643,12 @@ class OpcodeHandlers:
                     return self.wrap(d[name], s)
         if isinstance(value, type):
             raw = S.type_lookup(value, name)
-            if src is not None and _plain_class_attr(raw):      # C.eps: guarded as it is read
+            if src is not None and _plain_class_attr(raw):  # C.eps: guarded as it is read
                 return self.wrap(raw, S.TypeAttrSource(src, name))
             if src is not None and raw is not S.MISSING:
-                self.guard(S.TypeAttrSource(src, name), "id", raw)     # a method replaced on the class
+                self.guard(S.TypeAttrSource(src, name), "id", raw)  # a method replaced on the class
                 if isinstance(raw, classmethod) and isinstance(raw.__func__, types.FunctionType):
-                    return MethodVar(PyVar(raw.__func__), obj)       # cls: the class, with its source
+                    return MethodVar(PyVar(raw.__func__), obj)  # cls: the class, with its source
                 if isinstance(raw, staticmethod):
                     return PyVar(raw.__func__)
             try:
@@ -631,7 +663,7 @@ class OpcodeHandlers:
         if isinstance(inst, dict) and name in inst:
             return self.wrap(inst[name], S.DictAttrSource(src, name) if src else None)
         cls_attr = S.type_lookup(type(value), name)
-        if src is not None and type(cls_attr) is types.MemberDescriptorType:     # a __slots__ member
+        if src is not None and type(cls_attr) is types.MemberDescriptorType:  # a __slots__ member
             v = S.slot_get(value, name)
             if v is S.MISSING:
                 raise AbsentAttribute("%s.%s is unset" % (type(value).__name__, name), self.frame.user_stack())
@@ -639,20 +671,23 @@ class OpcodeHandlers:
         # the class, as a constant: the object's type is guarded before any attribute is read,
         # and one register serves every instance of it
         csrc = S.ConstSource(type(value), G._type_name(type(value))) if src is not None else None
-        shadowable = cls_attr is S.MISSING or _plain_class_attr(cls_attr) or \
-            isinstance(cls_attr, (types.FunctionType, staticmethod, classmethod))
+        shadowable = (
+            cls_attr is S.MISSING
+            or _plain_class_attr(cls_attr)
+            or isinstance(cls_attr, (types.FunctionType, staticmethod, classmethod))
+        )
         if src is not None and isinstance(inst, dict) and shadowable:
             # an instance attribute set later would shadow the class's value or method (or the
             # absence getattr(obj, name, default) and hasattr read): guarded, as Python looks
             self.guard(src, "noattr", name)
         if cls_attr is S.MISSING:
             if src is not None:
-                self.guard(csrc, "notypeattr", name)                    # nor on the class
+                self.guard(csrc, "notypeattr", name)  # nor on the class
             cls_attr = None
         elif src is not None and _plain_class_attr(cls_attr):
             return self.wrap(cls_attr, S.TypeAttrSource(csrc, name))
         elif src is not None and isinstance(cls_attr, (types.FunctionType, property, staticmethod, classmethod)):
-            self.guard(S.TypeAttrSource(csrc, name), "id", cls_attr)   # a method replaced on the class
+            self.guard(S.TypeAttrSource(csrc, name), "id", cls_attr)  # a method replaced on the class
         if isinstance(cls_attr, types.FunctionType):
             return MethodVar(PyVar(cls_attr), obj)
         if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
@@ -662,12 +697,15 @@ class OpcodeHandlers:
         if isinstance(cls_attr, classmethod):
             return MethodVar(PyVar(cls_attr.__func__), PyVar(type(value), csrc))
         custom = getattr(type(value), "__getattr__", None)
-        if cls_attr is None and src is not None and custom is not None and \
-                not (torch is not None and isinstance(value, torch.nn.Module)):
+        if (
+            cls_attr is None
+            and src is not None
+            and custom is not None
+            and not (torch is not None and isinstance(value, torch.nn.Module))
+        ):
             # computed by Python code on each read (a config object over a dict): no guard can
             # tell when it changes, so it is read by Python
-            self.unsupported("%s.%s is served by %s.__getattr__" % (type(value).__name__, name,
-                                                                   type(value).__name__))
+            self.unsupported("%s.%s is served by %s.__getattr__" % (type(value).__name__, name, type(value).__name__))
         try:
             attr = getattr(value, name)
         except AttributeError as e:
@@ -693,15 +731,18 @@ class OpcodeHandlers:
         if arr.kind == "torch" and name in ("device", "requires_grad", "is_cuda", "layout"):
             return PyVar(getattr(arr.example, name))
         if name == "itemsize":
-            return PyVar(int(arr.example.itemsize))         # of the dtype, which is guarded
+            return PyVar(int(arr.example.itemsize))  # of the dtype, which is guarded
         if name == "nbytes":
             n = int(arr.example.itemsize)
             for a in range(arr.ndim):
                 n *= self.dim(arr, a)
             return PyVar(n)
         raw = inspect.getattr_static(arr.example, name, None)
-        if isinstance(raw, (property, types.GetSetDescriptorType, types.MemberDescriptorType)) or \
-                raw is not None and not callable(raw):
+        if (
+            isinstance(raw, (property, types.GetSetDescriptorType, types.MemberDescriptorType))
+            or raw is not None
+            and not callable(raw)
+        ):
             # a data attribute (x.base, x.strides, x.flags, t.grad): its value, or whether it is
             # None, is not a method to call later: Python reads it
             self.unsupported("array attribute %r is read by Python" % name)

@@ -1,6 +1,7 @@
 """Trace stage, recording array ops: a torch or NumPy call on traced arrays becomes a core op
 of the graph, an extern call, or (autograd mode) an FX node, its eager example giving the
 result's metadata. In: the function and its traced arguments; out: the result as a Var."""
+
 import contextlib
 import logging
 import operator
@@ -12,15 +13,26 @@ from fastcompile._common import TORCH_OPMATH_SCALAR
 
 from . import helpers as H
 from . import sources as S
-from .helpers import (FLOAT_RESULT, NP_FLOATS, TORCH_TO_NP, NeedAutograd, NoCore, fn_name,
-                      host_of, is_array, kind_of, storage_ptr, unlazy)
+from .helpers import (
+    FLOAT_RESULT,
+    NP_FLOATS,
+    TORCH_TO_NP,
+    NeedAutograd,
+    NoCore,
+    fn_name,
+    host_of,
+    is_array,
+    kind_of,
+    storage_ptr,
+    unlazy,
+)
 from .variables import ArrayVar, DictVar, ListVar, PyVar, ScalarVar, ShapeVar, TupleVar
 
-torch = H.reads_torch(__name__)     # bound by helpers.sync_torch()
+torch = H.reads_torch(__name__)  # bound by helpers.sync_torch()
 
 log = logging.getLogger("fastcompile.trace")
 
-_EXAMPLE = threading.local()     # depth: inside Tracer.eager (an example computation) on this thread
+_EXAMPLE = threading.local()  # depth: inside Tracer.eager (an example computation) on this thread
 
 
 class _FunctionalModule:
@@ -35,7 +47,8 @@ class _FunctionalModule:
 
     def __call__(self, tensors, *args, **kwargs):
         from torch.func import functional_call
-        if getattr(_EXAMPLE, "depth", 0):         # the tracer's eager example
+
+        if getattr(_EXAMPLE, "depth", 0):  # the tracer's eager example
             tensors = tuple(t if i < self.nparams else t.clone() for i, t in enumerate(tensors))
         return functional_call(self.mod, dict(zip(self.names, tensors)), args, kwargs)
 
@@ -74,7 +87,7 @@ def _map_examples(tracer, v):
     v = unlazy(v)
     if isinstance(v, ArrayVar):
         return v.example
-    if isinstance(v, ScalarVar):        # metadata only: an example's value is never read later
+    if isinstance(v, ScalarVar):  # metadata only: an example's value is never read later
         return v.value
     if isinstance(v, TupleVar):
         return tuple(_map_examples(tracer, x) for x in v.items)
@@ -135,7 +148,7 @@ class ArrayRecorder:
     def scalar_value(self, var):
         """A ScalarVar's graph value: a weak 0-d input, made at its first use."""
         if var.gv is None:
-            weak = type(var.value) is float       # a NumPy scalar is strongly typed (NEP 50)
+            weak = type(var.value) is float  # a NumPy scalar is strongly typed (NEP 50)
             var.gv = self.graph.input("float64" if weak else var.value.dtype.name, 0, weak=weak)
             self.inputs.append((var.source, "scalar", var.value))
         return var.gv
@@ -144,8 +157,9 @@ class ArrayRecorder:
         """float16(var) of a Python float read at each call, computed by Python at each call
         (a strongly typed float16 input): what NumPy and torch make of it next to float16."""
         if var.half is None:
-            var.half = ScalarVar(_to_float16(var.value), S.ScalarExprSource(_to_float16, "float16", [var.source]),
-                                 var.roots)
+            var.half = ScalarVar(
+                _to_float16(var.value), S.ScalarExprSource(_to_float16, "float16", [var.source]), var.roots
+            )
         return var.half
 
     def scalar_op(self, fn, label, args):
@@ -159,7 +173,7 @@ class ArrayRecorder:
             if not isinstance(a, ScalarVar) and not (isinstance(a, PyVar) and type(a.value) in (int, float, bool)):
                 return None
         try:
-            with np.errstate(all="ignore"):     # NumPy's overflow warning: the call's own, at each call
+            with np.errstate(all="ignore"):  # NumPy's overflow warning: the call's own, at each call
                 value = fn(*[a.value for a in args])
         except Exception:
             return None
@@ -172,7 +186,7 @@ class ArrayRecorder:
                 roots.extend(r for r in a.roots if all(r is not q for q in roots))
         src = S.ScalarExprSource(fn, label, [a.source if isinstance(a, ScalarVar) else a.value for a in args])
         var = ScalarVar(value, src, roots)
-        self.scalar_exprs.append(var)       # computed at each call even if unused: what it raises is raised
+        self.scalar_exprs.append(var)  # computed at each call even if unused: what it raises is raised
         return var
 
     def graph_arg(self, var):
@@ -189,21 +203,25 @@ class ArrayRecorder:
     def eager(self, fn, args, kwargs):
         ex_args = [_map_examples(self, a) for a in args]
         ex_kwargs = {k: _map_examples(self, v) for k, v in kwargs.items()}
-        key = getattr(fn, "__code__", fn)               # a lambda made anew per call: its code
+        key = getattr(fn, "__code__", fn)  # a lambda made anew per call: its code
         flat = ex_args + list(ex_kwargs.values())
         if self.replay is not None:
             entry = next(self.replay, None)
-            if entry is not None and entry[0] is key and len(entry[1]) == len(flat) and all(
-                    a is b for a, b in zip(entry[1], flat) if is_array(a) or is_array(b)):
+            if (
+                entry is not None
+                and entry[0] is key
+                and len(entry[1]) == len(flat)
+                and all(a is b for a, b in zip(entry[1], flat) if is_array(a) or is_array(b))
+            ):
                 return entry[2]
-            self.replay = None                          # out of step: run them from here on
+            self.replay = None  # out of step: run them from here on
         # autograd mode: the example gives metadata only, no autograd graph is built for it
         grad = torch.no_grad() if self.fx is not None else contextlib.nullcontext()
         _EXAMPLE.depth = getattr(_EXAMPLE, "depth", 0) + 1
         try:
             with grad:
                 result = fn(*ex_args, **ex_kwargs)
-        except Exception as e:                               # the user's code raises
+        except Exception as e:  # the user's code raises
             self.unsupported("%s raised %s: %s while tracing" % (fn_name(fn), type(e).__name__, e))
         finally:
             _EXAMPLE.depth -= 1
@@ -265,12 +283,16 @@ class ArrayRecorder:
             example = self.eager(fn, args, kwargs)
         fa = tuple(self.fx_arg(a) for a in args)
         fk = {k: self.fx_arg(v) for k, v in kwargs.items()}
-        tensors = isinstance(example, torch.Tensor) or (      # or e.g. MultiheadAttention's (output, None)
-            isinstance(example, (tuple, list)) and example
-            and all(isinstance(e, torch.Tensor) or e is None for e in example))
+        tensors = isinstance(example, torch.Tensor) or (  # or e.g. MultiheadAttention's (output, None)
+            isinstance(example, (tuple, list))
+            and example
+            and all(isinstance(e, torch.Tensor) or e is None for e in example)
+        )
         if not tensors:
-            self.unsupported("%s returns %s computed from tensors (data-dependent Python value)"
-                             % (fn_name(fn) if method is None else "Tensor." + method, type(example).__name__))
+            self.unsupported(
+                "%s returns %s computed from tensors (data-dependent Python value)"
+                % (fn_name(fn) if method is None else "Tensor." + method, type(example).__name__)
+            )
         node = self.fx.call_method(method, fa, fk) if method else self.fx.call_function(fn, fa, fk)
         self.record_op()
         # a result that views an argument (y.t(), y[0], x.contiguous() returning x) is not fresh:
@@ -286,6 +308,7 @@ class ArrayRecorder:
                     a.escaped = True
                 return False
             return True
+
         if isinstance(example, torch.Tensor):
             var = ArrayVar(None, example, "torch", fresh=fresh(example))
             var.fx = node
@@ -309,24 +332,30 @@ class ArrayRecorder:
         # typed operands (arrays, tensors cast to the op's dtype, NumPy scalars) decide it,
         # not the result (a comparison's is bool)
         half = _strong_dtype(args, kind) == np.float16 and not (kind == "torch" and op in TORCH_OPMATH_SCALAR)
-        args = [self._core_scalar(unlazy(a), op == "pow" and i == 1, kind, half)
-                if isinstance(unlazy(a), ScalarVar) else a for i, a in enumerate(args)]
+        args = [
+            self._core_scalar(unlazy(a), op == "pow" and i == 1, kind, half) if isinstance(unlazy(a), ScalarVar) else a
+            for i, a in enumerate(args)
+        ]
         vals = [self.graph_arg(a) for a in args]
-        if kind == "torch":             # torch takes a NumPy scalar constant as a Python one (weak)
+        if kind == "torch":  # torch takes a NumPy scalar constant as a Python one (weak)
             vals = [v.item() if isinstance(v, np.generic) else v for v in vals]
-        if half:                        # the core keeps weak constants in float32, as torch does
+        if half:  # the core keeps weak constants in float32, as torch does
             vals = [_to_float16(v) if type(v) in (int, float) else v for v in vals]
         try:
-            if kind == "torch" and op in ("floordiv", "remainder") and want.kind in "iu" \
-                    and not isinstance(vals[1], (bool, int, float)):
+            if (
+                kind == "torch"
+                and op in ("floordiv", "remainder")
+                and want.kind in "iu"
+                and not isinstance(vals[1], (bool, int, float))
+            ):
                 # torch raises on an integer division by a tensor holding 0 (RuntimeError
                 # "ZeroDivisionError"), NumPy gives 0: the divisor is checked in the kernel
                 if vals[1].dtype == "bool":
                     vals[1] = self.graph.call("cast", vals[1], dtype=want.name)
                 vals[1] = self.graph.call("check_divisor", vals[1])
             v = self.graph.call(op, *vals, **attrs)
-            if v.dtype != want.name:        # None after an extern call: known at compile time
-                v = self.graph.call("cast", v, dtype=want.name)     # TypeError: not a core dtype
+            if v.dtype != want.name:  # None after an extern call: known at compile time
+                v = self.graph.call("cast", v, dtype=want.name)  # TypeError: not a core dtype
         except (TypeError, ValueError, OverflowError, np.exceptions.AxisError) as e:
             log.debug("core %s refused, an extern runs it: %r", op, e)
             raise NoCore()
@@ -365,18 +394,26 @@ class ArrayRecorder:
             if isinstance(v, ShapeVar):
                 return self.py(v)
             return self.py(v)
+
         targs = [template(a) for a in args]
         tkw = {k: template(v) for k, v in kwargs.items()}
         if isinstance(example, (tuple, list)) and example and all(is_array(e) for e in example):
             nout = len(example)
         elif is_array(example):
             nout = None
-        elif kind == "torch" and isinstance(example, tuple) and any(is_array(e) for e in example) \
-                and all(is_array(e) or e is None for e in example) and self.fx is None:
-            raise NeedAutograd()            # (output, None) from MultiheadAttention: as torch ops
+        elif (
+            kind == "torch"
+            and isinstance(example, tuple)
+            and any(is_array(e) for e in example)
+            and all(is_array(e) or e is None for e in example)
+            and self.fx is None
+        ):
+            raise NeedAutograd()  # (output, None) from MultiheadAttention: as torch ops
         else:
-            self.unsupported("%s returns %s computed from arrays (data-dependent Python value)"
-                             % (fn_name(fn), type(example).__name__))
+            self.unsupported(
+                "%s returns %s computed from arrays (data-dependent Python value)"
+                % (fn_name(fn), type(example).__name__)
+            )
         if nout and any(w in fn_name(fn).rsplit(".", 1)[-1] for w in _COUNT_BY_SIZE):
             # how many arrays x.unbind(0) or np.split(x, 2) gives depends on sizes the graph does
             # not otherwise fix: guard them (a new size traces again, not a wrong count)
@@ -386,15 +423,22 @@ class ArrayRecorder:
         to_torch = kind == "torch"
         examples = example if nout else [example]
         for e in examples:
-            if torch is not None and isinstance(e, torch.Tensor) and (e.dtype not in TORCH_TO_NP or e.layout != torch.strided):
-                self.unsupported("%s returns a tensor of dtype %s, layout %s: the core takes NumPy's "
-                                 "dtypes, strided" % (fn_name(fn), e.dtype, e.layout))
+            if (
+                torch is not None
+                and isinstance(e, torch.Tensor)
+                and (e.dtype not in TORCH_TO_NP or e.layout != torch.strided)
+            ):
+                self.unsupported(
+                    "%s returns a tensor of dtype %s, layout %s: the core takes NumPy's "
+                    "dtypes, strided" % (fn_name(fn), e.dtype, e.layout)
+                )
         if to_torch and any(getattr(e, "requires_grad", False) for e in examples):
             if torch.is_grad_enabled() and self.fx is None:
-                raise NeedAutograd()            # parameters inside a torch module: trace for autograd
-            self.unsupported("%s returns a tensor that requires grad (a parameter or input requires grad): "
-                             "autograd is not traced (hint: torch.no_grad() or module.requires_grad_(False))"
-                             % fn_name(fn))
+                raise NeedAutograd()  # parameters inside a torch module: trace for autograd
+            self.unsupported(
+                "%s returns a tensor that requires grad (a parameter or input requires grad): "
+                "autograd is not traced (hint: torch.no_grad() or module.requires_grad_(False))" % fn_name(fn)
+            )
 
         def run(*arrs):
             if to_torch:
@@ -405,7 +449,8 @@ class ArrayRecorder:
                     return out.numpy()
                 return tuple(o.numpy() for o in out)
             return out if nout is None else tuple(out)
-        run.__name__ = run.__qualname__ = "extern_" + fn_name(fn).replace(".", "_")   # (profile()'s row)
+
+        run.__name__ = run.__qualname__ = "extern_" + fn_name(fn).replace(".", "_")  # (profile()'s row)
         v = self.graph.extern(run, *[a.value for a in arrays], nout=nout)
         self.extern_results.append((example, run, [a.example for a in arrays]))
         self.record_op()
@@ -416,8 +461,10 @@ class ArrayRecorder:
 
         def fresh(i):
             h = outs[i]
-            return h is not None and not any(np.may_share_memory(h, o) for o in hosts + outs[:i] + outs[i + 1:]
-                                             if o is not None)
+            return h is not None and not any(
+                np.may_share_memory(h, o) for o in hosts + outs[:i] + outs[i + 1 :] if o is not None
+            )
+
         if nout is None:
             return ArrayVar(v, example, kind, fresh=fresh(0))
         return TupleVar([ArrayVar(x, e, kind, fresh=fresh(i)) for i, (x, e) in enumerate(zip(v, example))])
@@ -432,8 +479,7 @@ class ArrayRecorder:
             kind = "numpy"
         if core_op is not None and is_array(example):
             try:
-                return self.core(core_op, core_args if core_args is not None else args, attrs or {},
-                                 example, kind)
+                return self.core(core_op, core_args if core_args is not None else args, attrs or {}, example, kind)
             except NoCore:
                 pass
         return self.extern(fn, args, kwargs, example, kind)

@@ -3,6 +3,7 @@ the partial graph, rebuilds the stack and locals, runs the breaking instruction
 as is, then calls a resume function built from the original bytecode). In: the
 traced state at the break; out: TraceResult.code (None when the frame must run
 normally, e.g. a break inside a loop)."""
+
 import dis
 import sys
 import types
@@ -21,7 +22,7 @@ from .variables import NULL, Unsupported
 
 PY311 = sys.version_info[:2] == (3, 11)
 LOADS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST")
-_RESUME_CACHE = {}          # (code, offset, depth, live names) -> resume code
+_RESUME_CACHE = {}  # (code, offset, depth, live names) -> resume code
 
 
 def reset():
@@ -64,10 +65,18 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
         return give_up(result, "generator frame")
     # restart: trace again up to the breaking instruction
-    t2 = Tracer(code, f_globals, f_builtins, closure, f_locals, stop_at=idx, autograd=tracer.autograd,
-                core_only=tracer.core_only)
+    t2 = Tracer(
+        code,
+        f_globals,
+        f_builtins,
+        closure,
+        f_locals,
+        stop_at=idx,
+        autograd=tracer.autograd,
+        core_only=tracer.core_only,
+    )
     if tracer.fx is None:
-        t2.replay = iter(tracer.eager_log)      # the first trace's eager runs, not run again
+        t2.replay = iter(tracer.eager_log)  # the first trace's eager runs, not run again
     try:
         t2.run()
         return give_up(result, "restart did not reach the break")
@@ -77,23 +86,27 @@ def resume_after_break(result, code, f_globals, f_builtins, closure, f_locals, t
         return give_up(result, "restart failed (%s)" % e.reason)
     stack = list(frame.stack)
     consumed = {"CALL": (ins.arg or 0) + 2, "CALL_FUNCTION_EX": 3 + ((ins.arg or 0) & 1)}.get(ins.opname, 1)
-    if any(v is NULL for v in stack[:len(stack) - consumed]):
+    if any(v is NULL for v in stack[: len(stack) - consumed]):
         return give_up(result, "a pending call below the break on the stack")
     names = localsplus_names(code)
     nfree = len(code.co_freevars)
     bound = list(frame.locals)
-    changed = [n for n in bound if not isinstance(frame.locals[n], Lazy)
-               and getattr(frame.locals[n], "source", None) != _local_src(t2, n)]
+    changed = [
+        n
+        for n in bound
+        if not isinstance(frame.locals[n], Lazy) and getattr(frame.locals[n], "source", None) != _local_src(t2, n)
+    ]
     try:
-        run = graph_call.build(t2, [v for v in stack if v is not NULL] + [frame.locals[n] for n in changed],
-                            frame.user_stack())
+        run = graph_call.build(
+            t2, [v for v in stack if v is not NULL] + [frame.locals[n] for n in changed], frame.user_stack()
+        )
     except Unsupported as e:
         return give_up(result, e.reason)
     try:
         result.code = _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top, idx)
     except Unsupported as e:
         return give_up(result, e.reason)
-    except RuntimeError as e:           # bytecode could not assemble it (e.g. stack depth in a with-block)
+    except RuntimeError as e:  # bytecode could not assemble it (e.g. stack depth in a with-block)
         return give_up(result, "the resume code could not be assembled (%s)" % e)
     result.guards = t2.guards and G.dedupe(t2.guards)
     result.program = G.compile_program(result.guards)
@@ -158,8 +171,11 @@ def _transformed(code, f_globals, run, names, nfree, stack, changed, bound, top,
         out.append(_copy(real[idx]))
         if nxt is None:
             raise Unsupported("break at the last instruction")
-        effect = dis.stack_effect(ins.opcode, ins.arg, jump=False) if ins.opcode >= dis.HAVE_ARGUMENT \
+        effect = (
+            dis.stack_effect(ins.opcode, ins.arg, jump=False)
+            if ins.opcode >= dis.HAVE_ARGUMENT
             else dis.stack_effect(ins.opcode)
+        )
         if PY311 and op == "CALL":
             effect = -(ins.arg + 1)
         out += _resume_call(code, f_globals, nxt, depth + effect, bound, top)
@@ -176,7 +192,7 @@ def _locate(instrs, lineno):
     """Line numbers for tracebacks through the transformed code (instructions copied from the
     original keep their own location)."""
     for x in instrs:
-        if isinstance(x, Instr) and not (isinstance(x.lineno, int) and x.lineno > 0):   # unset
+        if isinstance(x, Instr) and not (isinstance(x.lineno, int) and x.lineno > 0):  # unset
             x.lineno = lineno
 
 
@@ -211,8 +227,12 @@ def _resume_call(code, f_globals, offset, depth, bound, top):
     rcode = resume_code(code, offset, depth, live, top)
     out = [Instr("BUILD_TUPLE", depth), Instr("PUSH_NULL"), Instr("SWAP", 2)]
     if code.co_freevars:
-        out += [Instr("PUSH_NULL"), Instr("LOAD_CONST", _make_fn), Instr("LOAD_CONST", rcode),
-                Instr("LOAD_CONST", f_globals)]
+        out += [
+            Instr("PUSH_NULL"),
+            Instr("LOAD_CONST", _make_fn),
+            Instr("LOAD_CONST", rcode),
+            Instr("LOAD_CONST", f_globals),
+        ]
         out += [Instr("LOAD_CLOSURE", FreeVar(n)) for n in code.co_freevars]
         out += [Instr("BUILD_TUPLE", len(code.co_freevars))] + _call(3)
     else:

@@ -1,6 +1,7 @@
 """Trace stage, run loop: executes a Frame's instructions one at a time through the opcode
 handlers, and wraps the values read from the real frame as Vars with the guards they need.
 In: a Frame; out: its return value (or Stop at the break instruction of a restart)."""
+
 import enum
 import numbers
 import types
@@ -13,10 +14,20 @@ from . import guards as G
 from . import helpers as H
 from . import sources as S
 from .helpers import NP_FLOATS, SCALARS, TORCH_TO_NP, Lazy, NeedAutograd, unlazy
-from .variables import (ArrayMethodVar, ArrayVar, DictVar, FuncVar, ListVar, MethodVar, PyVar,
-                        ScalarVar, ShapeVar, TupleVar)
+from .variables import (
+    ArrayMethodVar,
+    ArrayVar,
+    DictVar,
+    FuncVar,
+    ListVar,
+    MethodVar,
+    PyVar,
+    ScalarVar,
+    ShapeVar,
+    TupleVar,
+)
 
-torch = H.reads_torch(__name__)     # bound by helpers.sync_torch()
+torch = H.reads_torch(__name__)  # bound by helpers.sync_torch()
 
 MAX_STEPS = 200000
 
@@ -58,8 +69,13 @@ class RunLoop:
             return self.array_input(value, source, "numpy")
         if torch is not None and isinstance(value, torch.Tensor):
             return self.array_input(value, source, "torch")
-        if (t is float or t in NP_FLOATS) and source is not None and not constant and self.fx is None \
-                and not _config.get("specialize_float"):
+        if (
+            (t is float or t in NP_FLOATS)
+            and source is not None
+            and not constant
+            and self.fx is None
+            and not _config.get("specialize_float")
+        ):
             # read at each call (a learning rate, a time step, x.max() across a graph break): a
             # new value is no recompile. Where the trace needs its value (a branch, a shape, a
             # call into Python) py() specializes it
@@ -73,17 +89,19 @@ class RunLoop:
         if t is tuple:
             self.guard(source, "type", tuple)
             self.guard(source, "len", len(value))
-            return TupleVar([self.wrap(v, S.ItemSource(source, i) if source else None)
-                             for i, v in enumerate(value)], source)
+            return TupleVar(
+                [self.wrap(v, S.ItemSource(source, i) if source else None) for i, v in enumerate(value)], source
+            )
         if t is list:
             if source is None:
                 return ListVar([self.wrap(v, None) for v in value])
             self.guard(source, "type", list)
-            snapshot = list(value)          # the items as read now; the trace mutates no outside list
+            snapshot = list(value)  # the items as read now; the trace mutates no outside list
 
-            def items():                    # on the first read of the items or length (ListVar)
+            def items():  # on the first read of the items or length (ListVar)
                 self.guard(source, "len", len(snapshot))
                 return [self.wrap(v, S.ItemSource(source, i)) for i, v in enumerate(snapshot)]
+
             return ListVar((), source, loader=items)
         if t is dict:
             if source is None:
@@ -91,16 +109,21 @@ class RunLoop:
                     self.unsupported("dict with non-str/int keys")
                 return DictVar({k: self.wrap(v, None) for k, v in value.items()})
             self.guard(source, "type", dict)
-            snapshot = dict(value)          # as ListVar's: read at the first use of the items
+            snapshot = dict(value)  # as ListVar's: read at the first use of the items
 
             def entries():
                 self.guard(source, "len", len(snapshot))
                 if not all(type(k) in (str, int) for k in snapshot):
                     self.unsupported("dict with non-str/int keys")
                 return {k: self.wrap(v, S.ItemSource(source, k)) for k, v in snapshot.items()}
+
             return DictVar((), source, loader=entries)
-        if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type,
-                              np.ufunc, np.dtype)) or value is Ellipsis:
+        if (
+            isinstance(
+                value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type, np.ufunc, np.dtype)
+            )
+            or value is Ellipsis
+        ):
             self.guard(source, "id", value)
             return PyVar(value, source)
         if torch is not None and isinstance(value, torch.nn.Module):
@@ -129,11 +152,11 @@ class RunLoop:
         if torch is not None and isinstance(value, (torch.dtype, torch.device)):
             self.guard(source, "id", value)
             return PyVar(value, source)
-        if G.eq_ok(value):          # NumPy scalars, complex, slices, ranges, namedtuples: by value
+        if G.eq_ok(value):  # NumPy scalars, complex, slices, ranges, namedtuples: by value
             self.guard(source, "eq", value)
             return PyVar(value, source)
-        if isinstance(value, (enum.Enum, numbers.Number)):   # a member; Fraction, Decimal, long double
-            self.guard(source, "id", value)                  # (immutable, but no eq the C engine runs)
+        if isinstance(value, (enum.Enum, numbers.Number)):  # a member; Fraction, Decimal, long double
+            self.guard(source, "id", value)  # (immutable, but no eq the C engine runs)
             return PyVar(value, source)
         # other objects: by type; what the trace reads of them (attributes) is guarded as read
         self.guard(source, "type", t)
@@ -150,9 +173,12 @@ class RunLoop:
             return self.arrays[key]
         if kind == "numpy":
             if self.fx is not None:
-                self.unsupported("a NumPy array in a frame that trains (tensors requiring grad): "
-                                 "autograd frames are traced as torch ops only", whole_frame=True)
-            if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:      # longdouble: not in the core
+                self.unsupported(
+                    "a NumPy array in a frame that trains (tensors requiring grad): "
+                    "autograd frames are traced as torch ops only",
+                    whole_frame=True,
+                )
+            if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:  # longdouble: not in the core
                 self.unsupported("array of dtype %s is not supported" % arr.dtype)
             if source is not None:
                 self.guards.append(G.array_guard(source, arr))
@@ -164,7 +190,7 @@ class RunLoop:
                 self.unsupported("tensor with layout %s: only strided tensors are traced" % arr.layout)
             if arr.requires_grad and torch.is_grad_enabled() and self.fx is None:
                 raise NeedAutograd()
-            if arr.requires_grad and self.fx is None:   # traced as data under no_grad: only while grad stays off
+            if arr.requires_grad and self.fx is None:  # traced as data under no_grad: only while grad stays off
                 self.guard(S.CallSource(torch.is_grad_enabled), "eq", False)
             if arr.dtype not in TORCH_TO_NP:
                 self.unsupported("tensor dtype %s has no NumPy dtype" % arr.dtype)
@@ -193,7 +219,7 @@ class RunLoop:
                 ins = frame.instrs[frame.pc]
                 frame.cur = frame.pc
                 pos = getattr(ins, "positions", None)
-                if pos is not None and pos.lineno:          # also right after a jump into a line
+                if pos is not None and pos.lineno:  # also right after a jump into a line
                     frame.lineno = pos.lineno
                 elif ins.starts_line is not None:
                     frame.lineno = ins.starts_line
@@ -203,8 +229,9 @@ class RunLoop:
                 if self.steps > MAX_STEPS:
                     self.unsupported("trace longer than %d instructions" % MAX_STEPS)
                 if ins.offset in frame.protected:
-                    self.unsupported("try/except/with blocks are not supported (%s inside a protected "
-                                     "region)" % ins.opname)
+                    self.unsupported(
+                        "try/except/with blocks are not supported (%s inside a protected region)" % ins.opname
+                    )
                 frame.pc += 1
                 handler = getattr(self, "op_" + ins.opname, None)
                 if handler is None:
@@ -243,10 +270,10 @@ class RunLoop:
         if isinstance(var, PyVar):
             return var.value
         if isinstance(var, ScalarVar):
-            for r in var.roots:             # its value is the trace's from now on: guard it
+            for r in var.roots:  # its value is the trace's from now on: guard it
                 if not r.specialized:
                     r.specialized = True
-                    self.guards = [g for g in self.guards if g is not r.type_guard]   # eq checks the type
+                    self.guards = [g for g in self.guards if g is not r.type_guard]  # eq checks the type
                     self.guard(r.source, "eq", r.value)
             return var.value
         if isinstance(var, TupleVar):
@@ -280,8 +307,9 @@ class RunLoop:
     def truth(self, var, opname):
         var = unlazy(var)
         if isinstance(var, ArrayVar):
-            self.unsupported("data-dependent branch on an array value (%s) (hint: use np.where "
-                             "or torch.where)" % opname)
+            self.unsupported(
+                "data-dependent branch on an array value (%s) (hint: use np.where or torch.where)" % opname
+            )
         if isinstance(var, (TupleVar, ListVar)):
             return bool(var.items)
         if isinstance(var, DictVar):

@@ -1,6 +1,7 @@
 """Trace stage, sources: where a Python-level value of the traced frame came from.
 In: the frame's locals/globals/closure; out: small hashable records that guards
 load from and that generated code re-reads at run time."""
+
 import builtins as _builtins
 import types
 
@@ -11,6 +12,7 @@ class Source:
     """Base: a path from the frame to a value. Subclasses are plain records, never changed once
     made: the hash is computed once (a key holds its base source, so hashing a path of n
     steps hashed all of them, at each lookup of a per-call memo)."""
+
     __slots__ = ("_hash",)
 
     def __eq__(self, other):
@@ -66,6 +68,7 @@ class ClosureSource(Source):
 class ConstSource(Source):
     """A fixed object the trace holds on to (e.g. the globals dict of a function
     inlined from another module); guards read items of it at call time."""
+
     __slots__ = ("obj", "label")
 
     def __init__(self, obj, label):
@@ -80,6 +83,7 @@ class ConstSource(Source):
 
 class CallSource(Source):
     """fn() for a C function that reads global state, e.g. torch.is_grad_enabled."""
+
     __slots__ = ("fn",)
 
     def __init__(self, fn):
@@ -97,6 +101,7 @@ class CellSource(CallSource):
     closure, ClosureSource): read at call time, so guards see a rebound cell (nonlocal) and the
     in-place updates of the object in it, and mutating that object is a side effect. Guards
     load it with call0 (fn: a callable that never raises; an empty cell reads as EMPTY_CELL)."""
+
     __slots__ = ("cell", "label")
 
     def __init__(self, cell, label):
@@ -141,6 +146,7 @@ class ItemSource(Source):
 
 class _NamedSource(Source):
     """Base of the sources that read a name of what base holds (the subclass says how)."""
+
     __slots__ = ("base", "name")
 
     def __init__(self, base, name):
@@ -155,6 +161,7 @@ class _NamedSource(Source):
 
 class DictAttrSource(_NamedSource):
     """obj.__dict__[name] (instance dict only; modules included)."""
+
     __slots__ = ()
 
 
@@ -174,16 +181,19 @@ class TypeOfSource(Source):
 class TypeAttrSource(_NamedSource):
     """name as found in the MRO of the type base holds, unbound (a class attribute: the value a
     read through an instance falls back to where the instance dict has no such entry)."""
+
     __slots__ = ()
 
 
 class SlotAttrSource(_NamedSource):
     """base.name for a __slots__ member, read through its member descriptor."""
+
     __slots__ = ()
 
 
 class FuncAttrSource(_NamedSource):
     """base.__defaults__ or base.__kwdefaults__ of a Python function (None where unset)."""
+
     __slots__ = ()
 
 
@@ -196,6 +206,7 @@ class ScalarExprSource(Source):
     computed from floats read at each call (lr * 0.5 - 0.01), so its value is Python's bit for
     bit, and what Python raises (a division by zero) is raised at the call. args: sources, or
     constants. Guards never load it (its root sources are guarded); one per trace use."""
+
     __slots__ = ("fn", "label", "args")
 
     def __init__(self, fn, label, args):
@@ -270,8 +281,14 @@ def _item_get(obj, key):
 
 
 # how a derived source reads from its base's value: helper name, or None for type(base)
-_READERS = {ItemSource: "_item_get", DictAttrSource: "_instance_dict_get", TypeOfSource: None,
-            TypeAttrSource: "type_lookup", SlotAttrSource: "slot_get", FuncAttrSource: "func_attr"}
+_READERS = {
+    ItemSource: "_item_get",
+    DictAttrSource: "_instance_dict_get",
+    TypeOfSource: None,
+    TypeAttrSource: "type_lookup",
+    SlotAttrSource: "slot_get",
+    FuncAttrSource: "func_attr",
+}
 
 
 def compile_reader(sources):
@@ -280,9 +297,15 @@ def compile_reader(sources):
     gives MISSING), as one generated straight-line function: each distinct source (a path's
     shared steps, as self._modules of a module's parameters) read once, no recursion and no
     hashing per call."""
-    glob = {"MISSING": MISSING, "_evaluate": evaluate, "_item_get": _item_get,
-            "_instance_dict_get": _instance_dict_get, "type_lookup": type_lookup,
-            "slot_get": slot_get, "func_attr": func_attr}
+    glob = {
+        "MISSING": MISSING,
+        "_evaluate": evaluate,
+        "_item_get": _item_get,
+        "_instance_dict_get": _instance_dict_get,
+        "type_lookup": type_lookup,
+        "slot_get": slot_get,
+        "func_attr": func_attr,
+    }
     names = {}
     lines = []
 
@@ -301,7 +324,7 @@ def compile_reader(sources):
                 glob[key] = src.key if isinstance(src, ItemSource) else src.name
                 expr = "%s(%s, %s)" % (helper, b, key)
             lines.append("%s = MISSING if %s is MISSING else %s" % (n, b, expr))
-        else:                       # a root (or a kind read rarely): evaluate's own code
+        else:  # a root (or a kind read rarely): evaluate's own code
             n = "v%d" % len(names)
             key = "s%d" % len(glob)
             glob[key] = src
@@ -318,8 +341,11 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
     """The value a source names in a frame, or MISSING. Used at run time by
     generated code and by the pure-Python guard evaluator."""
     if isinstance(source, LocalSource):
-        v = f_locals_by_slot.get(source.slot, MISSING) if isinstance(f_locals_by_slot, dict) \
+        v = (
+            f_locals_by_slot.get(source.slot, MISSING)
+            if isinstance(f_locals_by_slot, dict)
             else f_locals_by_slot[source.slot]
+        )
         return v
     if isinstance(source, GlobalSource):
         if source.name in f_globals:
@@ -338,9 +364,11 @@ def evaluate(source, f_locals_by_slot, f_globals, f_builtins, closure):
             return source.fn()
         except Exception:
             return MISSING
-    if isinstance(source, ScalarExprSource):       # raises what Python raises (ZeroDivisionError)
-        args = [evaluate(a, f_locals_by_slot, f_globals, f_builtins, closure) if isinstance(a, Source) else a
-                for a in source.args]
+    if isinstance(source, ScalarExprSource):  # raises what Python raises (ZeroDivisionError)
+        args = [
+            evaluate(a, f_locals_by_slot, f_globals, f_builtins, closure) if isinstance(a, Source) else a
+            for a in source.args
+        ]
         if any(a is MISSING for a in args):
             return MISSING
         return source.fn(*args)

@@ -15,36 +15,117 @@ from .helpers import TORCH_TO_NP, NeedAutograd, NoCore, any_array, kind_of, stor
 from .variables import ArrayVar, PyVar, ScalarVar, ShapeVar
 
 UNARY = {
-    torch.exp: "exp", torch.log: "log", torch.sqrt: "sqrt", torch.rsqrt: "rsqrt", torch.tanh: "tanh",
-    torch.sigmoid: "sigmoid", torch.relu: "relu", torch.abs: "abs", torch.neg: "neg", torch.sin: "sin",
-    torch.cos: "cos", torch.erf: "erf", torch.floor: "floor", torch.ceil: "ceil", torch.trunc: "trunc",
-    torch.sign: "sign", torch.isnan: "isnan", torch.isinf: "isinf", torch.isfinite: "isfinite",
-    torch.logical_not: "logical_not", torch.reciprocal: "reciprocal", torch.square: "square",
-    torch.expm1: "expm1", torch.log1p: "log1p", torch.log2: "log2", torch.log10: "log10",
-    F.relu: "relu", F.silu: "silu", torch.nn.functional.sigmoid: "sigmoid",
+    torch.exp: "exp",
+    torch.log: "log",
+    torch.sqrt: "sqrt",
+    torch.rsqrt: "rsqrt",
+    torch.tanh: "tanh",
+    torch.sigmoid: "sigmoid",
+    torch.relu: "relu",
+    torch.abs: "abs",
+    torch.neg: "neg",
+    torch.sin: "sin",
+    torch.cos: "cos",
+    torch.erf: "erf",
+    torch.floor: "floor",
+    torch.ceil: "ceil",
+    torch.trunc: "trunc",
+    torch.sign: "sign",
+    torch.isnan: "isnan",
+    torch.isinf: "isinf",
+    torch.isfinite: "isfinite",
+    torch.logical_not: "logical_not",
+    torch.reciprocal: "reciprocal",
+    torch.square: "square",
+    torch.expm1: "expm1",
+    torch.log1p: "log1p",
+    torch.log2: "log2",
+    torch.log10: "log10",
+    F.relu: "relu",
+    F.silu: "silu",
+    torch.nn.functional.sigmoid: "sigmoid",
     torch.nn.functional.tanh: "tanh",
 }
 BINARY = {
-    torch.add: "add", torch.sub: "sub", torch.mul: "mul", torch.div: "div", torch.maximum: "maximum",
-    torch.minimum: "minimum", torch.pow: "pow", torch.eq: "eq", torch.ne: "ne", torch.lt: "lt",
-    torch.le: "le", torch.gt: "gt", torch.ge: "ge", torch.logical_and: "logical_and",
-    torch.logical_or: "logical_or", torch.logical_xor: "logical_xor", torch.atan2: "atan2",
-    torch.remainder: "remainder", torch.floor_divide: "floordiv",
+    torch.add: "add",
+    torch.sub: "sub",
+    torch.mul: "mul",
+    torch.div: "div",
+    torch.maximum: "maximum",
+    torch.minimum: "minimum",
+    torch.pow: "pow",
+    torch.eq: "eq",
+    torch.ne: "ne",
+    torch.lt: "lt",
+    torch.le: "le",
+    torch.gt: "gt",
+    torch.ge: "ge",
+    torch.logical_and: "logical_and",
+    torch.logical_or: "logical_or",
+    torch.logical_xor: "logical_xor",
+    torch.atan2: "atan2",
+    torch.remainder: "remainder",
+    torch.floor_divide: "floordiv",
 }
-REDUCE = {torch.sum: "sum", torch.mean: "mean", torch.amax: "amax", torch.amin: "amin",
-          torch.argmax: "argmax", torch.argmin: "argmin", torch.prod: "prod", torch.any: "any",
-          torch.all: "all", torch.logsumexp: "logsumexp", torch.var: "var", torch.std: "std"}
+REDUCE = {
+    torch.sum: "sum",
+    torch.mean: "mean",
+    torch.amax: "amax",
+    torch.amin: "amin",
+    torch.argmax: "argmax",
+    torch.argmin: "argmin",
+    torch.prod: "prod",
+    torch.any: "any",
+    torch.all: "all",
+    torch.logsumexp: "logsumexp",
+    torch.var: "var",
+    torch.std: "std",
+}
 BOOL_RESULT = {"isnan", "isinf", "isfinite", "logical_not", "logical_and", "logical_or", "logical_xor"}
 COMPARE = {"eq", "ne", "lt", "le", "gt", "ge"}
-METHOD_CASTS = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
-                "int": torch.int32, "long": torch.int64, "bool": torch.bool}
-IMPURE = {torch.manual_seed, torch.rand, torch.randn, torch.randint, torch.bernoulli, torch.multinomial,
-          torch.normal, torch.save, torch.load, torch.rand_like, torch.randn_like, torch.randint_like}
-FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.eye, torch.linspace,
-             torch.tensor}         # autograd mode records them as graph nodes
-FOLD = {torch.is_tensor, torch.is_floating_point, torch.result_type, torch.promote_types,
-        torch.get_default_dtype, torch.is_grad_enabled, torch.is_inference_mode_enabled,
-        torch.finfo, torch.iinfo}
+METHOD_CASTS = {
+    "float": torch.float32,
+    "double": torch.float64,
+    "half": torch.float16,
+    "int": torch.int32,
+    "long": torch.int64,
+    "bool": torch.bool,
+}
+IMPURE = {
+    torch.manual_seed,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.bernoulli,
+    torch.multinomial,
+    torch.normal,
+    torch.save,
+    torch.load,
+    torch.rand_like,
+    torch.randn_like,
+    torch.randint_like,
+}
+FACTORIES = {
+    torch.zeros,
+    torch.ones,
+    torch.full,
+    torch.empty,
+    torch.arange,
+    torch.eye,
+    torch.linspace,
+    torch.tensor,
+}  # autograd mode records them as graph nodes
+FOLD = {
+    torch.is_tensor,
+    torch.is_floating_point,
+    torch.result_type,
+    torch.promote_types,
+    torch.get_default_dtype,
+    torch.is_grad_enabled,
+    torch.is_inference_mode_enabled,
+    torch.finfo,
+    torch.iinfo,
+}
 # zero-argument readers of torch's global state: a trace that reads one is guarded on its value
 STATE = (torch.get_default_dtype, torch.is_grad_enabled, torch.is_inference_mode_enabled)
 
@@ -53,8 +134,9 @@ def _u(v):
     return unlazy(v)
 
 
-_CHECKPOINT_KWARGS = frozenset(("use_reentrant", "context_fn", "determinism_check", "debug",
-                                "preserve_rng_state", "early_stop"))
+_CHECKPOINT_KWARGS = frozenset(
+    ("use_reentrant", "context_fn", "determinism_check", "debug", "preserve_rng_state", "early_stop")
+)
 
 
 def _state(tr, fn):
@@ -114,14 +196,16 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
         # would run as plain Python at every call). torch's own pow, as an extern
         return tr.extern(fn, args, kwargs, example, "torch")
     if core_op in COMPARE:
-        exs = [tr.example_of(a) for a in args]      # a ScalarVar's type only: not specialized
+        exs = [tr.example_of(a) for a in args]  # a ScalarVar's type only: not specialized
         common = _np(tr, torch.result_type(*exs))
         cargs = [cast(tr, a, common) for a in args]
         if common.kind in "iu":
             # torch makes a Python int its integer dtype first (it wraps: int8 < 300 is
             # int8 < 44), where NumPy compares exactly
-            cargs = [PyVar(int(np.array(a.value).astype(common))) if isinstance(a, PyVar) and type(a.value) is int
-                     else a for a in cargs]
+            cargs = [
+                PyVar(int(np.array(a.value).astype(common))) if isinstance(a, PyVar) and type(a.value) is int else a
+                for a in cargs
+            ]
     elif core_op in BOOL_RESULT:
         cargs = args
     elif core_op == "where":
@@ -129,9 +213,15 @@ def pointwise(tr, fn, core_op, args, kwargs, attrs=None):
     elif core_op in TORCH_OPMATH_SCALAR and want == np.float16:
         # torch's CPU mul/div take a 0-d tensor of another float dtype as a scalar, in float32,
         # not rounded to the half type first (x // torch.tensor(0.1, dtype=torch.float64))
-        cargs = [cast(tr, a, np.dtype(np.float32)) if isinstance(a, ArrayVar) and a.ndim == 0
-                 and a.example.dtype.is_floating_point and _np(tr, a.example.dtype) != want
-                 else cast(tr, a, want) for a in args]
+        cargs = [
+            cast(tr, a, np.dtype(np.float32))
+            if isinstance(a, ArrayVar)
+            and a.ndim == 0
+            and a.example.dtype.is_floating_point
+            and _np(tr, a.example.dtype) != want
+            else cast(tr, a, want)
+            for a in args
+        ]
     else:
         cargs = [cast(tr, a, want) for a in args]
     try:
@@ -159,6 +249,7 @@ def _inplace_position(fn):
     pos = None
     try:
         import inspect
+
         params = list(inspect.signature(fn).parameters.values())
         for i, prm in enumerate(params):
             if prm.name == "inplace" and prm.kind in (prm.POSITIONAL_ONLY, prm.POSITIONAL_OR_KEYWORD):
@@ -174,8 +265,10 @@ def _inplace_position(fn):
 
 def _method_fn(name):
     """t.name(*a, **k) as a function named Tensor.name (reports, and Tracer.extern's checks)."""
+
     def fn(t, *a, **k):
         return getattr(t, name)(*a, **k)
+
     fn.__name__ = name
     fn.__qualname__ = "Tensor." + name
     return fn
@@ -267,9 +360,8 @@ def call(tr, fn, args, kwargs):
         fkw = {k: v for k, v in kwargs.items() if k not in _CHECKPOINT_KWARGS}
         return tr.call_var(args[0], list(args[1:]), fkw)
     if fn in cps:
-        tr.unsupported("%s runs as Python: its recomputation in backward is not traced"
-                       % getattr(fn, "__name__", fn))
-    if "out" in kwargs:             # before any eager run: the trace must not write it either
+        tr.unsupported("%s runs as Python: its recomputation in backward is not traced" % getattr(fn, "__name__", fn))
+    if "out" in kwargs:  # before any eager run: the trace must not write it either
         tr.unsupported("%s(out=...) writes into a tensor (side effect)" % getattr(fn, "__name__", fn))
     if fn in IMPURE or (getattr(fn, "__name__", "").endswith("_") and not getattr(fn, "__name__", "").endswith("__")):
         tr.unsupported("call to %s is not supported (random or in-place)" % getattr(fn, "__name__", fn))
@@ -280,12 +372,13 @@ def call(tr, fn, args, kwargs):
             return tr.fold(fn, args, kwargs)
         if fn in FACTORIES:
             if "dtype" not in kwargs:
-                _state(tr, torch.get_default_dtype)      # torch.zeros(3) is of the default dtype
-            if tr.fx is None:             # the core graph has no tensor constants: trace as torch ops
+                _state(tr, torch.get_default_dtype)  # torch.zeros(3) is of the default dtype
+            if tr.fx is None:  # the core graph has no tensor constants: trace as torch ops
                 raise NeedAutograd()
             return tr.fx_call(fn, args, kwargs)
-        tr.unsupported("torch call %s without tensor arguments (tensor creation) is not supported"
-                       % getattr(fn, "__name__", fn))
+        tr.unsupported(
+            "torch call %s without tensor arguments (tensor creation) is not supported" % getattr(fn, "__name__", fn)
+        )
     if _kind_any(args, kwargs) == "numpy":
         tr.unsupported("torch function %s on a NumPy array" % getattr(fn, "__name__", fn))
     if getattr(fn, "__module__", "") == "torch.nn.functional":
@@ -293,7 +386,7 @@ def call(tr, fn, args, kwargs):
         if "inplace" in kwargs:
             if tr.py(kwargs["inplace"]):
                 return _inplace_call(tr, fn, args, kwargs, pos)
-            kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}     # F.relu(x, inplace=False)
+            kwargs = {k: v for k, v in kwargs.items() if k != "inplace"}  # F.relu(x, inplace=False)
         elif pos is not None and len(args) > pos and tr.py(args[pos]):
             # F.leaky_relu(x, 0.1, True), as nn.LeakyReLU(inplace=True) calls it (its eager run on
             # an input would update the input while tracing: the first call applied it twice)
@@ -302,7 +395,7 @@ def call(tr, fn, args, kwargs):
         training = tr.py(_arg(args, kwargs, 2, "training", True))
         p = tr.py(_arg(args, kwargs, 1, "p", 0.5))
         if not 0 <= p <= 1:
-            tr.eager(fn, args, kwargs)          # torch raises whatever training is: so does the call
+            tr.eager(fn, args, kwargs)  # torch raises whatever training is: so does the call
         if not training or p == 0:
             return _u(args[0])
         if tr.py(_arg(args, kwargs, 3, "inplace", False)):
@@ -323,8 +416,9 @@ def call(tr, fn, args, kwargs):
         return pointwise(tr, fn, UNARY[fn], args, {})
     if fn is F.gelu and n == 1 and set(kwargs) <= {"approximate"}:
         approx = tr.py(kwargs.get("approximate", PyVar("none")))
-        return pointwise(tr, lambda x: F.gelu(x, approximate=approx),
-                         "gelu" if approx == "none" else "gelu_tanh", args, {})
+        return pointwise(
+            tr, lambda x: F.gelu(x, approximate=approx), "gelu" if approx == "none" else "gelu_tanh", args, {}
+        )
     if fn in BINARY and n == 2 and not kwargs:
         return pointwise(tr, fn, BINARY[fn], args, {})
     if fn in (torch.add, torch.sub) and n == 2 and set(kwargs) == {"alpha"} and tr.fx is None:
@@ -333,8 +427,12 @@ def call(tr, fn, args, kwargs):
             return r
     if fn is torch.where and n == 3 and not kwargs:
         return pointwise(tr, fn, "where", args, {})
-    if fn is torch.clamp and n == 3 and not kwargs and all(
-            not (isinstance(_u(a), PyVar) and _u(a).value is None) for a in args[1:]):
+    if (
+        fn is torch.clamp
+        and n == 3
+        and not kwargs
+        and all(not (isinstance(_u(a), PyVar) and _u(a).value is None) for a in args[1:])
+    ):
         return pointwise(tr, fn, "clamp", args, {})
     if fn in REDUCE:
         return reduction(tr, fn, REDUCE[fn], args, kwargs)
@@ -354,14 +452,15 @@ def _add_alpha(tr, fn, args, alpha):
     fused a + s * b: a last-bit difference, the tolerance the core's float ops have anyway)
     or of one integer dtype with an int alpha (exact)."""
     a, b, s = _u(args[0]), _u(args[1]), _u(alpha)
-    example = tr.eager(fn, [a, b], {"alpha": s})        # raises as torch does (a float alpha, int tensors)
+    example = tr.eager(fn, [a, b], {"alpha": s})  # raises as torch does (a float alpha, int tensors)
     if not (isinstance(a, ArrayVar) and isinstance(b, ArrayVar) and isinstance(example, torch.Tensor)):
         return None
     dt = example.dtype
     if a.example.dtype != dt or b.example.dtype != dt:
         return None
     if dt not in (torch.float32, torch.float64) and not (
-            dt in (torch.int32, torch.int64) and isinstance(s, PyVar) and type(s.value) is int):
+        dt in (torch.int32, torch.int64) and isinstance(s, PyVar) and type(s.value) is int
+    ):
         return None
     scaled = pointwise(tr, torch.mul, "mul", [b, s], {})
     return pointwise(tr, fn, BINARY[fn], [a, scaled], {})
@@ -375,13 +474,55 @@ def _kind_any(args, kwargs):
 # form takes the same arguments; bernoulli_, fill_, zero_, random_, ... do not, or draw)
 _INPLACE_METHODS = frozenset(
     [f.__name__ for f in list(UNARY) + list(BINARY) if getattr(f, "__module__", "") != "torch.nn.functional"]
-    + ["clamp", "clamp_min", "clamp_max", "clip", "masked_fill", "lerp", "addcmul", "addcdiv", "fmod",
-       "copysign", "hypot", "true_divide", "nan_to_num", "sigmoid", "tanh", "relu", "sgn", "frac",
-       "round", "float_power", "xlogy", "logit", "mvlgamma", "sinh", "cosh", "asin", "acos", "atan",
-       "tan", "exp2", "where"])
+    + [
+        "clamp",
+        "clamp_min",
+        "clamp_max",
+        "clip",
+        "masked_fill",
+        "lerp",
+        "addcmul",
+        "addcdiv",
+        "fmod",
+        "copysign",
+        "hypot",
+        "true_divide",
+        "nan_to_num",
+        "sigmoid",
+        "tanh",
+        "relu",
+        "sgn",
+        "frac",
+        "round",
+        "float_power",
+        "xlogy",
+        "logit",
+        "mvlgamma",
+        "sinh",
+        "cosh",
+        "asin",
+        "acos",
+        "atan",
+        "tan",
+        "exp2",
+        "where",
+    ]
+)
 # F.* activations with an inplace parameter traced in place (see _inplace_call)
-_INPLACE_ACTIVATIONS = ("relu", "relu6", "leaky_relu", "elu", "celu", "selu", "hardtanh", "hardswish",
-                        "hardsigmoid", "silu", "mish", "threshold")
+_INPLACE_ACTIVATIONS = (
+    "relu",
+    "relu6",
+    "leaky_relu",
+    "elu",
+    "celu",
+    "selu",
+    "hardtanh",
+    "hardswish",
+    "hardsigmoid",
+    "silu",
+    "mish",
+    "threshold",
+)
 
 
 def batch_norm_eval(bn, x):
@@ -468,7 +609,7 @@ def _inplace_call(tr, fn, args, kwargs, pos):
         kwargs["inplace"] = PyVar(False)
     else:
         args[pos] = PyVar(False)
-    tr.eager(lambda t, *a, **k: fn(t.clone(), *a, **k), args, kwargs)   # what eager refuses raises
+    tr.eager(lambda t, *a, **k: fn(t.clone(), *a, **k), args, kwargs)  # what eager refuses raises
     return _rebind(tr, arr, what, lambda: call(tr, fn, args, kwargs))
 
 
@@ -487,12 +628,12 @@ def method(tr, arr, name, args, kwargs):
     if name == "dim" and not args:
         return PyVar(arr.ndim)
     if name == "contiguous" and not args and arr.example.is_contiguous():
-        return arr          # eager returns the tensor itself (its layout is guarded)
+        return arr  # eager returns the tensor itself (its layout is guarded)
     if name == "contiguous" and not args:
-        name = "clone"      # a C-ordered copy, as eager's: never a view of what it copies
+        name = "clone"  # a C-ordered copy, as eager's: never a view of what it copies
         kwargs = {"memory_format": PyVar(torch.contiguous_format)}
     if name == "detach" and not args and tr.fx is None and getattr(arr, "source", None) is None:
-        return arr          # a value the graph computes: a new tensor either way
+        return arr  # a value the graph computes: a new tensor either way
     if tr.fx is not None:
         if not hasattr(torch.Tensor, name):
             tr.unsupported("Tensor has no attribute %r" % name)
@@ -505,9 +646,15 @@ def method(tr, arr, name, args, kwargs):
         return cast(tr, arr, _np(tr, _u(args[0]).example.dtype))
     fn = getattr(torch, name, None)
     if name in ("max", "min") and not args and not kwargs:
-        return reduction(tr, torch.amax if name == "max" else torch.amin, "amax" if name == "max" else "amin", [arr], {})
-    if fn is not None and (fn in UNARY or fn in BINARY or fn in REDUCE or fn in (torch.softmax, torch.log_softmax,
-                                                                                  torch.where, torch.clamp)):
+        return reduction(
+            tr, torch.amax if name == "max" else torch.amin, "amax" if name == "max" else "amin", [arr], {}
+        )
+    if fn is not None and (
+        fn in UNARY
+        or fn in BINARY
+        or fn in REDUCE
+        or fn in (torch.softmax, torch.log_softmax, torch.where, torch.clamp)
+    ):
         return call(tr, fn, [arr] + args, kwargs)
     if name == "relu":
         return call(tr, torch.relu, [arr], {})

@@ -11,7 +11,7 @@ class Unsupported(Exception):
     def __init__(self, reason, user_stack=(), whole_frame=False):
         self.reason = reason
         self.user_stack = list(user_stack)
-        self.whole_frame = whole_frame     # it would recur in any resume function: do not resume
+        self.whole_frame = whole_frame  # it would recur in any resume function: do not resume
         where = ""
         if self.user_stack:
             fn, ln, name, _ = self.user_stack[-1]
@@ -36,8 +36,8 @@ class ArrayVar(Var):
     def __init__(self, value, example, kind, source=None, fresh=False):
         self.value, self.example, self.kind, self.source = value, example, kind, source
         self.fresh = fresh
-        self.escaped = False            # passed to an extern (may be viewed)
-        self.fx = None                  # autograd mode: its torch.fx node (value is None then)
+        self.escaped = False  # passed to an extern (may be viewed)
+        self.fx = None  # autograd mode: its torch.fx node (value is None then)
 
     @property
     def ndim(self):
@@ -72,8 +72,8 @@ class ScalarVar(Var):
         self.value, self.source, self.gv = value, source, None
         self.roots = [self] if roots is None else roots
         self.specialized = False
-        self.type_guard = None          # a root's type guard, dropped when an eq guard replaces it
-        self.half = None                # float16(self), made by Tracer.half_scalar at its first use
+        self.type_guard = None  # a root's type guard, dropped when an eq guard replaces it
+        self.half = None  # float16(self), made by Tracer.half_scalar at its first use
 
     def __repr__(self):
         return "ScalarVar(%r)" % (self.value,)
@@ -89,6 +89,7 @@ class _Items(Var):
     called on the first read of items; it guards the length and wraps the items then, so a frame
     that only adds to it (a store or append at a graph break) is not guarded on a length that
     every call changes."""
+
     kind = list
 
     def __init__(self, items, source=None, loader=None):
@@ -98,7 +99,7 @@ class _Items(Var):
     @property
     def items(self):
         if self._items is None:
-            self._items = self.kind(self._loader())     # raises again at the next read if it raised
+            self._items = self.kind(self._loader())  # raises again at the next read if it raised
             self._loader = None
         return self._items
 
@@ -109,11 +110,13 @@ class _Items(Var):
 
 class ListVar(_Items):
     """A list; source set when it came from outside the frame (then read-only)."""
+
     kind = list
 
 
 class DictVar(_Items):
     """A dict with Python-constant keys; source set when it came from outside."""
+
     kind = dict
 
 
@@ -129,9 +132,9 @@ class FuncVar(Var):
 
     def __init__(self, code, f_globals, defaults, kwdefaults, closure, name):
         self.code, self.f_globals, self.name = code, f_globals, name
-        self.defaults = defaults        # tuple of Vars
-        self.kwdefaults = kwdefaults    # dict name -> Var
-        self.closure = closure          # tuple of CellVar
+        self.defaults = defaults  # tuple of Vars
+        self.kwdefaults = kwdefaults  # dict name -> Var
+        self.closure = closure  # tuple of CellVar
 
 
 class CellVar(Var):

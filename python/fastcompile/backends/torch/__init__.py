@@ -36,6 +36,7 @@ over one FX graph) with its op handlers in ``registry``, ``pointwise``, ``views`
 (convolutions in that order, relayouts), ``values`` (dtypes, records, torch <-> core arrays,
 layouts) and ``runner`` (the compiled callable of one graph, batch and async compile).
 """
+
 import os
 
 # Where torch ships its own renamed libgomp, our kernels load a second OpenMP runtime; with both
@@ -45,8 +46,8 @@ import os
 # started: no effect. Set before any submodule imports fastcompile._C.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from .compile_fx import MODES, backend              # noqa: E402
-from .decomposition import decompositions           # noqa: E402
-from .runner import FxGraphRunner, fx_to_graph      # noqa: E402
+from .compile_fx import MODES as MODES, backend  # noqa: E402
+from .decomposition import decompositions  # noqa: E402
+from .runner import FxGraphRunner, fx_to_graph  # noqa: E402
 
 __all__ = ["backend", "fx_to_graph", "decompositions", "FxGraphRunner"]

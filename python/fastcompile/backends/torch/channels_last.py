@@ -4,6 +4,7 @@ In: FX convolution nodes, rank-4/5 tensors. Out: whether a graph runs its convol
 channels_last, weights and inputs converted (once where they can be), and relayouts by the core's
 batched transpose (_C._relayout) where torch's copy_ is slower.
 """
+
 import collections
 import threading
 import weakref
@@ -44,18 +45,30 @@ def _cl_relayout(t, strides):
     shape = t.shape
     if _same_strides(strides, (shape, _cl_strides(shape))) and t.is_contiguous():
         return _relayout(t, True)
-    if t.is_contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d) \
-            and _same_strides(strides, (shape, _contiguous_strides(shape))):
+    if t.is_contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d) and _same_strides(
+        strides, (shape, _contiguous_strides(shape))
+    ):
         return _relayout(t, False)
     return None
 
 
 # dtypes _C._relayout copies, as the NumPy type it fills (bits as they are: bfloat16 as uint16;
 # not complex: a conjugate view's bits are not its values)
-_RELAYOUT_TYPES = {dt: np.dtype(name).num for dt, name in (
-    (torch.float32, "float32"), (torch.float64, "float64"), (torch.float16, "float16"),
-    (torch.bfloat16, "uint16"), (torch.bool, "bool"), (torch.uint8, "uint8"), (torch.int8, "int8"),
-    (torch.int16, "int16"), (torch.int32, "int32"), (torch.int64, "int64"))}
+_RELAYOUT_TYPES = {
+    dt: np.dtype(name).num
+    for dt, name in (
+        (torch.float32, "float32"),
+        (torch.float64, "float64"),
+        (torch.float16, "float16"),
+        (torch.bfloat16, "uint16"),
+        (torch.bool, "bool"),
+        (torch.uint8, "uint8"),
+        (torch.int8, "int8"),
+        (torch.int16, "int16"),
+        (torch.int32, "int32"),
+        (torch.int64, "int64"),
+    )
+}
 # fewer elements than this: torch's copy (its call costs less than ours)
 _RELAYOUT_MIN = 16384
 
@@ -64,10 +77,17 @@ def _relayout_ok(t):
     """Whether _C._relayout may copy t: a plain dense CPU tensor of rank 4 or 5 (the
     channels_last ranks) of a dtype it copies, with more than one channel and more than one
     position, _RELAYOUT_MIN elements or more, and no autograd history to record."""
-    return (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and t.dtype in _RELAYOUT_TYPES \
-        and t.device.type == "cpu" and 4 <= t.dim() <= 5 and t.layout is torch.strided and t.shape[1] > 1 \
-        and t.numel() >= _RELAYOUT_MIN and t.numel() > t.shape[0] * t.shape[1] \
+    return (
+        (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
+        and t.dtype in _RELAYOUT_TYPES
+        and t.device.type == "cpu"
+        and 4 <= t.dim() <= 5
+        and t.layout is torch.strided
+        and t.shape[1] > 1
+        and t.numel() >= _RELAYOUT_MIN
+        and t.numel() > t.shape[0] * t.shape[1]
         and not (t.requires_grad and torch.is_grad_enabled())
+    )
 
 
 def _relayout(t, to_cl):
@@ -98,14 +118,24 @@ def _cl_conv_bwd(node):
 def _conv_input(node, meta):
     """Graph input ``node`` is a rank-4 tensor a channels_last convolution (or its backward: as
     grad_output or input) reads."""
-    return isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.is_contiguous() and any(
-        (_cl_conv(u) and u.args[0] is node) or (_cl_conv_bwd(u) and node in u.args[:2]) for u in node.users)
+    return (
+        isinstance(meta, torch.Tensor)
+        and meta.dim() == 4
+        and meta.is_contiguous()
+        and any((_cl_conv(u) and u.args[0] is node) or (_cl_conv_bwd(u) and node in u.args[:2]) for u in node.users)
+    )
 
 
 def _cl_dense(meta):
     """FX value ``meta`` is a rank-4 tensor, dense and not expanded: one a channels_last graph
     may hand to its backward channels_last (an activation, a mask, a max pool's indices)."""
-    return isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.layout == torch.strided and meta.is_contiguous() and meta.numel() > 0
+    return (
+        isinstance(meta, torch.Tensor)
+        and meta.dim() == 4
+        and meta.layout == torch.strided
+        and meta.is_contiguous()
+        and meta.numel() > 0
+    )
 
 
 # views that keep their argument's layout: replayed on a channels_last output, still one
@@ -139,7 +169,7 @@ class _ClWeights:
     optimizer steps, not once in each. Entries go with their weight (a weak reference)."""
 
     def __init__(self):
-        self.entries = {}       # id(w) -> (weakref to w, w._version, w.data_ptr(), converted)
+        self.entries = {}  # id(w) -> (weakref to w, w._version, w.data_ptr(), converted)
         self.lock = threading.Lock()
 
     def __call__(self, w):
@@ -153,6 +183,7 @@ class _ClWeights:
             with self.lock:
                 if key in self.entries and self.entries[key][0] is ref:
                     del self.entries[key]
+
         with self.lock:
             self.entries[key] = (weakref.ref(w, gone), w._version, w.data_ptr(), value)
         return value
@@ -184,7 +215,7 @@ class _ClHandoff:
 
     def keep(self, t):
         c = _to_channels_last(t)
-        if c is not t:          # a copy (a channels_last input is passed as it is)
+        if c is not t:  # a copy (a channels_last input is passed as it is)
             key = self._key(t)
             with self.lock:
                 self.entries.pop(key, None)

@@ -4,6 +4,7 @@ graph lowered to a runner; symbolic sizes compile per set of sizes, async compil
 In: ``backend(gm, example_inputs, mode=..., options=...)``, Dynamo's backend contract. Out: a
 callable on the graph's flat inputs.
 """
+
 import functools
 import itertools
 import logging
@@ -38,8 +39,9 @@ def _parse_options(mode, options):
         elif key in names:
             knobs[key] = val
         else:
-            raise ValueError("fastcompile backend: unknown option %r (options: mode, %s)"
-                             % (key, ", ".join(sorted(names))))
+            raise ValueError(
+                "fastcompile backend: unknown option %r (options: mode, %s)" % (key, ", ".join(sorted(names)))
+            )
     if mode == "max-autotune-no-cudagraphs":
         mode = "max-autotune"
     return mode, knobs
@@ -76,11 +78,12 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
     if delay > 0 and _deferrable(example_inputs):
         fake_mode, fakes = _fakes(example_inputs)
         later = functools.partial(_compile_later, gm, fake_mode, fakes, mode, record)
-        return torch._dynamo.disable(_Deferred(gm, delay, later),
-                                     reason="fastcompile: a graph whose compile waits for a later call")
+        return torch._dynamo.disable(
+            _Deferred(gm, delay, later), reason="fastcompile: a graph whose compile waits for a later call"
+        )
     varying = _varying_inputs(gm, example_inputs)
     if varying:
-        return _PerSize(gm, varying, example_inputs, mode, record)     # Dynamo disables its frames
+        return _PerSize(gm, varying, example_inputs, mode, record)  # Dynamo disables its frames
     try:
         if torch._guards.TracingContext.try_get() is None and _deferrable(example_inputs):
             # outside Dynamo (fastcompile.compile): a tracing context as Dynamo's, where
@@ -92,8 +95,7 @@ def backend(gm, example_inputs, mode=None, options=None, record=None):
         # cannot keep); the graph then runs as plain torch, as the eager backend would run it
         if not config.get("suppress_errors"):
             raise
-        log.warning("fastcompile: graph runs as plain torch: %s: %s", type(e).__name__,
-                    str(e).split("\n")[0][:300])
+        log.warning("fastcompile: graph runs as plain torch: %s: %s", type(e).__name__, str(e).split("\n")[0][:300])
         return gm
 
 
@@ -104,7 +106,7 @@ def _symbolic(v):
     if isinstance(v, torch.Tensor):
         try:
             return any(not isinstance(n, int) for n in (*v.shape, *v.stride()))
-        except RuntimeError:            # a sparse tensor has no strides
+        except RuntimeError:  # a sparse tensor has no strides
             return any(not isinstance(n, int) for n in v.shape)
     return False
 
@@ -133,7 +135,7 @@ class _PerSize:
         self.gm = gm
         self.mode = mode
         self.record = record
-        self.compiled = {}              # key -> the compiled graph (or gm, for plain torch)
+        self.compiled = {}  # key -> the compiled graph (or gm, for plain torch)
         self.lock = threading.Lock()
         # key(args): the set of sizes a call brings, each varying tensor's sizes and strides and
         # each other varying input's value (a size); generated, as it runs at every call.
@@ -142,11 +144,10 @@ class _PerSize:
         for i in varying:
             e = example_inputs[i]
             if isinstance(e, torch.Tensor):
-                parts.append("a[%d].shape, a[%d].stride()" % (i, i) if e.layout == torch.strided
-                             else "a[%d].shape" % i)
+                parts.append("a[%d].shape, a[%d].stride()" % (i, i) if e.layout == torch.strided else "a[%d].shape" % i)
             else:
                 parts.append("a[%d]" % i)
-        self.key = eval("lambda a: (%s,)" % ", ".join(parts))       # noqa: S307 (our own text)
+        self.key = eval("lambda a: (%s,)" % ", ".join(parts))  # noqa: S307 (our own text)
 
     def __call__(self, *args):
         key = self.key(args)
@@ -163,26 +164,39 @@ class _PerSize:
         n = len(self.compiled)
         if n >= limit:
             if n == limit:
-                log.warning("fastcompile: a graph with symbolic sizes was compiled for %d sets of sizes, the "
-                            "limit (cache_size_limit); new sizes run it as plain torch", limit)
+                log.warning(
+                    "fastcompile: a graph with symbolic sizes was compiled for %d sets of sizes, the "
+                    "limit (cache_size_limit); new sizes run it as plain torch",
+                    limit,
+                )
             return self.gm
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
         fake_mode = FakeTensorMode(shape_env=ShapeEnv())
         tensors = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         try:
             gm = _bind_inputs(self.gm, {i: a for i, a in enumerate(args) if not isinstance(a, torch.Tensor)})
-            fn = _compile_later(gm, fake_mode, [fake_mode.from_tensor(args[i], static_shapes=True) for i in tensors],
-                                self.mode, self.record)
+            fn = _compile_later(
+                gm,
+                fake_mode,
+                [fake_mode.from_tensor(args[i], static_shapes=True) for i in tensors],
+                self.mode,
+                self.record,
+            )
             if len(tensors) == len(args):
                 return fn
             pick = eval("lambda fn: lambda *a: fn(%s)" % "".join("a[%d], " % i for i in tensors))  # noqa: S307
             return pick(fn)
-        except Exception as e:          # never fail a call: this size runs as plain torch
+        except Exception as e:  # never fail a call: this size runs as plain torch
             if not config.get("suppress_errors"):
                 raise
-            log.warning("fastcompile: a graph with symbolic sizes runs as plain torch for sizes %s: %s: %s",
-                        self.key(args), type(e).__name__, str(e).split("\n")[0][:300])
+            log.warning(
+                "fastcompile: a graph with symbolic sizes runs as plain torch for sizes %s: %s: %s",
+                self.key(args),
+                type(e).__name__,
+                str(e).split("\n")[0][:300],
+            )
             return self.gm
 
 
@@ -195,8 +209,7 @@ def _bind_inputs(gm, values):
     graph = torch.fx.Graph()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     # graph_copy skips the nodes env maps already: the bound inputs' uses read the constants
-    rv, out_node = graph.graph_copy(gm.graph, {placeholders[i]: v for i, v in values.items()},
-                                    return_output_node=True)
+    rv, out_node = graph.graph_copy(gm.graph, {placeholders[i]: v for i, v in values.items()}, return_output_node=True)
     graph.output(rv, type_expr=out_node.type)
     out = torch.fx.GraphModule(gm, graph)
     out.meta.update(getattr(gm, "meta", {}))
@@ -219,6 +232,7 @@ def _fakes(example_inputs):
     unbacked size aot_autograd needs it for); outside Dynamo (fastcompile.compile), a new one."""
     from torch._guards import TracingContext
     from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
     ctx = TracingContext.try_get()
     fake_mode = ctx.fake_mode if ctx is not None and ctx.fake_mode is not None else FakeTensorMode()
     return fake_mode, [t if is_fake(t) else fake_mode.from_tensor(t, static_shapes=True) for t in example_inputs]
@@ -228,6 +242,7 @@ def _compile_later(gm, fake_mode, fakes, mode, record):
     """_compile for a deferred graph, in a tracing context of its own around Dynamo's fake mode
     (aot_autograd takes the fake mode from the context, as under Dynamo)."""
     from torch._guards import TracingContext, tracing
+
     with tracing(TracingContext(fake_mode)):
         return _compile(gm, fakes, mode, record)
 
@@ -241,9 +256,9 @@ class _Deferred:
 
     def __init__(self, gm, calls, compile_fn):
         self.gm = gm
-        self.calls = calls            # plain calls left
+        self.calls = calls  # plain calls left
         self.compile_fn = compile_fn
-        self.fn = None                # the compiled graph, once call N + 1 made it
+        self.fn = None  # the compiled graph, once call N + 1 made it
         self.lock = threading.Lock()
         pending.add(self)
 
@@ -253,7 +268,7 @@ class _Deferred:
         return self.fn is not None
 
     def wait(self, timeout=None):
-        return self.ready               # nothing to wait for: the lowering waits for a call
+        return self.ready  # nothing to wait for: the lowering waits for a call
 
     def __call__(self, *args):
         fn = self.fn
@@ -265,12 +280,13 @@ class _Deferred:
                 elif fn is None:
                     try:
                         fn = self.compile_fn()
-                    except Exception as e:      # never fail a call: the graph stays plain torch
-                        log.warning("fastcompile: graph runs as plain torch: %s: %s", type(e).__name__, e,
-                                    exc_info=True)
+                    except Exception as e:  # never fail a call: the graph stays plain torch
+                        log.warning(
+                            "fastcompile: graph runs as plain torch: %s: %s", type(e).__name__, e, exc_info=True
+                        )
                         fn = self.gm
                     self.fn = fn
-                    self.compile_fn = None      # and the fake inputs it held
+                    self.compile_fn = None  # and the fake inputs it held
         if fn is None:
             return self.gm(*args)
         return fn(*args)
@@ -296,16 +312,23 @@ def _compile(gm, example_inputs, mode, record):
     from torch._dynamo.backends.common import aot_autograd
     from functorch.compile import make_boxed_func
 
-    n_user = len(torch.utils._pytree.arg_tree_leaves(*next(
-        n for n in reversed(gm.graph.nodes) if n.op == "output").args))
+    n_user = len(
+        torch.utils._pytree.arg_tree_leaves(*next(n for n in reversed(gm.graph.nodes) if n.op == "output").args)
+    )
 
-    handed = []         # FX names of the values the forward graph hands its backward channels_last
+    handed = []  # FX names of the values the forward graph hands its backward channels_last
 
     def compile_graph(fx_gm, inputs, inference=False, what="forward"):
         free = _saved_outputs(fx_gm, n_user) if what == "forward" else frozenset()
-        runner = fx_to_graph(fx_gm, inputs, mode=mode, inference=inference, free_outputs=free,
-                             cl_inputs=frozenset(handed) if what == "backward" else frozenset(),
-                             training_forward=what == "forward" and not inference)
+        runner = fx_to_graph(
+            fx_gm,
+            inputs,
+            mode=mode,
+            inference=inference,
+            free_outputs=free,
+            cl_inputs=frozenset(handed) if what == "backward" else frozenset(),
+            training_forward=what == "forward" and not inference,
+        )
         if what == "forward":
             handed[:] = runner.cl_outputs
         if runner.compiled is not None:
@@ -314,25 +337,31 @@ def _compile(gm, example_inputs, mode, record):
             record.append(runner)
         return make_boxed_func(runner)
 
-    compile_fn = aot_autograd(fw_compiler=compile_graph,
-                              bw_compiler=functools.partial(compile_graph, what="backward"),
-                              inference_compiler=functools.partial(compile_graph, inference=True,
-                                                                   what="inference"),
-                              decompositions=decompositions)
+    compile_fn = aot_autograd(
+        fw_compiler=compile_graph,
+        bw_compiler=functools.partial(compile_graph, what="backward"),
+        inference_compiler=functools.partial(compile_graph, inference=True, what="inference"),
+        decompositions=decompositions,
+    )
     # The backward graph is lowered now, beside the forward, rather than at the first backward
     # call (aot_autograd's lazy default): with batch compile, the forward's first call then
     # compiles both graphs' kernels in one batch on every core. Lowering costs milliseconds; a
     # backward that never runs (a training-mode module called without no_grad) costs its
     # kernels' compile once, in that batch.
     from torch._functorch import config as functorch_config
+
     if config.get("batch_compile") and hasattr(functorch_config, "force_non_lazy_backward_lowering"):
         n_record = len(record) if record is not None else 0
         try:
             with functorch_config.patch(force_non_lazy_backward_lowering=True):
                 return compile_fn(gm, example_inputs)
-        except Exception as e:      # with the flag, aot_autograd raises what its lazy path would defer
-            log.warning("fastcompile: compiling the backward graph ahead failed (%s: %s); it compiles at "
-                        "the first backward call instead", type(e).__name__, e)
+        except Exception as e:  # with the flag, aot_autograd raises what its lazy path would defer
+            log.warning(
+                "fastcompile: compiling the backward graph ahead failed (%s: %s); it compiles at "
+                "the first backward call instead",
+                type(e).__name__,
+                e,
+            )
             if record is not None:
-                del record[n_record:]           # the runners of the attempt that failed
+                del record[n_record:]  # the runners of the attempt that failed
     return compile_fn(gm, example_inputs)

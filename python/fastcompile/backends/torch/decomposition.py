@@ -3,6 +3,7 @@
 In: torch's aten decompositions. Out: ``decompositions()``, the table aot_autograd applies to a
 graph before the lowering sees it.
 """
+
 import functools
 
 import torch
@@ -20,13 +21,27 @@ def decompositions():
     decomposed into ops the core fuses, minus what is itself a core op. Built once per process:
     every graph aot_autograd compiles asks for it."""
     from torch._decomp import core_aten_decompositions, get_decompositions
+
     table = dict(core_aten_decompositions())
-    table.update(get_decompositions([
-        aten.native_layer_norm, aten.native_batch_norm, aten._native_batch_norm_legit,
-        aten._native_batch_norm_legit_functional, aten._native_batch_norm_legit_no_training,
-        aten.native_group_norm, aten.hardtanh, aten.leaky_relu, aten.elu,
-        aten.hardsigmoid, aten.hardswish, aten.mish, aten.rms_norm,
-    ]))
+    table.update(
+        get_decompositions(
+            [
+                aten.native_layer_norm,
+                aten.native_batch_norm,
+                aten._native_batch_norm_legit,
+                aten._native_batch_norm_legit_functional,
+                aten._native_batch_norm_legit_no_training,
+                aten.native_group_norm,
+                aten.hardtanh,
+                aten.leaky_relu,
+                aten.elu,
+                aten.hardsigmoid,
+                aten.hardswish,
+                aten.mish,
+                aten.rms_norm,
+            ]
+        )
+    )
     for name in _KEEP:
         packet = getattr(aten, name)
         for ov in packet.overloads():

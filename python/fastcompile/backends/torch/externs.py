@@ -4,6 +4,7 @@ function of torch ops.
 In: a cluster's FX nodes, its inputs' shapes, dtypes and layouts. Out: the extern function the
 core calls (NumPy arrays in and out; CUDA tensors on CUDA).
 """
+
 import operator
 
 import torch
@@ -19,26 +20,69 @@ aten = torch.ops.aten
 
 # Deterministic ops a cluster without tensor inputs may hold and still be computed once, at
 # lowering (_Lowering._fold): factories and views. Random ops and empty() are not among them.
-_FOLDABLE = frozenset((aten.arange, aten.zeros, aten.ones, aten.full, aten.eye, aten.linspace,
-                       aten.scalar_tensor, aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze,
-                       aten.squeeze, aten.expand, aten.permute, aten.t, aten.transpose, aten.select,
-                       aten.slice, aten.alias, aten.clone, aten._to_copy, aten.lift_fresh_copy))
+_FOLDABLE = frozenset(
+    (
+        aten.arange,
+        aten.zeros,
+        aten.ones,
+        aten.full,
+        aten.eye,
+        aten.linspace,
+        aten.scalar_tensor,
+        aten.view,
+        aten._unsafe_view,
+        aten.reshape,
+        aten.unsqueeze,
+        aten.squeeze,
+        aten.expand,
+        aten.permute,
+        aten.t,
+        aten.transpose,
+        aten.select,
+        aten.slice,
+        aten.alias,
+        aten.clone,
+        aten._to_copy,
+        aten.lift_fresh_copy,
+    )
+)
 
 
 # Views an extern cluster runs as Tensor methods: the same result as the aten op, for less per
 # call (no OpOverload dispatch through Python). aten overload -> method name.
 _VIEW_METHODS = {
-    aten.view.default: "reshape", aten._unsafe_view.default: "reshape", aten.reshape.default: "reshape",
-    aten.permute.default: "permute", aten.unsqueeze.default: "unsqueeze", aten.squeeze.dim: "squeeze",
-    aten.squeeze.dims: "squeeze", aten.squeeze.default: "squeeze", aten.select.int: "select",
-    aten.t.default: "t", aten.transpose.int: "transpose", aten.expand.default: "expand",
+    aten.view.default: "reshape",
+    aten._unsafe_view.default: "reshape",
+    aten.reshape.default: "reshape",
+    aten.permute.default: "permute",
+    aten.unsqueeze.default: "unsqueeze",
+    aten.squeeze.dim: "squeeze",
+    aten.squeeze.dims: "squeeze",
+    aten.squeeze.default: "squeeze",
+    aten.select.int: "select",
+    aten.t.default: "t",
+    aten.transpose.int: "transpose",
+    aten.expand.default: "expand",
 }
 
 
 # ops whose result shares its first argument's memory (with _VIEW_PACKETS), for _fresh_inputs
-_ALIASING = frozenset((aten.as_strided, aten.diagonal, aten.unfold, aten.narrow, aten.split,
-                       aten.split_with_sizes, aten.chunk, aten.unbind, aten.view_as_real,
-                       aten.view_as_complex, aten.real, aten.imag))
+_ALIASING = frozenset(
+    (
+        aten.as_strided,
+        aten.diagonal,
+        aten.unfold,
+        aten.narrow,
+        aten.split,
+        aten.split_with_sizes,
+        aten.chunk,
+        aten.unbind,
+        aten.view_as_real,
+        aten.view_as_complex,
+        aten.real,
+        aten.imag,
+    )
+)
 
 
 # ops whose result depends on their argument's strides, not only its values: a cluster holding
@@ -55,16 +99,25 @@ def _fresh_inputs(copied, members, outs, inputs):
     roots = set()
     for o in outs:
         n = o
-        while n in mset and n.op == "call_function" and n.args and isinstance(n.args[0], torch.fx.Node) and (
-                n.target is operator.getitem or getattr(n.target, "overloadpacket", None) in _VIEW_PACKETS
-                or getattr(n.target, "overloadpacket", None) in _ALIASING):
+        while (
+            n in mset
+            and n.op == "call_function"
+            and n.args
+            and isinstance(n.args[0], torch.fx.Node)
+            and (
+                n.target is operator.getitem
+                or getattr(n.target, "overloadpacket", None) in _VIEW_PACKETS
+                or getattr(n.target, "overloadpacket", None) in _ALIASING
+            )
+        ):
             n = n.args[0]
         roots.add(n)
     return frozenset(j for j, a in enumerate(inputs) if a in copied and a in roots)
 
 
-def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozenset(), channels_last=False,
-                     keep_cl=False):
+def _make_cluster_fn(
+    gm, members, specs, consts, outs, cuda=False, fresh=frozenset(), channels_last=False, keep_cl=False
+):
     """The extern function of one cluster: NumPy arrays in, torch on them, NumPy arrays out
     (cuda: CUDA tensors in and out, bfloat16 carried as float32 as on the CPU).
 
@@ -73,8 +126,13 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
     (aten.view runs as ``reshape``: the same values; a functional graph never writes through an
     alias), and the common conversions inline with the general ones as fallbacks."""
     views = _VIEW_METHODS
-    glob = {"_to_torch": _to_torch, "_restride": _restride, "_to_numpy": _to_numpy,
-            "_from_numpy": torch.from_numpy, "_to_core": _to_core}
+    glob = {
+        "_to_torch": _to_torch,
+        "_restride": _restride,
+        "_to_numpy": _to_numpy,
+        "_from_numpy": torch.from_numpy,
+        "_to_core": _to_core,
+    }
     names = {}
 
     def ref(v):
@@ -88,8 +146,12 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
         if isinstance(v, (list, tuple)):
             body = ", ".join(ref(x) for x in v)
             return "[%s]" % body if isinstance(v, list) else "(%s%s)" % (body, "," if len(v) == 1 else "")
-        if v is None or isinstance(v, (bool, str)) or (type(v) is int) or (
-                type(v) is float and v == v and abs(v) != float("inf")):
+        if (
+            v is None
+            or isinstance(v, (bool, str))
+            or (type(v) is int)
+            or (type(v) is float and v == v and abs(v) != float("inf"))
+        ):
             return repr(v)
         key = "k%d" % len(glob)
         glob[key] = v
@@ -101,26 +163,30 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
         var = "x%d" % j
         names[node] = var
         glob["s%d" % j], glob["d%d" % j], glob["l%d" % j] = shape, dtype, layout
-        if layout == "tensor":          # a CPU graph's input passed through as the tensor it is
+        if layout == "tensor":  # a CPU graph's input passed through as the tensor it is
             lines.append("%s = a%d" % (var, j))
             continue
         if cuda:
-            lines.append("%s = a%d if a%d.shape == s%d and a%d.dtype is d%d else _to_torch(a%d, s%d, d%d)"
-                         % (var, j, j, j, j, j, j, j, j))
+            lines.append(
+                "%s = a%d if a%d.shape == s%d and a%d.dtype is d%d else _to_torch(a%d, s%d, d%d)"
+                % (var, j, j, j, j, j, j, j, j)
+            )
         else:
             lines.append("t = _from_numpy(a%d) if a%d.flags.writeable else None" % (j, j))
-            lines.append("%s = t if t is not None and t.shape == s%d and t.dtype is d%d else _to_torch(a%d, s%d, d%d)"
-                         % (var, j, j, j, j, j))
+            lines.append(
+                "%s = t if t is not None and t.shape == s%d and t.dtype is d%d else _to_torch(a%d, s%d, d%d)"
+                % (var, j, j, j, j, j)
+            )
         if layout is not None:
             glob["w%d" % j] = layout[1]
             lines.append("if %s.stride() != w%d:\n        %s = _restride(%s, l%d)" % (var, j, var, var, j))
-        if j in fresh:      # a copy in torch: an output views it (_fresh_inputs)
+        if j in fresh:  # a copy in torch: an output views it (_fresh_inputs)
             lines.append("%s = %s.clone()" % (var, var))
     collapsed, need = _view_chains(members, outs, views)
-    strides = {}            # root var -> the local holding its stride()
+    strides = {}  # root var -> the local holding its stride()
     for i, m in enumerate(members):
         if m not in need:
-            continue        # a view only further views of this cluster read: folded into theirs
+            continue  # a view only further views of this cluster read: folded into theirs
         var = "v%d" % i
         if m in collapsed:
             root, seq, (size, stride, delta, want) = collapsed[m]
@@ -130,7 +196,15 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
                 lines.append("st_%s = %s.stride()" % (r, r))
             chain = r + "".join(".%s(%s)" % (views[v.target], ", ".join(ref(a) for a in v.args[1:])) for v in seq)
             expr = "%s.as_strided(%r, %r, %s.storage_offset() + %d) if %s == %r else %s" % (
-                r, size, stride, r, delta, strides[r], want, chain)
+                r,
+                size,
+                stride,
+                r,
+                delta,
+                strides[r],
+                want,
+                chain,
+            )
             lines.append("%s = %s" % (var, expr))
             names[m] = var
             continue
@@ -139,7 +213,7 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
         if m.op == "call_function" and m.target is operator.getitem and not kwargs:
             expr = "%s[%s]" % (args[0], args[1])
         elif m.target is aten.permute.default and not kwargs and list(m.args[1]) == [1, 0]:
-            expr = "%s.t()" % args[0]       # a weight's transpose: half permute's cost per call
+            expr = "%s.t()" % args[0]  # a weight's transpose: half permute's cost per call
         elif m.op == "call_function" and m.target in views and args and not kwargs:
             expr = "%s.%s(%s)" % (args[0], views[m.target], ", ".join(args[1:]))
         elif m.op == "call_function":
@@ -172,12 +246,13 @@ def _make_cluster_fn(gm, members, specs, consts, outs, cuda=False, fresh=frozens
             lines.append("r%s = _to_core(%s)" % (var, var))
             rets.append("r" + var)
             continue
-        lines.append("try:\n        r%s = %s.numpy()\n    except (TypeError, RuntimeError, AttributeError):\n        r%s = _to_numpy(%s)"
-                     % (var, var, var, var))
+        lines.append(
+            "try:\n        r%s = %s.numpy()\n"
+            "    except (TypeError, RuntimeError, AttributeError):\n        r%s = _to_numpy(%s)" % (var, var, var, var)
+        )
         rets.append("r" + var)
     lines.append("return %s" % (rets[0] if len(outs) == 1 else "(%s,)" % ", ".join(rets)))
-    name = "extern_" + "_".join(
-        str(getattr(m.target, "__name__", m.target)).replace(".", "_") for m in members[:4])
+    name = "extern_" + "_".join(str(getattr(m.target, "__name__", m.target)).replace(".", "_") for m in members[:4])
     name = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
     return pygen.function(lines, name, ", ".join(params), "<fastcompile extern %s>" % name, glob)
 
@@ -191,13 +266,20 @@ def _view_chains(members, outs, views):
     tensors: a reshape that would copy is left alone), and ``need``: the members still emitted
     (a view only folded chains read is not). At run time the generated code checks the root's
     strides and runs the chain itself where they differ from the traced ones."""
-    vmembers = {m for m in members if m.op == "call_function" and m.target in views and m.args
-                and not m.kwargs and isinstance(m.args[0], torch.fx.Node)}
+    vmembers = {
+        m
+        for m in members
+        if m.op == "call_function"
+        and m.target in views
+        and m.args
+        and not m.kwargs
+        and isinstance(m.args[0], torch.fx.Node)
+    }
     mset = set(members)
     collapsed = {}
     for m in members:
         if m not in vmembers or (m not in outs and all(u in vmembers for u in m.users)):
-            continue        # not the end of a chain
+            continue  # not the end of a chain
         seq, root = [], m
         while root in vmembers:
             seq.append(root)
@@ -209,8 +291,12 @@ def _view_chains(members, outs, views):
             collapsed[m] = (root, seq[::-1], plan)
     need = set()
     for m in reversed(members):
-        if m not in vmembers or m in outs or any(u not in vmembers for u in m.users) or \
-                any(u in need and u not in collapsed for u in m.users):
+        if (
+            m not in vmembers
+            or m in outs
+            or any(u not in vmembers for u in m.users)
+            or any(u in need and u not in collapsed for u in m.users)
+        ):
             need.add(m)
     return collapsed, need
 
@@ -222,18 +308,17 @@ def _strided_chain(root, seq, views):
     if not isinstance(meta, torch.Tensor):
         return None
     try:
-        base = torch.empty_strided(_static_shape(meta), tuple(int(s) for s in meta.stride()),
-                                   dtype=meta.dtype, device="meta")
+        base = torch.empty_strided(
+            _static_shape(meta), tuple(int(s) for s in meta.stride()), dtype=meta.dtype, device="meta"
+        )
         t = base
         for v in seq:
             if any(isinstance(a, torch.fx.Node) for a in v.args[1:]):
                 return None
             t = getattr(t, views[v.target])(*v.args[1:])
         want = _meta(seq[-1])
-        if t._base is not base or not isinstance(want, torch.Tensor) or \
-                tuple(t.shape) != _static_shape(want):
+        if t._base is not base or not isinstance(want, torch.Tensor) or tuple(t.shape) != _static_shape(want):
             return None
-        return (tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset(),
-                tuple(base.stride()))
-    except Exception:           # symbolic sizes, an op meta tensors lack: the chain runs as it is
+        return (tuple(t.shape), tuple(t.stride()), t.storage_offset() - base.storage_offset(), tuple(base.stride()))
+    except Exception:  # symbolic sizes, an op meta tensors lack: the chain runs as it is
         return None

@@ -4,6 +4,7 @@ extern cluster.
 In: an FX GraphModule and its example inputs. Out: a fastcompile Graph (``_RecordingGraph``) with
 its inputs, and what the runner needs to call it (``_Lowering``).
 """
+
 import logging
 import operator
 
@@ -16,9 +17,24 @@ from . import pointwise, views, reductions  # noqa: F401  (registers their handl
 from .channels_last import _cl_dense, _cl_strides, _conv_input
 from .externs import _FOLDABLE, _STRIDED_READS, _fresh_inputs, _make_cluster_fn
 from .registry import _LOWER
-from .values import (_Cluster, _GraphFallback, _NotLowered, _Rec, _contiguous_strides, _core_dtype,
-                     _dense_other_order, _graph_device, _is_tensor_meta, _layout, _layout_of, _meta,
-                     _meta_strides, _static_shape, _to_core, _to_numpy)
+from .values import (
+    _Cluster,
+    _GraphFallback,
+    _NotLowered,
+    _Rec,
+    _contiguous_strides,
+    _core_dtype,
+    _dense_other_order,
+    _graph_device,
+    _is_tensor_meta,
+    _layout,
+    _layout_of,
+    _meta,
+    _meta_strides,
+    _static_shape,
+    _to_core,
+    _to_numpy,
+)
 from .views import _externs_only
 
 log = logging.getLogger("fastcompile.backends.torch")
@@ -31,13 +47,13 @@ class _RecordingGraph:
 
     def __init__(self):
         self.g = Graph()
-        self.made = {}          # node -> ("call", op, args, attrs) | ("const",)
-        self.leaf_shape = {}    # node -> array shape, for inputs and extern results
+        self.made = {}  # node -> ("call", op, args, attrs) | ("const",)
+        self.leaf_shape = {}  # node -> array shape, for inputs and extern results
         self.leaf_strides = {}  # node -> element strides the leaf is expected to have, where known
-        self.view_of = {}       # node of a view extern -> (base Value, numpy view functions)
-        self.shape = {}         # node -> its core shape where the lowering knows it (reduction inputs:
-                                # the core knows an extern-made value's rank only at run time)
-        self.replays = []       # per extern, in the graph's order: (fn, the FX nodes it returns or None)
+        self.view_of = {}  # node of a view extern -> (base Value, numpy view functions)
+        self.shape = {}  # node -> its core shape where the lowering knows it (reduction inputs:
+        # the core knows an extern-made value's rank only at run time)
+        self.replays = []  # per extern, in the graph's order: (fn, the FX nodes it returns or None)
 
     def input(self, dtype, ndim):
         return self.g.input(dtype, ndim)
@@ -70,23 +86,23 @@ class _Lowering:
     def __init__(self, gm, example_inputs, channels_last=False, cl_inputs=frozenset(), training_forward=False):
         self.gm = gm
         self.g = _RecordingGraph()
-        self.env = {}              # FX node -> _Rec | tuple | python value | _Cluster (pending)
-        self.inputs = []           # (kind, payload): ("arg", index) | ("const", ndarray)
-        self.arg_layouts = {}      # "arg" index -> _layout_of its example (batch compile's stand-ins)
-        self.carriers = {}         # tshape -> core bool input of that shape (stride 0)
+        self.env = {}  # FX node -> _Rec | tuple | python value | _Cluster (pending)
+        self.inputs = []  # (kind, payload): ("arg", index) | ("const", ndarray)
+        self.arg_layouts = {}  # "arg" index -> _layout_of its example (batch compile's stand-ins)
+        self.carriers = {}  # tshape -> core bool input of that shape (stride 0)
         self.core_ops = 0
         self.extern_calls = 0
         self.extern_nodes = 0
-        self.lowered = []          # FX nodes that became core ops
+        self.lowered = []  # FX nodes that became core ops
         self.input_values = set()
-        self.input_nodes = []      # core node of each entry of self.inputs
+        self.input_nodes = []  # core node of each entry of self.inputs
         self.extern_values = set()
         self.example_inputs = example_inputs
-        self.device = _graph_device(example_inputs)   # None: CPU (NumPy arrays); else CUDA tensors
-        self.foreign = set()       # core nodes of inputs on another device than self.device: externs only
-        self.passed = set()        # CPU: core nodes of inputs only externs read, passed as torch tensors
-        self.view_strides = {}     # core node of a view extern made from a spec -> its element strides
-        self.copied = set()        # FX copies (clone, contiguous, _to_copy) lowered to their source's value
+        self.device = _graph_device(example_inputs)  # None: CPU (NumPy arrays); else CUDA tensors
+        self.foreign = set()  # core nodes of inputs on another device than self.device: externs only
+        self.passed = set()  # CPU: core nodes of inputs only externs read, passed as torch tensors
+        self.view_strides = {}  # core node of a view extern made from a spec -> its element strides
+        self.copied = set()  # FX copies (clone, contiguous, _to_copy) lowered to their source's value
         # channels_last convolutions (inference graphs on the CPU, _wants_channels_last): each
         # convolution's input and weight are made channels_last in its extern, so that its result
         # is, and the core keeps that order through the pointwise work after it; a rank-4 input
@@ -95,14 +111,15 @@ class _Lowering:
         # eager's layout (outputs come back in it); extern arguments are not restrided (their
         # values do not depend on the layout) unless the cluster interprets strides.
         self.channels_last = channels_last and self.device is None
-        self.training_forward = training_forward    # a backward graph will read what this one saves
+        self.training_forward = training_forward  # a backward graph will read what this one saves
         # whether a kernel's result may come in another memory order than C (channels_last
         # convolutions, or a channels_last tensor in the graph), so that its layout is checked
         # at each call (_layout)
-        self.relayout = self.channels_last or (self.device is None and any(
-            _dense_other_order(_meta(n)) for n in gm.graph.nodes))
-        self.cl_args = set()       # "arg" indexes made channels_last on entry
-        self.cl_results = set()    # extern results expected channels_last (batch compile's stand-ins)
+        self.relayout = self.channels_last or (
+            self.device is None and any(_dense_other_order(_meta(n)) for n in gm.graph.nodes)
+        )
+        self.cl_args = set()  # "arg" indexes made channels_last on entry
+        self.cl_results = set()  # extern results expected channels_last (batch compile's stand-ins)
         # placeholders the forward graph hands over channels_last (FxGraphRunner.cl_outputs)
         self.cl_inputs = cl_inputs if self.channels_last else frozenset()
 
@@ -166,9 +183,15 @@ class _Lowering:
         div do (x * 100000 is 0 at 0, not 0 * inf)."""
         if isinstance(arg, torch.fx.Node):
             r = self.rec(arg)
-            if opmath and dtype in (torch.float16, torch.bfloat16) and r.tshape == () and self.device is None \
-                    and r.dtype.is_floating_point and r.dtype != dtype:
-                dtype = torch.float32       # a 0-d CPU tensor is a scalar to torch's CPU kernels too
+            if (
+                opmath
+                and dtype in (torch.float16, torch.bfloat16)
+                and r.tshape == ()
+                and self.device is None
+                and r.dtype.is_floating_point
+                and r.dtype != dtype
+            ):
+                dtype = torch.float32  # a 0-d CPU tensor is a scalar to torch's CPU kernels too
             return self.cast(r.value, dtype) if dtype is not None else r.value
         if isinstance(arg, (bool, int, float)):
             if dtype in (torch.float16, torch.bfloat16) and type(arg) is not bool and not opmath:
@@ -210,7 +233,7 @@ class _Lowering:
         meta = _meta(node)
         value = self.cast(value, meta.dtype)
         r = _Rec(value, cshape, _static_shape(meta), meta.dtype)
-        if len(r.cshape) > len(r.tshape) and any(s != 1 for s in r.cshape[:len(r.cshape) - len(r.tshape)]):
+        if len(r.cshape) > len(r.tshape) and any(s != 1 for s in r.cshape[: len(r.cshape) - len(r.tshape)]):
             raise AssertionError("fastcompile: %s: core shape %s does not fit %s" % (node, r.cshape, r.tshape))
         return r
 
@@ -271,13 +294,19 @@ class _Lowering:
         # channels_last convolutions: arguments keep the core's layout (a convolution's result
         # stays channels_last into the next one) unless an op of the cluster reads strides
         keep = self.channels_last and not any(
-            getattr(m.target, "overloadpacket", None) in _STRIDED_READS for m in members)
+            getattr(m.target, "overloadpacket", None) in _STRIDED_READS for m in members
+        )
         for a in cluster.inputs:
             v = self.env[a]
             if isinstance(v, _Rec):
                 values.append(v.value)
-                layout = "tensor" if v.value.node in self.passed else \
-                    None if keep else self.layout(_meta(a), v.value, v.tshape)
+                layout = (
+                    "tensor"
+                    if v.value.node in self.passed
+                    else None
+                    if keep
+                    else self.layout(_meta(a), v.value, v.tshape)
+                )
                 specs.append((a, v.tshape, v.dtype, layout))
         consts = {a: self.env[a] for a in cluster.inputs if not isinstance(self.env[a], _Rec)}
         for m in outs:
@@ -287,8 +316,17 @@ class _Lowering:
             if _core_dtype(meta.dtype) is None:
                 raise _GraphFallback("%s: dtype %s cannot enter the core" % (m, meta.dtype))
         fresh = _fresh_inputs(self.copied, members, outs, [sp[0] for sp in specs])
-        fn = _make_cluster_fn(self.gm, members, specs, consts, outs, cuda=self.device is not None, fresh=fresh,
-                              channels_last=self.channels_last, keep_cl=self.training_forward)
+        fn = _make_cluster_fn(
+            self.gm,
+            members,
+            specs,
+            consts,
+            outs,
+            cuda=self.device is not None,
+            fresh=fresh,
+            channels_last=self.channels_last,
+            keep_cl=self.training_forward,
+        )
         if self._fold(fn, members, values, outs):
             return
         self.extern_calls += 1
@@ -308,22 +346,28 @@ class _Lowering:
             self.g.leaf_strides[v.node] = _meta_strides(meta)
         for m in members:
             if m not in outs:
-                self.env[m] = None      # used only inside the cluster
+                self.env[m] = None  # used only inside the cluster
 
     def _fold(self, fn, members, values, outs):
         """A cluster that reads no tensor and runs only deterministic factories and views (the
         aranges of an unbind's or a select's backward) gives the same arrays at every call: run
         once now, its results become constants of the graph instead of an extern call per call."""
-        if values or self.device is not None or not all(
-                m.op == "call_function" and (m.target is operator.getitem or
-                                             getattr(m.target, "overloadpacket", None) in _FOLDABLE)
-                for m in members):
+        if (
+            values
+            or self.device is not None
+            or not all(
+                m.op == "call_function"
+                and (m.target is operator.getitem or getattr(m.target, "overloadpacket", None) in _FOLDABLE)
+                for m in members
+            )
+        ):
             return False
         try:
             from torch.utils._python_dispatch import _disable_current_modes
-            with _disable_current_modes():      # real tensors: lowering runs under a fake mode
+
+            with _disable_current_modes():  # real tensors: lowering runs under a fake mode
                 res = fn()
-        except Exception:           # left to run at call time, where it raises as eager would
+        except Exception:  # left to run at call time, where it raises as eager would
             return False
         res = [res] if len(outs) == 1 else list(res)
         metas = [_meta(m) for m in outs]
@@ -331,7 +375,7 @@ class _Lowering:
         if any(tuple(arr.shape) != shape for arr, shape in zip(res, shapes)):
             return False
         for m, meta, shape, arr in zip(outs, metas, shapes, res):
-            arr.flags.writeable = False             # shared by every call: nothing may write it
+            arr.flags.writeable = False  # shared by every call: nothing may write it
             v = self._input(_core_dtype(meta.dtype), len(shape), "const", arr)
             self.env[m] = _Rec(v, shape, shape, meta.dtype)
         for m in members:
@@ -359,8 +403,14 @@ class _Lowering:
                     self.env[node] = None
                     continue
                 cl_in = node.name in self.cl_inputs and _cl_dense(meta)
-                v = self._input(_core_dtype(meta.dtype), len(shape), "arg", idx, shape,
-                                _cl_strides(shape) if cl_in else _meta_strides(meta))
+                v = self._input(
+                    _core_dtype(meta.dtype),
+                    len(shape),
+                    "arg",
+                    idx,
+                    shape,
+                    _cl_strides(shape) if cl_in else _meta_strides(meta),
+                )
                 if self.device is not None and meta.device != self.device:
                     self.foreign.add(v.node)
                 elif self.device is None and _externs_only(node):
@@ -378,16 +428,20 @@ class _Lowering:
                     self.arg_layouts[idx] = (dt, shp, _cl_strides(shp))
                 self.env[node] = _Rec(v, shape, shape, meta.dtype)
             elif node.op == "get_attr":
-                t = getattr(self.gm, node.target) if "." not in node.target else self.gm.get_submodule(
-                    node.target.rsplit(".", 1)[0]).__getattr__(node.target.rsplit(".", 1)[1])
+                t = (
+                    getattr(self.gm, node.target)
+                    if "." not in node.target
+                    else self.gm.get_submodule(node.target.rsplit(".", 1)[0]).__getattr__(node.target.rsplit(".", 1)[1])
+                )
                 if not isinstance(t, torch.Tensor):
                     self.env[node] = t
                     continue
                 self.check_tensor(t, node)
                 shape = tuple(t.shape)
                 from torch.utils._python_dispatch import _disable_current_modes
-                with _disable_current_modes():      # a real tensor (torch.tensor(...) in the code):
-                    arr = _to_numpy(t) if self.device is None else _to_core(t)   # not under the fake mode
+
+                with _disable_current_modes():  # a real tensor (torch.tensor(...) in the code):
+                    arr = _to_numpy(t) if self.device is None else _to_core(t)  # not under the fake mode
                 v = self._input(_core_dtype(t.dtype), len(shape), "const", arr)
                 self.env[node] = _Rec(v, shape, shape, t.dtype)
             elif node.op == "output":
@@ -426,7 +480,7 @@ class _Lowering:
         handler = _LOWER.get(packet)
         if handler is not None and _bool_refused(node):
             log.debug("extern %s: torch's CPU kernel refuses bool", node.format_node())
-            handler = None      # the extern raises at the call as eager does
+            handler = None  # the extern raises at the call as eager does
         if handler is not None and (_is_tensor_meta(meta) or isinstance(meta, (tuple, list))):
             mark = self.g  # handlers raise _NotLowered before adding anything that matters
             try:
@@ -436,9 +490,13 @@ class _Lowering:
                 r = None
             except _GraphFallback:
                 raise
-            except Exception as e:      # a lowering bug must not fail compilation: run it in torch
-                log.warning("fastcompile: lowering %s failed (%s: %s); it runs as torch",
-                            node.format_node(), type(e).__name__, e)
+            except Exception as e:  # a lowering bug must not fail compilation: run it in torch
+                log.warning(
+                    "fastcompile: lowering %s failed (%s: %s); it runs as torch",
+                    node.format_node(),
+                    type(e).__name__,
+                    e,
+                )
                 r = None
             if r is not None:
                 self.env[node] = r
@@ -454,19 +512,36 @@ class _Lowering:
 # run as torch's own op, which raises at the call as eager does. Packets, or single overloads
 # where others of the packet take bool (clamp_min/clamp_max with a tensor bound do, and clamp with
 # one tensor bound, which they decompose into; pow of a bool tensor by a Python scalar does).
-_BOOL_REFUSED = frozenset((aten.remainder, aten.fmod, aten.clamp.default, aten.ceil, aten.floor, aten.round,
-                           aten.trunc, aten.frac, aten.abs, aten.argmax, aten.argmin, aten.floor_divide,
-                           aten.clamp_min.default, aten.clamp_max.default, aten.pow.Tensor_Tensor,
-                           aten.pow.Scalar))
+_BOOL_REFUSED = frozenset(
+    (
+        aten.remainder,
+        aten.fmod,
+        aten.clamp.default,
+        aten.ceil,
+        aten.floor,
+        aten.round,
+        aten.trunc,
+        aten.frac,
+        aten.abs,
+        aten.argmax,
+        aten.argmin,
+        aten.floor_divide,
+        aten.clamp_min.default,
+        aten.clamp_max.default,
+        aten.pow.Tensor_Tensor,
+        aten.pow.Scalar,
+    )
+)
 
 
 def _bool_refused(node):
     """Whether torch's CPU kernel refuses ``node``'s op with bool operands (_BOOL_REFUSED)."""
     t = node.target
-    if t is aten.clamp.Tensor:          # bool with one tensor bound: computed; with both: refused
+    if t is aten.clamp.Tensor:  # bool with one tensor bound: computed; with both: refused
         a = list(node.args) + [None, None, None]
-        return node.kwargs.get("min", a[1]) is not None and node.kwargs.get("max", a[2]) is not None \
-            and _reads_bool(node)
+        return (
+            node.kwargs.get("min", a[1]) is not None and node.kwargs.get("max", a[2]) is not None and _reads_bool(node)
+        )
     return (t in _BOOL_REFUSED or getattr(t, "overloadpacket", None) in _BOOL_REFUSED) and _reads_bool(node)
 
 

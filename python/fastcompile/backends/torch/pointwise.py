@@ -3,6 +3,7 @@
 In: FX nodes of those ops (through the handler table). Out: core values (``_Rec``), or
 ``_NotLowered``: the node runs in an extern cluster.
 """
+
 import numpy as np
 import torch
 import torch.fx
@@ -26,14 +27,17 @@ def _dummy(L, a):
 def _result_type(L, args):
     """torch's promoted dtype of the operands (0-d tensors and scalars weakly typed)."""
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
-    _, dt = elementwise_dtypes(*[_dummy(L, a) for a in args],
-                               type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+
+    _, dt = elementwise_dtypes(
+        *[_dummy(L, a) for a in args], type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    )
     return dt
 
 
 def _pointwise(core, compute="out", nargs=None):
     """compute: "out": operands cast to the result dtype (arithmetic); "common": to their promoted
     dtype (comparisons); "none": as they are."""
+
     def handler(L, node):
         args = list(node.args[:nargs] if nargs else node.args)
         if node.kwargs:
@@ -57,14 +61,19 @@ def _pointwise(core, compute="out", nargs=None):
         if core in ("floordiv", "remainder"):
             ops[1] = _checked_divisor(L, ops[1], dt)
         return L.out(node, L.g.call(core, *ops), L.cshape_of(*args))
+
     return handler
 
 
 def _check_int_divisor(core, dt, divisors):
     """torch raises on an integer division by a zero Python scalar (the core gives 0): the op is
     left to torch then, which raises at the call as eager does."""
-    if core in ("floordiv", "remainder", "div") and dt is not None and not dt.is_floating_point \
-            and any(type(d) in (int, bool) and d == 0 for d in divisors):
+    if (
+        core in ("floordiv", "remainder", "div")
+        and dt is not None
+        and not dt.is_floating_point
+        and any(type(d) in (int, bool) and d == 0 for d in divisors)
+    ):
         raise _NotLowered("integer %s by zero" % core)
 
 
@@ -77,15 +86,55 @@ def _checked_divisor(L, y, dt):
     return L.g.call("check_divisor", y)
 
 
-
-_UNARY = ["abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt",
-          "reciprocal", "sin", "cos", "tan", "tanh", "asin", "acos", "atan", "sinh", "cosh", "asinh",
-          "acosh", "atanh", "erf", "sigmoid", "relu", "floor", "ceil", "trunc", "silu",
-          "bitwise_not"]
-_BINARY = {"mul": "mul", "maximum": "maximum", "minimum": "minimum", "fmax": "fmax", "fmin": "fmin",
-           "atan2": "atan2", "hypot": "hypot", "copysign": "copysign", "remainder": "remainder",
-           "floor_divide": "floordiv", "bitwise_and": "bitwise_and", "bitwise_or": "bitwise_or",
-           "bitwise_xor": "bitwise_xor"}
+_UNARY = [
+    "abs",
+    "neg",
+    "exp",
+    "exp2",
+    "expm1",
+    "log",
+    "log2",
+    "log10",
+    "log1p",
+    "sqrt",
+    "rsqrt",
+    "reciprocal",
+    "sin",
+    "cos",
+    "tan",
+    "tanh",
+    "asin",
+    "acos",
+    "atan",
+    "sinh",
+    "cosh",
+    "asinh",
+    "acosh",
+    "atanh",
+    "erf",
+    "sigmoid",
+    "relu",
+    "floor",
+    "ceil",
+    "trunc",
+    "silu",
+    "bitwise_not",
+]
+_BINARY = {
+    "mul": "mul",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "fmax": "fmax",
+    "fmin": "fmin",
+    "atan2": "atan2",
+    "hypot": "hypot",
+    "copysign": "copysign",
+    "remainder": "remainder",
+    "floor_divide": "floordiv",
+    "bitwise_and": "bitwise_and",
+    "bitwise_or": "bitwise_or",
+    "bitwise_xor": "bitwise_xor",
+}
 _COMPARE = ["eq", "ne", "lt", "le", "gt", "ge"]
 
 for _name in _UNARY:
@@ -108,10 +157,10 @@ def _round(L, node):
     v = L.operand(x, dt)
     if d == 0 or not dt.is_floating_point:
         r = L.g.call("round", v)
-    elif d > 0:                  # torch: nearbyint(x * 10^d) / 10^d
-        r = L.g.call("div", L.g.call("round", L.g.call("mul", v, 10.0 ** d)), 10.0 ** d)
-    else:                        # torch: nearbyint(x / 10^-d) * 10^-d
-        r = L.g.call("mul", L.g.call("round", L.g.call("div", v, 10.0 ** -d)), 10.0 ** -d)
+    elif d > 0:  # torch: nearbyint(x * 10^d) / 10^d
+        r = L.g.call("div", L.g.call("round", L.g.call("mul", v, 10.0**d)), 10.0**d)
+    else:  # torch: nearbyint(x / 10^-d) * 10^-d
+        r = L.g.call("mul", L.g.call("round", L.g.call("div", v, 10.0**-d)), 10.0**-d)
     return L.out(node, r, L.cshape_of(x))
 
 
@@ -123,7 +172,7 @@ def _sign(L, node):
         return _Rec(r.value, r.cshape, r.tshape, r.dtype)
     if not r.dtype.is_floating_point:
         return _pointwise("sign", nargs=1)(L, node)
-    v = L.operand(x, _meta(node).dtype)        # torch: sign(nan) is 0 (NumPy's, the core's, is nan)
+    v = L.operand(x, _meta(node).dtype)  # torch: sign(nan) is 0 (NumPy's, the core's, is nan)
     return L.out(node, L.g.call("where", L.g.call("isnan", v), 0.0, L.g.call("sign", v)), L.cshape_of(x))
 
 
@@ -137,8 +186,13 @@ def _pow(L, node):
             return L.out(node, L.g.call("mul", x, x), L.cshape_of(base))
         if exp == 0.5 and meta.dtype.is_floating_point:
             return L.out(node, L.g.call("sqrt", L.operand(base, meta.dtype)), L.cshape_of(base))
-    if meta.dtype != torch.bool and not meta.dtype.is_floating_point and not meta.dtype.is_complex \
-            and isinstance(exp, torch.fx.Node) and not node.kwargs:
+    if (
+        meta.dtype != torch.bool
+        and not meta.dtype.is_floating_point
+        and not meta.dtype.is_complex
+        and isinstance(exp, torch.fx.Node)
+        and not node.kwargs
+    ):
         return _int_pow_by_tensor(L, node, base, exp, meta.dtype)
     return _pointwise("pow", nargs=2)(L, node)
 
@@ -168,9 +222,10 @@ def _add_sub(L, node):
     if set(node.kwargs) - {"alpha"} or not isinstance(alpha, (bool, int, float)):
         raise _NotLowered("add kwargs")
     dt = _meta(node).dtype
-    if core == "sub" and any(type(v) is bool or isinstance(v, torch.fx.Node) and L.rec(v).dtype == torch.bool
-                             for v in (a, b)):
-        raise _NotLowered("sub of a bool")     # torch raises: left to it, which raises at the call
+    if core == "sub" and any(
+        type(v) is bool or isinstance(v, torch.fx.Node) and L.rec(v).dtype == torch.bool for v in (a, b)
+    ):
+        raise _NotLowered("sub of a bool")  # torch raises: left to it, which raises at the call
     x, y = L.operand(a, dt), L.operand(b, dt)
     if alpha != 1:
         y = L.g.call("mul", y, alpha) if not isinstance(y, (int, float)) else y * alpha
@@ -184,11 +239,15 @@ def _div(L, node):
     dt = _meta(node).dtype
     _check_int_divisor("floordiv" if mode is not None else "div", dt, [b])
     if mode is None:
-        return L.out(node, L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True)),
-                     L.cshape_of(a, b))
+        return L.out(
+            node, L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True)), L.cshape_of(a, b)
+        )
     if mode == "floor":
-        return L.out(node, L.g.call("floordiv", L.operand(a, dt, opmath=True),
-                                    _checked_divisor(L, L.operand(b, dt, opmath=True), dt)), L.cshape_of(a, b))
+        return L.out(
+            node,
+            L.g.call("floordiv", L.operand(a, dt, opmath=True), _checked_divisor(L, L.operand(b, dt, opmath=True), dt)),
+            L.cshape_of(a, b),
+        )
     if mode == "trunc" and dt.is_floating_point:
         q = L.g.call("div", L.operand(a, dt, opmath=True), L.operand(b, dt, opmath=True))
         return L.out(node, L.g.call("trunc", q), L.cshape_of(a, b))
@@ -196,8 +255,11 @@ def _div(L, node):
         # integers: floor quotient, plus one where the remainder is nonzero and the signs differ
         x, y = L.operand(a, dt), _checked_divisor(L, L.operand(b, dt), dt)
         q = L.g.call("floordiv", x, y)
-        fix = L.g.call("logical_and", L.g.call("ne", L.g.call("remainder", x, y), 0),
-                       L.g.call("logical_xor", L.g.call("lt", x, 0), L.g.call("lt", y, 0)))
+        fix = L.g.call(
+            "logical_and",
+            L.g.call("ne", L.g.call("remainder", x, y), 0),
+            L.g.call("logical_xor", L.g.call("lt", x, 0), L.g.call("lt", y, 0)),
+        )
         return L.out(node, L.g.call("where", fix, L.g.call("add", q, 1), q), L.cshape_of(a, b))
     raise _NotLowered("div rounding_mode=%r on %s" % (mode, dt))
 
@@ -228,8 +290,11 @@ def _gelu_backward(L, node):
         inner = call("mul", call("add", v, call("mul", call("mul", x_sq, v), kappa)), beta)
         t = call("tanh", inner)
         left_d = call("mul", call("add", t, 1), 0.5)
-        right_d = call("mul", call("mul", call("mul", v, 0.5), call("sub", 1, call("mul", t, t))),
-                       call("mul", call("add", call("mul", x_sq, 3 * kappa), 1), beta))
+        right_d = call(
+            "mul",
+            call("mul", call("mul", v, 0.5), call("sub", 1, call("mul", t, t))),
+            call("mul", call("add", call("mul", x_sq, 3 * kappa), 1), beta),
+        )
         d = call("add", left_d, right_d)
     else:
         raise _NotLowered("gelu_backward approximate=%r" % (approx,))
@@ -282,6 +347,7 @@ def _clamp(L, node):
 
 # -- casts, copies, constants ----------------------------------------------------------------
 
+
 def _cpu_only(node, *names):
     for n in names:
         d = node.kwargs.get(n)
@@ -291,12 +357,19 @@ def _cpu_only(node, *names):
             raise _NotLowered("layout %s" % d)
 
 
-@_register(aten._to_copy, aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy,
-           prims.convert_element_type, aten.contiguous)
+@_register(
+    aten._to_copy,
+    aten.clone,
+    aten.alias,
+    aten.detach,
+    aten.lift_fresh_copy,
+    prims.convert_element_type,
+    aten.contiguous,
+)
 def _identity_cast(L, node):
     _cpu_only(node, "device", "layout")
     if node.kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
-        pass    # values are the same; the core writes C order
+        pass  # values are the same; the core writes C order
     x = node.args[0]
     r = L.rec(x)
     meta = _meta(node)
@@ -307,7 +380,7 @@ def _identity_cast(L, node):
         return _Rec(r.value, r.cshape, _static_shape(meta), meta.dtype)
     v = L.convert(node, r.value, r.dtype, meta.dtype)
     if v is r.value and node.target.overloadpacket not in (aten.alias, aten.detach):
-        L.copied.add(node)      # a copy in torch, the same value in the core (_fresh_inputs)
+        L.copied.add(node)  # a copy in torch, the same value in the core (_fresh_inputs)
     return _Rec(v, r.cshape, _static_shape(meta), meta.dtype)
 
 

@@ -3,6 +3,7 @@
 In: FX reduction nodes (through the handler table). Out: core values (``_Rec``), or
 ``_NotLowered``.
 """
+
 import torch
 
 from .registry import _register
@@ -39,8 +40,9 @@ def _reduce(L, node, core, x, dim, keepdim, in_dtype=None, **attrs):
         out_c = tuple(1 if i in axes else s for i, s in enumerate(cshape))
     else:
         out_c = tuple(s for i, s in enumerate(cshape) if i not in axes)
-    res = L.g.call(core, v, axis=axes, keepdim=bool(keepdim), **attrs) if axes is not None else \
-        L.g.call(core, v, **attrs)
+    res = (
+        L.g.call(core, v, axis=axes, keepdim=bool(keepdim), **attrs) if axes is not None else L.g.call(core, v, **attrs)
+    )
     return L.out(node, res, out_c)
 
 
@@ -55,11 +57,13 @@ def _reduction(core, float_in=False):
         in_dt = None
         if meta.dtype.is_floating_point or float_in:
             in_dt = meta.dtype
-        if node.target in (aten.sum.default, aten.mean.default, aten.prod.default,
-                           aten.any.default, aten.all.default):
+        if node.target in (aten.sum.default, aten.mean.default, aten.prod.default, aten.any.default, aten.all.default):
             dim, keepdim = None, False
-        if node.target in (aten.prod.dim_int, aten.any.dim, aten.all.dim, aten.argmax.default,
-                           aten.argmin.default) and dim is not None and not isinstance(dim, int):
+        if (
+            node.target in (aten.prod.dim_int, aten.any.dim, aten.all.dim, aten.argmax.default, aten.argmin.default)
+            and dim is not None
+            and not isinstance(dim, int)
+        ):
             raise _NotLowered("dim")
         if core in ("argmax", "argmin"):
             in_dt = None
@@ -68,12 +72,22 @@ def _reduction(core, float_in=False):
                 v, _ = L.exact(x)
                 return L.out(node, L.g.call(core, v), ())
         return _reduce(L, node, core, x, dim, keepdim, in_dt)
+
     return handler
 
 
-for _name, _core in [("sum", "sum"), ("mean", "mean"), ("prod", "prod"), ("amax", "amax"),
-                     ("amin", "amin"), ("argmax", "argmax"), ("argmin", "argmin"), ("any", "any"),
-                     ("all", "all"), ("logsumexp", "logsumexp")]:
+for _name, _core in [
+    ("sum", "sum"),
+    ("mean", "mean"),
+    ("prod", "prod"),
+    ("amax", "amax"),
+    ("amin", "amin"),
+    ("argmax", "argmax"),
+    ("argmin", "argmin"),
+    ("any", "any"),
+    ("all", "all"),
+    ("logsumexp", "logsumexp"),
+]:
     _register(getattr(aten, _name))(_reduction(_core))
 
 
@@ -91,8 +105,9 @@ def _var(L, node):
         raise _NotLowered("fractional correction")
     core = "var" if node.target.overloadpacket is aten.var else "std"
     meta = _meta(node)
-    return _reduce(L, node, core, x, dim, keepdim, meta.dtype if meta.dtype.is_floating_point else None,
-                   correction=int(corr))
+    return _reduce(
+        L, node, core, x, dim, keepdim, meta.dtype if meta.dtype.is_floating_point else None, correction=int(corr)
+    )
 
 
 @_register(aten.var_mean)
@@ -108,9 +123,10 @@ def _var_mean(L, node):
         raise _NotLowered("var_mean correction/dtype")
     metas = _meta(node)
 
-    class _One:             # _reduce reads the result's meta from node
+    class _One:  # _reduce reads the result's meta from node
         def __init__(self, m):
             self.meta = {"val": m}
+
     var = _reduce(L, _One(metas[0]), "var", x, dim, keepdim, metas[0].dtype, correction=int(corr))
     mean = _reduce(L, _One(metas[1]), "mean", x, dim, keepdim, metas[1].dtype)
     return (var, mean)

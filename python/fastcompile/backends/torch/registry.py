@@ -5,7 +5,6 @@ A handler takes (lowering, node) and returns a ``_Rec`` (or a tuple of them), or
 register theirs; lowering.py looks them up.
 """
 
-
 _LOWER = {}
 
 
@@ -14,4 +13,5 @@ def _register(*packets):
         for p in packets:
             _LOWER[p] = fn
         return fn
+
     return deco

@@ -4,6 +4,7 @@ async compile.
 In: an FX GraphModule and its example inputs. Out: a callable on the graph's flat inputs that
 returns the list of its outputs, running the core's kernels and extern calls.
 """
+
 import functools
 import logging
 import os
@@ -18,11 +19,20 @@ import torch.fx
 from ... import config
 from ... import pending
 from ... import pygen
-from .channels_last import (_ALIAS_OPS, _cl_dense, _cl_strides, _restride, _to_channels_last,
-                            _wants_channels_last)
+from .channels_last import _ALIAS_OPS, _cl_dense, _cl_strides, _restride, _to_channels_last, _wants_channels_last
 from .lowering import _Lowering
-from .values import (_Cluster, _GraphFallback, _Rec, _graph_device, _layout_of, _meta, _on_device,
-                     _to_core, _to_numpy, _to_torch)
+from .values import (
+    _Cluster,
+    _GraphFallback,
+    _Rec,
+    _graph_device,
+    _layout_of,
+    _meta,
+    _on_device,
+    _to_core,
+    _to_numpy,
+    _to_torch,
+)
 
 log = logging.getLogger("fastcompile.backends.torch")
 
@@ -33,8 +43,10 @@ def _drop_dead_random(gm):
     backward graph of aot_autograd's keeps a dead native_dropout of the forward's, which a plain
     run of gm (async compile, a fallback) would execute, moving the generator on."""
     g = gm.graph
-    if any(n.op == "call_function" and not n.users and getattr(n.target, "_nondeterministic_seeded", False)
-           for n in g.nodes):
+    if any(
+        n.op == "call_function" and not n.users and getattr(n.target, "_nondeterministic_seeded", False)
+        for n in g.nodes
+    ):
         g.eliminate_dead_code(is_impure_node=lambda n: n.is_impure(impure_random=False))
         gm.recompile()
 
@@ -55,8 +67,8 @@ def _convert_input(cache, mode, device, i, t):
         hit = cache.get(i)
         if hit is not None and hit[0] == key:
             return hit[1]
-    d = t.detach() if t.requires_grad else t     # .numpy() refuses a tensor that requires grad
-    if device is not None:            # CPU inputs of a CUDA graph stay as they are: externs read them
+    d = t.detach() if t.requires_grad else t  # .numpy() refuses a tensor that requires grad
+    if device is not None:  # CPU inputs of a CUDA graph stay as they are: externs read them
         a = d.float() if d.dtype == torch.bfloat16 and d.device == device else d
     else:
         a = d.float().numpy() if d.dtype == torch.bfloat16 else d.numpy()
@@ -69,12 +81,15 @@ def _replayable_view(node):
     """``node``'s op returns a view of its first argument (its schema says so: detach, alias, view,
     permute, slice, expand, as_strided, ...) and no other argument is an FX value, so the op can
     be replayed in torch on whatever tensor the first argument is."""
-    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) \
-            or not node.args or not isinstance(node.args[0], torch.fx.Node):
+    if (
+        node.op != "call_function"
+        or not isinstance(node.target, torch._ops.OpOverload)
+        or not node.args
+        or not isinstance(node.args[0], torch.fx.Node)
+    ):
         return False
     rets = node.target._schema.returns
-    if len(rets) != 1 or str(rets[0].type) != "Tensor" or rets[0].alias_info is None \
-            or rets[0].alias_info.is_write:
+    if len(rets) != 1 or str(rets[0].type) != "Tensor" or rets[0].alias_info is None or rets[0].alias_info.is_write:
         return False
     found = []
     torch.fx.node.map_arg((node.args[1:], node.kwargs), found.append)
@@ -91,7 +106,7 @@ def _output_views(outs, placeholders):
     ops. Returns ({position: (root position, ((op, args, kwargs), ...) from the root, the view as
     one as_strided or None)}, hidden): hidden are roots that are no output, computed after the
     outputs and not returned."""
-    groups = {}                 # root node -> [(position, chain)]
+    groups = {}  # root node -> [(position, chain)]
     for n, o in enumerate(outs):
         if not isinstance(o, torch.fx.Node) or o in placeholders:
             continue
@@ -111,8 +126,11 @@ def _output_views(outs, placeholders):
             hidden.append(r)
         for n, chain in members:
             if n != root:
-                views[n] = (root, tuple((c.target, tuple(c.args[1:]), dict(c.kwargs)) for c in chain),
-                            _as_strided_of(r, outs[n]))
+                views[n] = (
+                    root,
+                    tuple((c.target, tuple(c.args[1:]), dict(c.kwargs)) for c in chain),
+                    _as_strided_of(r, outs[n]),
+                )
     return views, hidden
 
 
@@ -122,14 +140,12 @@ def _as_strided_of(root, node):
     view (another dtype, symbolic sizes, an expanded root whose tensor may be laid out otherwise).
     One call instead of the chain's (a transformer block's saved q, k and v are four ops each)."""
     rm, vm = _meta(root), _meta(node)
-    if not isinstance(rm, torch.Tensor) or not isinstance(vm, torch.Tensor) or rm.dtype != vm.dtype \
-            or rm.is_complex():
+    if not isinstance(rm, torch.Tensor) or not isinstance(vm, torch.Tensor) or rm.dtype != vm.dtype or rm.is_complex():
         return None
     ints = (*rm.shape, *rm.stride(), *vm.shape, *vm.stride(), rm.storage_offset(), vm.storage_offset())
     if any(type(v) is not int for v in ints) or any(st == 0 for n, st in zip(rm.shape, rm.stride()) if n > 1):
         return None
     return tuple(vm.shape), tuple(vm.stride()), vm.storage_offset() - rm.storage_offset()
-
 
 
 class FxGraphRunner:
@@ -139,21 +155,29 @@ class FxGraphRunner:
     ``core_ops`` / ``extern_nodes`` / ``extern_calls`` count how the FX nodes were split;
     ``fallback`` is None, or the reason the graph runs as plain torch."""
 
-    def __init__(self, gm, example_inputs, mode="default", inference=False, free_outputs=frozenset(),
-                 cl_inputs=frozenset(), training_forward=False):
+    def __init__(
+        self,
+        gm,
+        example_inputs,
+        mode="default",
+        inference=False,
+        free_outputs=frozenset(),
+        cl_inputs=frozenset(),
+        training_forward=False,
+    ):
         self.gm = gm
         self.mode = mode
         self.inference = inference
         self.training_forward = training_forward and not inference
-        self.free_outputs = free_outputs    # output indexes only the backward reads (saved values)
-        self.cl_inputs = cl_inputs          # placeholder names the forward hands over channels_last
-        self.cl_outputs = frozenset()       # FX names of the outputs returned channels_last
+        self.free_outputs = free_outputs  # output indexes only the backward reads (saved values)
+        self.cl_inputs = cl_inputs  # placeholder names the forward hands over channels_last
+        self.cl_outputs = frozenset()  # FX names of the outputs returned channels_last
         self.fallback = None
         self.compiled = None
-        self.device = None        # the CUDA device the graph runs on; None: CPU
+        self.device = None  # the CUDA device the graph runs on; None: CPU
         self.core_ops = self.extern_nodes = self.extern_calls = 0
         self.lowered_targets = []
-        self._warming = None      # async compile: the background build (_Warming), once started
+        self._warming = None  # async compile: the background build (_Warming), once started
         t0 = time.perf_counter()
         _drop_dead_random(gm)
         try:
@@ -161,16 +185,15 @@ class FxGraphRunner:
         except _GraphFallback as e:
             self.fallback = str(e)
             log.info("fastcompile: graph runs as plain torch: %s", e)
-        except Exception as e:          # never fail compilation
+        except Exception as e:  # never fail compilation
             self.fallback = "%s: %s" % (type(e).__name__, e)
             log.warning("fastcompile: graph runs as plain torch: %s", self.fallback, exc_info=True)
-        self._fast = None         # the generated call (_make_fast), made by the first call that runs kernels
-        self._pending = False     # batch compile: plans rendered, waiting for _load_pending()
-        self._batch = None        # batch compile: the _Batch that took them, once one did
+        self._fast = None  # the generated call (_make_fast), made by the first call that runs kernels
+        self._pending = False  # batch compile: plans rendered, waiting for _load_pending()
+        self._batch = None  # batch compile: the _Batch that took them, once one did
         # batch compile renders the plans of NumPy stand-ins: CPU graphs only (NVRTC compiles
         # a CUDA graph's kernels at its first call)
-        if self.compiled is not None and self.fallback is None and config.get("batch_compile") \
-                and self.device is None:
+        if self.compiled is not None and self.fallback is None and config.get("batch_compile") and self.device is None:
             self._prebuild()
         self._async = self.compiled is not None and bool(config.get("async_compile"))
         if self._async:
@@ -187,10 +210,9 @@ class FxGraphRunner:
         plan itself, as without the batch."""
         try:
             arrays = [p if k == "const" else _fake_array(self._arg_layouts[p]) for k, p in self.inputs]
-            stand_ins = [fn if nodes is None else _fake_results(nodes, self._cl_results)
-                         for fn, nodes in self._replays]
+            stand_ins = [fn if nodes is None else _fake_results(nodes, self._cl_results) for fn, nodes in self._replays]
             self.compiled._prebuild(tuple(arrays), stand_ins)
-        except Exception as e:          # e.g. a layout the metadata did not tell: the call builds it
+        except Exception as e:  # e.g. a layout the metadata did not tell: the call builds it
             log.debug("fastcompile: no batch compile for this graph: %s: %s", type(e).__name__, e)
         # after a failure too: the plans rendered before it still compile in the batch
         self._pending = True
@@ -201,9 +223,14 @@ class FxGraphRunner:
         # a backward handed channels_last values runs channels_last whether or not it has a
         # convolution of its own: its externs then get those values in eager's layout where
         # they read strides (_STRIDED_READS), as in a graph with one
-        L = _Lowering(gm, example_inputs, channels_last=_wants_channels_last(gm, example_inputs) or (
-            bool(self.cl_inputs) and _graph_device(example_inputs) is None), cl_inputs=self.cl_inputs,
-            training_forward=self.training_forward)
+        L = _Lowering(
+            gm,
+            example_inputs,
+            channels_last=_wants_channels_last(gm, example_inputs)
+            or (bool(self.cl_inputs) and _graph_device(example_inputs) is None),
+            cl_inputs=self.cl_inputs,
+            training_forward=self.training_forward,
+        )
         out_node = L.run()
         outs = out_node.args[0]
         single = not isinstance(outs, (tuple, list))
@@ -227,8 +254,14 @@ class FxGraphRunner:
             copy = v.value.node in L.input_values or not v.exact
             core_values.append(v.value)
             shape = tuple(_meta(o).shape)
-            return ("core", len(core_values) - 1, v.tshape, v.dtype, copy,
-                    (shape, _cl_strides(shape)) if free else L.layout(_meta(o), v.value, v.tshape))
+            return (
+                "core",
+                len(core_values) - 1,
+                v.tshape,
+                v.dtype,
+                copy,
+                (shape, _cl_strides(shape)) if free else L.layout(_meta(o), v.value, v.tshape),
+            )
 
         views, hidden = _output_views(outs, placeholders)
         every = outs + hidden
@@ -255,7 +288,7 @@ class FxGraphRunner:
             L.g.output(*core_values)
             self.compiled = L.g.compile()
             if self.mode == "max-autotune":
-                self.compiled.autotune = True     # per kernel and launch shape (Compiled.tuning)
+                self.compiled.autotune = True  # per kernel and launch shape (Compiled.tuning)
         self.plan = plan
         self.n_outputs = len(outs)
         self.single = single
@@ -264,11 +297,21 @@ class FxGraphRunner:
         self.extern_nodes = L.extern_nodes
         self.extern_calls = L.extern_calls
         self.lowered_targets = [n.target for n in L.lowered]
-        self._arg_bf16 = {i for k, i in L.inputs if k == "arg" and isinstance(example_inputs[i], torch.Tensor)
-                          and example_inputs[i].dtype == torch.bfloat16} if example_inputs else set()
+        self._arg_bf16 = (
+            {
+                i
+                for k, i in L.inputs
+                if k == "arg"
+                and isinstance(example_inputs[i], torch.Tensor)
+                and example_inputs[i].dtype == torch.bfloat16
+            }
+            if example_inputs
+            else set()
+        )
         self.device = L.device
-        self._arrays = [(p if L.device is None else _on_device(p, L.device)) if k == "const" else None
-                        for k, p in L.inputs]
+        self._arrays = [
+            (p if L.device is None else _on_device(p, L.device)) if k == "const" else None for k, p in L.inputs
+        ]
         passed = {j for j, v in enumerate(L.input_nodes) if v in L.passed}
         self._arg_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg" and j not in passed]
         self._passed_slots = [(j, i) for j, (k, i) in enumerate(L.inputs) if k == "arg" and j in passed]
@@ -322,14 +365,17 @@ class FxGraphRunner:
         """The graph's outputs computed as plain torch while the kernels build in a background
         thread; None once they are built (the caller runs them)."""
         w = self._warming
-        if w is None or w.pid != os.getpid():          # the first call (or the first in a fork)
+        if w is None or w.pid != os.getpid():  # the first call (or the first in a fork)
             return self._start_warming(args)
         if not w.done:
             return self._plain(args)
         self._async = False
         if w.error is not None:
-            log.warning("fastcompile: the background compile failed (%s: %s); compiling on this call",
-                        type(w.error).__name__, w.error)
+            log.warning(
+                "fastcompile: the background compile failed (%s: %s); compiling on this call",
+                type(w.error).__name__,
+                w.error,
+            )
         return None
 
     def _plain(self, args):
@@ -355,7 +401,7 @@ class FxGraphRunner:
                 if self._pending:
                     _load_pending(self)
                 self.compiled._warm(arrays, stand_ins)
-            except BaseException as e:         # reported by the next call, which builds again
+            except BaseException as e:  # reported by the next call, which builds again
                 w.error = e
             finally:
                 w.ready_s = time.perf_counter() - t0
@@ -364,12 +410,11 @@ class FxGraphRunner:
         w.thread = threading.Thread(target=build, name="fastcompile-build")
         try:
             w.thread.start()
-        except RuntimeError as e:               # no thread to be had: build on the next call
+        except RuntimeError as e:  # no thread to be had: build on the next call
             log.warning("fastcompile: no background compile (%s)", e)
             w.error, w.done = e, True
         self._warming = w
-        log.info("fastcompile: %d core ops compiling in the background; plain torch until then",
-                 self.core_ops)
+        log.info("fastcompile: %d core ops compiling in the background; plain torch until then", self.core_ops)
         return out
 
     def _make_fast(self):
@@ -379,10 +424,16 @@ class FxGraphRunner:
         adds to the torch ops it calls). CPU tensors convert inline; parameters, bfloat16 inputs,
         reduce-overhead mode and CUDA graphs go through _convert_input (its cache). It holds what
         it calls, not the runner: a runner stays free of reference cycles."""
-        glob = {"compiled": self.compiled, "from_numpy": torch.from_numpy, "BF16": torch.bfloat16,
-                "convert": functools.partial(_convert_input, self._cache, self.mode, self.device),
-                "_to_torch": _to_torch, "_restride": _restride, "Tensor": torch.Tensor,
-                "_cl": _to_channels_last}
+        glob = {
+            "compiled": self.compiled,
+            "from_numpy": torch.from_numpy,
+            "BF16": torch.bfloat16,
+            "convert": functools.partial(_convert_input, self._cache, self.mode, self.device),
+            "_to_torch": _to_torch,
+            "_restride": _restride,
+            "Tensor": torch.Tensor,
+            "_cl": _to_channels_last,
+        }
         lines, arrays = [], []
         for j, k in enumerate(self._arrays):
             if k is not None:
@@ -390,18 +441,20 @@ class FxGraphRunner:
             arrays.append("k%d" % j)
         slow = self.mode == "reduce-overhead" or self.device is not None
         for j, i in self._arg_slots:
-            arg = "_cl(args[%d])" % i if i in self._cl_args else "args[%d]" % i     # channels_last on entry
+            arg = "_cl(args[%d])" % i if i in self._cl_args else "args[%d]" % i  # channels_last on entry
             if slow or i in self._arg_bf16:
                 lines.append("a%d = convert(%d, %s)" % (j, i, arg))
-            else:           # a plain tensor inline; a Parameter (cached), bfloat16 or a wrong type: _convert
+            else:  # a plain tensor inline; a Parameter (cached), bfloat16 or a wrong type: _convert
                 lines.append("t = %s" % arg)
-                lines.append("a%d = (t.detach() if t.requires_grad else t).numpy() "
-                             "if type(t) is Tensor and t.dtype is not BF16 else convert(%d, t)" % (j, i))
+                lines.append(
+                    "a%d = (t.detach() if t.requires_grad else t).numpy() "
+                    "if type(t) is Tensor and t.dtype is not BF16 else convert(%d, t)" % (j, i)
+                )
             arrays[j] = "a%d" % j
         for j, i in self._passed_slots:
             arrays[j] = "args[%d]" % i
         lines.append("res = compiled(%s)" % ", ".join(arrays) if self.compiled is not None else "res = ()")
-        outs = {}            # output position -> its expression
+        outs = {}  # output position -> its expression
         for n, p in enumerate(self.plan):
             if p[0] == "view":
                 continue
@@ -409,15 +462,17 @@ class FxGraphRunner:
                 _, k, tshape, dtype, copy, layout = p
                 glob["s%d" % n], glob["d%d" % n], glob["l%d" % n] = tshape, dtype, layout
                 lines.append("a = res[%d]" % k)
-                same = "a" if self.device is not None else "from_numpy(a)"     # on CUDA: a tensor
+                same = "a" if self.device is not None else "from_numpy(a)"  # on CUDA: a tensor
                 lines.append("o%d = %s if a.shape == s%d else _to_torch(a, s%d, d%d)" % (n, same, n, n, n))
                 if layout is not None:
                     glob["w%d" % n] = layout[1]
                     if copy:
                         lines.append("o%d = _restride(o%d, l%d, d%d, True)" % (n, n, n, n))
                     else:
-                        lines.append("if o%d.stride() != w%d or o%d.dtype != d%d:\n        o%d = _restride(o%d, l%d, d%d)"
-                                     % (n, n, n, n, n, n, n, n))
+                        lines.append(
+                            "if o%d.stride() != w%d or o%d.dtype != d%d:\n        o%d = _restride(o%d, l%d, d%d)"
+                            % (n, n, n, n, n, n, n, n)
+                        )
                 else:
                     lines.append("if o%d.dtype != d%d:\n        o%d = o%d.to(d%d)" % (n, n, n, n, n))
                     if copy:
@@ -428,14 +483,15 @@ class FxGraphRunner:
             else:
                 glob["c%d" % n] = p[1]
                 outs[n] = "c%d" % n
-        for n, p in enumerate(self.plan):      # after their roots: views of other outputs, in torch
+        for n, p in enumerate(self.plan):  # after their roots: views of other outputs, in torch
             if p[0] == "view":
                 _, root, chain, strided = p
                 t = outs[root]
                 if strided is not None:
                     glob["z%d" % n], glob["y%d" % n] = strided[:2]
-                    lines.append("o%d = %s.as_strided(z%d, y%d, %s.storage_offset() + %d)"
-                                 % (n, t, n, n, t, strided[2]))
+                    lines.append(
+                        "o%d = %s.as_strided(z%d, y%d, %s.storage_offset() + %d)" % (n, t, n, n, t, strided[2])
+                    )
                     outs[n] = "o%d" % n
                     continue
                 for k, (op, rest, kwargs) in enumerate(chain):
@@ -458,7 +514,7 @@ class FxGraphRunner:
             out = self._call_async(args)
             if out is not None:
                 return out
-        self._fast = self._make_fast()         # this call and every later one
+        self._fast = self._make_fast()  # this call and every later one
         return self._fast(args)
 
 
@@ -490,7 +546,7 @@ class _Recorder(torch.fx.Interpreter):
 
 # batch compile (FxGraphRunner._prebuild): runners whose rendered kernels wait for a batch
 _PENDING = weakref.WeakSet()
-_PENDING_LOCK = threading.Lock()      # guards _PENDING and each runner's _batch; held briefly
+_PENDING_LOCK = threading.Lock()  # guards _PENDING and each runner's _batch; held briefly
 
 
 def _new_lock_in_child():
@@ -519,10 +575,10 @@ def _load_pending(runner):
     with _PENDING_LOCK:
         batch = runner._batch
         if batch is not None and batch.pid != os.getpid():
-            runner._pending = False           # the parent's batch: this call loads its own plans
+            runner._pending = False  # the parent's batch: this call loads its own plans
             return
         mine = batch is None
-        if mine:                              # runner is in _PENDING (from _prebuild until a batch takes it)
+        if mine:  # runner is in _PENDING (from _prebuild until a batch takes it)
             batch = _Batch()
             runners = [r for r in list(_PENDING) if r._pending]
             for r in runners:
@@ -577,15 +633,33 @@ def _fake_results(nodes, cl_results=frozenset()):
 def _replay(values, nodes):
     """An extern stand-in returning, as an extern cluster would, the arrays of recorded values
     (CUDA tensors stay tensors)."""
-    return _stand_in([_to_core(values[n]) if isinstance(values[n], torch.Tensor) and values[n].is_cuda
-                      else _to_numpy(values[n]) for n in nodes])
+    return _stand_in(
+        [
+            _to_core(values[n]) if isinstance(values[n], torch.Tensor) and values[n].is_cuda else _to_numpy(values[n])
+            for n in nodes
+        ]
+    )
 
 
-def fx_to_graph(gm, example_inputs, mode="default", inference=False, free_outputs=frozenset(),
-                cl_inputs=frozenset(), training_forward=False):
+def fx_to_graph(
+    gm,
+    example_inputs,
+    mode="default",
+    inference=False,
+    free_outputs=frozenset(),
+    cl_inputs=frozenset(),
+    training_forward=False,
+):
     """Lower one FX graph (aten ops, or Dynamo's torch-level ops, which mostly become externs) to
     a fastcompile graph. Returns an ``FxGraphRunner``: ``runner(*tensors) -> list``. inference:
     aot_autograd's graph of a call without autograd (no backward will read what it saves): its
     2-d convolutions may run channels_last."""
-    return FxGraphRunner(gm, example_inputs, mode=mode, inference=inference, free_outputs=free_outputs,
-                         cl_inputs=cl_inputs, training_forward=training_forward)
+    return FxGraphRunner(
+        gm,
+        example_inputs,
+        mode=mode,
+        inference=inference,
+        free_outputs=free_outputs,
+        cl_inputs=cl_inputs,
+        training_forward=training_forward,
+    )

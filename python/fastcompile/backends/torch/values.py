@@ -3,6 +3,7 @@
 In: FX node metadata and torch tensors. Out: core dtype names, ``_Rec`` records, the arrays the
 core reads (NumPy arrays; tensors on CUDA), torch tensors of eager's shape, dtype and strides.
 """
+
 import numpy as np
 import torch
 import torch._prims_common as _prims
@@ -11,7 +12,7 @@ from ..._common import torch_numpy_dtypes
 
 
 _CORE_DTYPE = torch_numpy_dtypes(torch)
-_CORE_DTYPE[torch.bfloat16] = "float32"      # carried as float32 inside the core (see the package doc)
+_CORE_DTYPE[torch.bfloat16] = "float32"  # carried as float32 inside the core (see the package doc)
 
 
 def _core_dtype(dt):
@@ -29,6 +30,7 @@ class _NotLowered(Exception):
 class _Rec:
     """A tensor value in the core graph: its core ``value``, the core's shape ``cshape`` (which
     broadcasts to ``tshape``, extra leading dims being 1), the torch shape and dtype."""
+
     __slots__ = ("value", "cshape", "tshape", "dtype")
 
     def __init__(self, value, cshape, tshape, dtype):
@@ -70,9 +72,10 @@ def _static_shape(t):
 
 class _Cluster:
     """Consecutive non-core nodes run by one extern call, as plain torch."""
+
     def __init__(self):
-        self.members = []          # FX nodes, in graph order
-        self.inputs = []           # FX nodes from outside (already lowered to _Rec)
+        self.members = []  # FX nodes, in graph order
+        self.inputs = []  # FX nodes from outside (already lowered to _Rec)
         self.closed = False
 
 
@@ -82,15 +85,21 @@ def _to_torch(arr, tshape, dtype):
     if isinstance(arr, torch.Tensor):
         t = arr
     else:
-        if arr.ndim != len(tshape):         # leading size-1 dims: reshaped here, in NumPy, cheaper
-            arr = arr.reshape(arr.shape[arr.ndim - len(tshape):] if arr.ndim > len(tshape) else
-                              (1,) * (len(tshape) - arr.ndim) + arr.shape)
+        if arr.ndim != len(tshape):  # leading size-1 dims: reshaped here, in NumPy, cheaper
+            arr = arr.reshape(
+                arr.shape[arr.ndim - len(tshape) :]
+                if arr.ndim > len(tshape)
+                else (1,) * (len(tshape) - arr.ndim) + arr.shape
+            )
         if not arr.flags.writeable:
             arr = arr.copy()
         t = torch.from_numpy(arr)
     if t.dim() != len(tshape):
-        t = t.reshape(t.shape[t.dim() - len(tshape):] if t.dim() > len(tshape) else
-                      (1,) * (len(tshape) - t.dim()) + tuple(t.shape))
+        t = t.reshape(
+            t.shape[t.dim() - len(tshape) :]
+            if t.dim() > len(tshape)
+            else (1,) * (len(tshape) - t.dim()) + tuple(t.shape)
+        )
     if tuple(t.shape) != tshape:
         t = t.expand(tshape)
     if t.dtype != dtype:
@@ -104,14 +113,15 @@ def _layout(meta, strides, checked=False):
     the lowering expects the core's array to have (C order for a kernel's result, a view extern's
     spec), or None for an extern's or input's own tensor, laid out by torch as in eager
     (``_Lowering.strides_of``). checked: the core may also allocate results in the memory order
-    of its inputs (channels_last: plan.c's perm), which the lowering cannot predict, so eager's layout is given even where it matches ``strides``. Either way the
+    of its inputs (channels_last: plan.c's perm), which the lowering cannot predict, so eager's
+    layout is given even where it matches ``strides``. Either way the
     generated code compares strides at each call and copies only where they differ
     (``_restride``). An expanded tensor reads the same in any layout: None."""
     if strides is None or not isinstance(meta, torch.Tensor):
         return None
     shape, stride = tuple(meta.shape), tuple(meta.stride())
     if any(st == 0 for n, st in zip(shape, stride) if n > 1):
-        return None                         # an expanded tensor: any layout reads the same
+        return None  # an expanded tensor: any layout reads the same
     if not checked and len(strides) == len(shape) and _same_strides(strides, (shape, stride)):
         return None
     return (shape, stride)
@@ -126,7 +136,7 @@ def _dense_other_order(meta):
     fmt = torch.channels_last if meta.dim() == 4 else torch.channels_last_3d
     try:
         return meta.numel() > 0 and not meta.is_contiguous() and meta.is_contiguous(memory_format=fmt)
-    except Exception:           # symbolic sizes: not lowered anyway
+    except Exception:  # symbolic sizes: not lowered anyway
         return False
 
 
@@ -139,7 +149,7 @@ def _same_strides(have, layout):
 def _to_core(t):
     """On CUDA: a tensor as the core reads it (bfloat16 is carried as float32, as on the CPU)."""
     if not isinstance(t, torch.Tensor):
-        return t                                # a None or scalar slot nobody reads
+        return t  # a None or scalar slot nobody reads
     t = t.detach()
     return t.float() if t.dtype == torch.bfloat16 else t
 
@@ -165,7 +175,7 @@ def _graph_device(example_inputs):
 
 def _to_numpy(t):
     if not isinstance(t, torch.Tensor):
-        return np.empty((0,), np.float32)      # a None or scalar slot nobody reads
+        return np.empty((0,), np.float32)  # a None or scalar slot nobody reads
     t = t.detach()
     if t.dtype == torch.bfloat16:
         t = t.float()
@@ -178,7 +188,7 @@ def _meta_strides(meta):
     """The element strides of an FX value's example tensor, or None where it has none."""
     try:
         return tuple(int(s) for s in meta.stride())
-    except Exception:           # no strides (sparse, opaque): the stand-in broadcasts
+    except Exception:  # no strides (sparse, opaque): the stand-in broadcasts
         return None
 
 

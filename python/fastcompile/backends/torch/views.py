@@ -4,6 +4,7 @@ leaves of the pointwise ops that make the value (``_push_view``), or left to an 
 In: FX view nodes (through the handler table). Out: core values (``_Rec``), NumPy view externs of
 the leaves, or ``_NotLowered``.
 """
+
 import math
 
 import numpy as np
@@ -11,8 +12,7 @@ import torch
 import torch.fx
 
 from .registry import _LOWER, _register
-from .values import (_Cluster, _NotLowered, _Rec, _contiguous_strides, _core_dtype, _meta, _static_shape,
-                     _strip1)
+from .values import _Cluster, _NotLowered, _Rec, _contiguous_strides, _core_dtype, _meta, _static_shape, _strip1
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -23,8 +23,16 @@ def _dtype_view(node):
     return len(node.args) > 1 and isinstance(node.args[1], torch.dtype)
 
 
-@_register(aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze, aten.expand,
-           prims.broadcast_in_dim, aten.permute)
+@_register(
+    aten.view,
+    aten._unsafe_view,
+    aten.reshape,
+    aten.unsqueeze,
+    aten.squeeze,
+    aten.expand,
+    prims.broadcast_in_dim,
+    aten.permute,
+)
 def _view(L, node):
     """A view costs nothing when the core value's elements do not move: an expand (broadcast),
     or a change of leading size-1 dims; a permute that moves only size-1 dims. Else an extern.
@@ -66,11 +74,51 @@ def _moving_view(L, node):
 
 # Pointwise ops cheap enough to compute again in a view's index space, where the value they make
 # is also needed unviewed (the same value is never recomputed when it holds a transcendental).
-_CHEAP = frozenset(("neg", "abs", "relu", "floor", "ceil", "round", "trunc", "sign", "isnan", "isinf",
-                    "isfinite", "logical_not", "bitwise_not", "add", "sub", "mul", "div", "square",
-                    "reciprocal", "sqrt", "rsqrt", "maximum", "minimum", "fmax", "fmin", "copysign",
-                    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-                    "bitwise_and", "bitwise_or", "bitwise_xor", "where", "clamp", "cast"))
+_CHEAP = frozenset(
+    (
+        "neg",
+        "abs",
+        "relu",
+        "floor",
+        "ceil",
+        "round",
+        "trunc",
+        "sign",
+        "isnan",
+        "isinf",
+        "isfinite",
+        "logical_not",
+        "bitwise_not",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "square",
+        "reciprocal",
+        "sqrt",
+        "rsqrt",
+        "maximum",
+        "minimum",
+        "fmax",
+        "fmin",
+        "copysign",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "logical_and",
+        "logical_or",
+        "logical_xor",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "where",
+        "clamp",
+        "cast",
+    )
+)
 _PUSH_MAX_NODES = 64
 # the ops _feeds_core looks through: those the two view handlers take, and alias
 _VIEW_PACKETS = frozenset(p for p, h in _LOWER.items() if h in (_view, _moving_view)) | {aten.alias}
@@ -139,7 +187,7 @@ def _broadcast(x, shape):
     for d, (n, s) in enumerate(zip(x.shape, x.strides)):
         if n != shape[pad + d]:
             if n != 1:
-                return np.broadcast_to(x, shape)    # raises NumPy's own error
+                return np.broadcast_to(x, shape)  # raises NumPy's own error
             s = 0
         strides.append(s)
     r = np.ndarray(shape, x.dtype, x, 0, strides)
@@ -153,9 +201,9 @@ def _np_view(node, shape, new):
     a = node.args
     nd = len(shape)
     if _dtype_view(node):
-        return None                               # a bit reinterpretation, not a reshape
+        return None  # a bit reinterpretation, not a reshape
     if pk in (aten.view, aten._unsafe_view, aten.reshape, aten.unsqueeze, aten.squeeze):
-        return lambda x: x.reshape(new)           # element order kept: a view, or a copy
+        return lambda x: x.reshape(new)  # element order kept: a view, or a copy
     if pk is aten.permute:
         dims = tuple(d % nd for d in a[1])
         return lambda x: x.transpose(dims)
@@ -179,7 +227,7 @@ def _np_view(node, shape, new):
     return None
 
 
-_OFFSETS_MAX = 1 << 22     # leaves up to this many elements are checked element by element
+_OFFSETS_MAX = 1 << 22  # leaves up to this many elements are checked element by element
 
 
 def _leaf_view(shape, strides, chain):
@@ -192,8 +240,13 @@ def _leaf_view(shape, strides, chain):
     leaf comes as traced (elsewhere the chain runs); None where the strides are unknown or the
     leaf too large to check. Unknown strides: ("view", chain, None): the chain runs at each
     call."""
-    if strides is None or len(strides) != len(shape) or min(strides, default=0) < 0 or \
-            0 in shape or int(np.prod(shape)) > _OFFSETS_MAX:
+    if (
+        strides is None
+        or len(strides) != len(shape)
+        or min(strides, default=0) < 0
+        or 0 in shape
+        or int(np.prod(shape)) > _OFFSETS_MAX
+    ):
         return "view", chain, None
     span = 1 + sum((n - 1) * s for n, s in zip(shape, strides))
     # first on bytes no one reads: where NumPy makes a view, its strides and start are the
@@ -213,10 +266,13 @@ def _leaf_view(shape, strides, chain):
     if got.size == 0:
         return "view", chain, None
     start = int(got.flat[0])
-    est = [int(got[(0,) * a + (1,) + (0,) * (got.ndim - a - 1)]) - start if got.shape[a] > 1 else 0
-           for a in range(got.ndim)]
-    grid = start + sum(np.arange(n).reshape((n,) + (1,) * (got.ndim - a - 1)) * s
-                       for a, (n, s) in enumerate(zip(got.shape, est)))
+    est = [
+        int(got[(0,) * a + (1,) + (0,) * (got.ndim - a - 1)]) - start if got.shape[a] > 1 else 0
+        for a in range(got.ndim)
+    ]
+    grid = start + sum(
+        np.arange(n).reshape((n,) + (1,) * (got.ndim - a - 1)) * s for a, (n, s) in enumerate(zip(got.shape, est))
+    )
     if not np.array_equal(got, grid):
         return None if not np.may_share_memory(got, flat) else ("view", chain, None)
     spec = (tuple(shape), tuple(strides), tuple(got.shape), tuple(est), start)
@@ -233,6 +289,7 @@ def _compose(fns):
         for f in fns:
             x = f(x)
         return x
+
     return view
 
 
@@ -243,7 +300,7 @@ def _push_view(L, node, r, new):
     value where an extern view and a copy kernel did. Raises _NotLowered where this cannot be done
     (a reduction or a transcendental inside, more than _PUSH_MAX_NODES ops, an extern user)."""
     G = L.g
-    if L.device is not None:        # the leaf views are NumPy functions: on CUDA, torch does the view
+    if L.device is not None:  # the leaf views are NumPy functions: on CUDA, torch does the view
         raise _NotLowered("view %s -> %s on %s" % (r.tshape, new, L.device))
     # a view that graph outputs or core ops read, but not only core ops, of a value the core
     # holds anyway (an extern's result, a kernel's output): a view extern of that value, made in
@@ -251,8 +308,9 @@ def _push_view(L, node, r, new):
     # would cost a from_numpy and a .numpy() per call (a weight's grad, transposed)
     base = G.view_of.get(r.value.node, (r.value,))[0].node
     leaf_only = not _feeds_core(node)
-    if leaf_only and not (_core_or_output_use(node) and
-                          (base in L.extern_values or G.made.get(base, ("?",))[0] == "call")):
+    if leaf_only and not (
+        _core_or_output_use(node) and (base in L.extern_values or G.made.get(base, ("?",))[0] == "call")
+    ):
         raise _NotLowered("view %s -> %s feeds an extern" % (r.tshape, new))
     vf = _np_view(node, r.tshape, new)
     if vf is None:
@@ -260,13 +318,14 @@ def _push_view(L, node, r, new):
     tshape, nd = r.tshape, len(r.tshape)
 
     def bcast(x):
-        if x.ndim > nd:             # the core's extra leading dims are 1
-            x = x.reshape(x.shape[x.ndim - nd:])
+        if x.ndim > nd:  # the core's extra leading dims are 1
+            x = x.reshape(x.shape[x.ndim - nd :])
         return x if x.shape == tshape else _broadcast(x, tshape)
+
     perm = _perm_of(node, nd)
-    saved = []                      # (FX node, its _Rec): values pushed through that graph outputs read
+    saved = []  # (FX node, its _Rec): values pushed through that graph outputs read
     try:
-        if leaf_only:               # viewed where it is, never computed again in the view's order
+        if leaf_only:  # viewed where it is, never computed again in the view's order
             raise _NotLowered("not only core ops read it")
         order, leaves = _push_walk(G, r, reductions=perm is not None)
         reduced = _reduced(G, order)
@@ -285,7 +344,7 @@ def _push_view(L, node, r, new):
         base, fns = G.view_of.get(v.node, (v, ()))
         fns = fns + (bcast, vf)
         view = _compose(fns)
-        try:                        # on a stand-in of the leaf's shape: fails here, not at run time
+        try:  # on a stand-in of the leaf's shape: fails here, not at run time
             probe = view(np.broadcast_to(np.zeros((), np.int8), G.leaf_shape[base.node]))
         except Exception as e:
             raise _NotLowered("view %s -> %s: %s" % (r.tshape, new, e))
@@ -333,8 +392,9 @@ def _push_view(L, node, r, new):
 
 # Reductions a permute is pushed through (_push_view): rank-keeping ones, their axes moved with
 # the permute, and only where nothing else reads them (never computed twice).
-_PUSH_REDUCTIONS = frozenset(("sum", "mean", "var", "std", "amax", "amin", "prod", "logsumexp", "softmax",
-                              "log_softmax"))
+_PUSH_REDUCTIONS = frozenset(
+    ("sum", "mean", "var", "std", "amax", "amin", "prod", "logsumexp", "softmax", "log_softmax")
+)
 
 
 def _perm_of(node, nd):
@@ -408,8 +468,12 @@ def _saved_by_outputs(L, view_node, nodes, full):
             continue
         if any(u.op != "output" for u in outside):
             raise _NotLowered("view of a reduction other nodes read too")
-        if not isinstance(val, _Rec) or len(val.tshape) != nd or val.value.ndim != nd or \
-                tuple(val.cshape) != tuple(val.tshape):
+        if (
+            not isinstance(val, _Rec)
+            or len(val.tshape) != nd
+            or val.value.ndim != nd
+            or tuple(val.cshape) != tuple(val.tshape)
+        ):
             raise _NotLowered("view of a reduction a graph output reads as %s" % (val,))
         if any(n != m and not (n == 1 and i in reduced_axes) for i, (n, m) in enumerate(zip(val.tshape, full))):
             # broadcast along an axis no reduction took: the pushed value has another shape
@@ -430,14 +494,15 @@ def _rebind_saved(L, f, r0, pushed, perm):
     G = L.g
     inv = tuple(perm.index(d) for d in range(len(perm)))
     shape = tuple(r0.tshape[p] for p in perm)
-    st = _contiguous_strides(shape)             # the pushed value, as its kernel stores it
+    st = _contiguous_strides(shape)  # the pushed value, as its kernel stores it
     G.leaf_shape[pushed.node] = shape
     G.leaf_strides[pushed.node] = st
 
     def back(x):
         return x.transpose(inv)
+
     out_strides = tuple(st[inv[i]] if n > 1 else 0 for i, n in enumerate(r0.tshape))
-    spec = (shape, st, tuple(r0.tshape), out_strides, 0)    # at any size (_leaf_view stops at 4M)
+    spec = (shape, st, tuple(r0.tshape), out_strides, 0)  # at any size (_leaf_view stops at 4M)
     w = G.extern(back, pushed, pure=True, view=spec)
     G.view_of[w.node] = (pushed, (back,))
     G.leaf_shape[w.node] = r0.tshape
@@ -489,8 +554,11 @@ def _push_walk(G, r, reductions=False):
                 raise _NotLowered("view of a value without a known shape")
             leaves.append(v)
         elif how[0] == "call":
-            keeps = how[1] in _PUSH_REDUCTIONS and "axis" in how[3] and (
-                how[3].get("keepdim") or how[1] in ("softmax", "log_softmax"))
+            keeps = (
+                how[1] in _PUSH_REDUCTIONS
+                and "axis" in how[3]
+                and (how[3].get("keepdim") or how[1] in ("softmax", "log_softmax"))
+            )
             if how[1] not in _CHEAP:
                 if not (reductions and keeps):
                     raise _NotLowered("view of %s" % how[1])
@@ -504,4 +572,4 @@ def _push_walk(G, r, reductions=False):
 
 def _leading_only(old, new):
     """new differs from old only by leading size-1 dims"""
-    return _strip1(old) == _strip1(new) and old[len(old) - len(_strip1(old)):] == new[len(new) - len(_strip1(new)):]
+    return _strip1(old) == _strip1(new) and old[len(old) - len(_strip1(old)) :] == new[len(new) - len(_strip1(new)) :]
