@@ -10,7 +10,7 @@ import shutil
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ _load()
 _local = threading.local()  # .values: this thread's overrides (overriding())
 
 
-def get(name):
+def get(name: str) -> Any:
     over = getattr(_local, "values", None)
     if over and name in over:
         return over[name]
@@ -198,7 +198,7 @@ def get(name):
 
 
 @contextlib.contextmanager
-def overriding(**kwargs):
+def overriding(**kwargs: Any) -> Iterator[None]:
     """Knobs read from Python (get()) take these values in this thread only, inside the block;
     knobs the C core reads cannot be overridden (set() changes them for every thread)."""
     names = {k.name for k in KNOBS}
@@ -213,7 +213,7 @@ def overriding(**kwargs):
         _local.values = saved
 
 
-def resolved():
+def resolved() -> dict[str, Any]:
     """The values the C core uses, with defaults resolved (a plain dict)."""
     v = dict(_values)
     v["cache_dir"] = v["cache_dir"] or _default_cache_dir()
@@ -226,7 +226,7 @@ def resolved():
     return v
 
 
-def set(**kwargs):
+def set(**kwargs: Any) -> None:
     """Change knobs at run time, e.g. ``fastcompile.config.set(num_threads=1)``."""
     names = {k.name for k in KNOBS}
     for key, val in kwargs.items():
@@ -244,6 +244,6 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-def describe():
+def describe() -> str:
     """One line per knob: env name, current value, doc."""
     return "\n".join("%-28s %-12r %s" % (k.env, _values[k.name], k.doc) for k in KNOBS)

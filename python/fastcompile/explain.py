@@ -7,6 +7,7 @@ compile_times) plus ours: kernels (generated source per kernel) and recompiles (
 
 import os
 import re
+from typing import Any, Callable
 
 from . import _C
 from . import api
@@ -120,7 +121,7 @@ class ExplainOutput:
     __repr__ = __str__
 
 
-def explain(fn, *, fullgraph=False):
+def explain(fn: Callable[..., Any], *, fullgraph: bool = False) -> Callable[..., ExplainOutput]:
     """``explain(fn)(*args, **kwargs)`` runs fn once, compiled from scratch, and returns an
     ExplainOutput. It drops every compiled entry first (as fastcompile.reset())."""
     target = (

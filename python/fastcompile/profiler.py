@@ -170,7 +170,7 @@ class Profile:
         return "<fastcompile Profile: %d rows, %.3f ms wall>" % (len(self.rows), self.wall_ms or 0.0)
 
 
-def profile():
+def profile() -> Profile:
     """``with fastcompile.profile() as prof: ...`` then ``print(prof)``: time per generated
     kernel, extern function and compiled graph over the block (see the module's doc). Blocks
     nest; each reports its own events."""
