@@ -324,6 +324,11 @@ class CallHandlers:
             frame.cells[name] = cell
         return self.run_frame(frame)
 
+    def inline_forward(self, fwd, mod_var, args, kwargs):
+        """A module's forward function, inlined with the module as its self."""
+        defaults = tuple(self.wrap(d, None) for d in (fwd.__defaults__ or ()))
+        return self.inline(fwd.__code__, fwd.__globals__, (), defaults, {}, [mod_var] + list(args), kwargs)
+
     def module_call(self, mod_var, args, kwargs):
         mod = mod_var.value
         m = torch.nn.modules.module
@@ -355,15 +360,7 @@ class CallHandlers:
 
             if type(mod).__name__.lower() not in {a.replace("_", "") for a in _INPLACE_ACTIVATIONS}:
                 self.unsupported("%s(inplace=True) updates its input in place" % type(mod).__name__)
-            return self.inline(
-                fwd.__code__,
-                fwd.__globals__,
-                (),
-                tuple(self.wrap(d, None) for d in (fwd.__defaults__ or ())),
-                {},
-                [mod_var] + list(args),
-                kwargs,
-            )
+            return self.inline_forward(fwd, mod_var, args, kwargs)
         if type(mod) is torch.nn.Sequential and len(args) == 1 and not kwargs:
             # its children one after the other: each is inlined, traced or called on its own
             if mod_var.source is not None:
@@ -407,15 +404,7 @@ class CallHandlers:
             )
         if type(mod) in _inline_torch_modules():
             # torch's own forward, inlined so its ops fuse (nn.GELU -> the core's gelu)
-            return self.inline(
-                fwd.__code__,
-                fwd.__globals__,
-                (),
-                tuple(self.wrap(d, None) for d in (fwd.__defaults__ or ())),
-                {},
-                [mod_var] + list(args),
-                kwargs,
-            )
+            return self.inline_forward(fwd, mod_var, args, kwargs)
         return self.call_var(PyVar(fwd), [mod_var] + list(args), kwargs)
 
     def container_method(self, fn, args, kwargs):
