@@ -56,3 +56,13 @@ def test_relative_links_resolve():
             if not os.path.exists(os.path.join(os.path.dirname(page), target)):
                 missing.append("%s -> %s" % (os.path.relpath(page, ROOT), target))
     assert not missing, "broken relative links:\n" + "\n".join(missing)
+
+
+def test_ci_runs_the_readme_test_command():
+    # CI must call the README's test command exactly: the line that installs the test extras
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        commands = [ln.strip() for ln in f if ln.strip().startswith('python3 -m pip install ".[test')]
+    assert len(commands) == 1, commands
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        ci = [ln.strip() for ln in f]
+    assert commands[0] in ci, "README's test command is not a line of .ci/run: %s" % commands[0]
