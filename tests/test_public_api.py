@@ -43,3 +43,24 @@ def test_graph_stub_and_marker_ship_with_the_package():
     g = fastcompile.graph.Graph()
     for method in ("input", "constant", "call", "extern", "output", "compile"):
         assert hasattr(g, method) and ("def %s(" % method) in stub, method
+
+
+def test_config_set_takes_paths_and_is_all_or_nothing(tmp_path):
+    import pathlib
+
+    cfg = fastcompile.config
+    old = cfg.get("nvrtc"), cfg.get("num_threads")
+    try:
+        cfg.set(nvrtc=pathlib.Path(tmp_path))  # os.PathLike, as cache_dir and cc take
+        assert cfg.resolved()["nvrtc"] == str(tmp_path)
+        try:
+            cfg.set(num_threads=old[1] + 1, nvrtc=12)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError("an int for nvrtc was taken")
+        # the refused call changed nothing, and later calls still work
+        assert cfg.get("nvrtc") == pathlib.Path(tmp_path) and cfg.get("num_threads") == old[1]
+        cfg.set(num_threads=old[1])
+    finally:
+        cfg.set(nvrtc=old[0], num_threads=old[1])

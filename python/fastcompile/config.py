@@ -137,10 +137,16 @@ KNOBS = [
         "FASTCOMPILE_NVRTC",
         str,
         None,
-        "NVRTC library to load (a file or a folder); default: the nvidia-cuda-nvrtc wheel, "
-        "$CUDA_HOME/lib64, /usr/local/cuda/lib64, the loader's path",
+        "NVRTC library to load (a file or a folder), read at the first CUDA use; default: the "
+        "nvidia-cuda-nvrtc wheel, $CUDA_HOME/lib64, /usr/local/cuda/lib64, the loader's path",
     ),
-    Knob("libcuda", "FASTCOMPILE_LIBCUDA", str, None, "CUDA driver library to load; default libcuda.so.1"),
+    Knob(
+        "libcuda",
+        "FASTCOMPILE_LIBCUDA",
+        str,
+        None,
+        "CUDA driver library to load, read at the first CUDA use; default libcuda.so.1",
+    ),
     Knob(
         "autotune",
         "FASTCOMPILE_AUTOTUNE",
@@ -217,6 +223,8 @@ def resolved() -> dict[str, Any]:
     """The values the C core uses, with defaults resolved (a plain dict)."""
     v = dict(_values)
     v["cache_dir"] = v["cache_dir"] or _default_cache_dir()
+    for k in ("nvrtc", "libcuda"):  # os.PathLike, as cache_dir and cc take
+        v[k] = os.fspath(v[k]) if v[k] is not None else None
     v["cc"] = shutil.which(v["cc"] or os.environ.get("CC") or "cc") or (v["cc"] or "cc")
     v["include_dir"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "include")
     v["python"] = "%d.%d" % sys.version_info[:2]
@@ -227,15 +235,23 @@ def resolved() -> dict[str, Any]:
 
 
 def set(**kwargs: Any) -> None:
-    """Change knobs at run time, e.g. ``fastcompile.config.set(num_threads=1)``."""
+    """Change knobs at run time, e.g. ``fastcompile.config.set(num_threads=1)``. All or nothing:
+    a value the core refuses (TypeError, ValueError) leaves every knob as it was."""
     names = {k.name for k in KNOBS}
-    for key, val in kwargs.items():
+    for key in kwargs:
         if key not in names:
             raise AttributeError("fastcompile.config has no knob %r (knobs: %s)" % (key, ", ".join(sorted(names))))
-        _values[key] = val
     from . import _C, __version__
 
-    _C._configure(dict(resolved(), version=__version__))
+    old = dict(_values)
+    _values.update(kwargs)
+    try:
+        _C._configure(dict(resolved(), version=__version__))
+    except BaseException:
+        _values.clear()
+        _values.update(old)
+        _C._configure(dict(resolved(), version=__version__))  # the core may have taken some values
+        raise
 
 
 def __getattr__(name):
