@@ -244,6 +244,31 @@ def test_tensor_dtypes_and_layouts_outside_the_core_run_as_torch_without_an_inte
             torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_shapes_are_torch_sizes_and_read_as_sizes():
+    """x.shape and x.size() of a tensor are torch.Size inside the trace, when an extern is called
+    again and when returned, so x.new(y.size()) makes a tensor of that shape (not one holding the
+    sizes as data); called three times over two input sets, results equal plain Python's, types
+    included."""
+    torch = pytest.importorskip("torch", reason="torch is not installed for this Python")
+
+    def f(x, y):
+        a = x.new(y.size())  # a torch.Size is a size; a plain tuple would be the new tensor's data
+        b = x.new(y.shape)
+        return a.shape, b.shape, y.shape, x.size(), torch.zeros_like(b) + b.new_zeros(y.size()) + x
+
+    compiled = fastcompile.compile(f)
+    for shape in [(5, 8), (3, 4), (5, 8)]:
+        x, y = torch.randn(*shape), torch.randn(*shape)
+        got, want = compiled(x, y), f(x, y)
+        for g, w in zip(got, want):
+            assert type(g) is type(w), (g, w)
+            if isinstance(w, torch.Tensor):
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+            else:
+                assert g == w
+    assert fastcompile.explain(f)(x, y).graph_break_count == 0
+
+
 def test_in_place_operators_on_a_fresh_tensor_stay_in_the_graph():
     """b = a * 2; b += 1 on torch tensors: one graph, no break (the in-place step copies a
     tensor with .clone(), not ndarray's .copy()). torch's own errors stay torch's (an int

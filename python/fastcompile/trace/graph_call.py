@@ -218,7 +218,7 @@ def build(tracer, vars_, user_stack=()):
             base, name = plan(v.array), v.name
             return lambda env, outs: getattr(base(env, outs), name)
         if isinstance(v, ShapeVar):
-            shape = tuple(tracer.py(v))
+            shape = tracer.py(v)
             return lambda env, outs: shape
         raise Unsupported("cannot rebuild a %s after the graph" % type(v).__name__, user_stack)
 

@@ -76,7 +76,7 @@ def _fill(t, arrs):
         return arrs[t.i]
     if isinstance(t, _ListT):
         return [_fill(x, arrs) for x in t]
-    if isinstance(t, tuple):
+    if type(t) is tuple:  # a template's own tuple; a torch.Size (ints only) stays as it is
         return tuple(_fill(x, arrs) for x in t)
     if isinstance(t, _DictT):
         return {k: _fill(x, arrs) for k, x in t.items()}

@@ -283,7 +283,10 @@ class RunLoop:
         if isinstance(var, DictVar):
             return {k: self.py(v, what) for k, v in var.items.items()}
         if isinstance(var, ShapeVar):
-            return tuple(self.dim(var.array, i) for i in range(var.array.ndim))
+            # the array's own shape type: torch.Size for a tensor (x.new(size) reads it as a
+            # size, a plain tuple as data), tuple for NumPy
+            dims = tuple(self.dim(var.array, i) for i in range(var.array.ndim))
+            return type(var.array.example.shape)(dims)
         if isinstance(var, ArrayVar):
             self.unsupported("data-dependent %s: an array value is used as a Python value" % what)
         if isinstance(var, FuncVar):
