@@ -269,6 +269,31 @@ def test_shapes_are_torch_sizes_and_read_as_sizes():
     assert fastcompile.explain(f)(x, y).graph_break_count == 0
 
 
+def test_jumps_to_instructions_with_extended_arg_are_traced():
+    """A jump lands on the first EXTENDED_ARG prefix of its target (here a LOAD_CONST of the
+    300th constant); the tracer follows it, before and after a graph break, instead of an
+    internal error and the whole function uncompiled."""
+    src = "def f(x, flag):\n"
+    src += "".join("    a%d = %d.5\n" % (i, 1000 + i) for i in range(300))
+    src += "    if flag:\n        y = x + 1\n    else:\n        y = x - 1\n    z = 777777.25\n"
+    src += "    print('break')\n    if flag:\n        y = y * 2\n    else:\n        y = y * 3\n"
+    src += "    w = 888888.25\n    return y * z + w + a299\n"
+    ns = {}
+    exec(compile(src, "extended_arg_case.py", "exec"), ns)
+    f = ns["f"]
+    assert any(i.opname == "EXTENDED_ARG" for i in __import__("dis").get_instructions(f))
+    compiled = fastcompile.compile(f)
+    x = np.arange(4, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FastcompileWarning)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            for flag in (True, False, True, False):
+                np.testing.assert_array_equal(compiled(x, flag), f(x, flag))
+    assert out.getvalue() == "break\n" * 8
+    ex = fastcompile.explain(f)(x, True)
+    assert ex.graph_count == 2 and ex.graph_break_count == 1, ex
+
+
 def test_in_place_operators_on_a_fresh_tensor_stay_in_the_graph():
     """b = a * 2; b += 1 on torch tensors: one graph, no break (the in-place step copies a
     tensor with .clone(), not ndarray's .copy()). torch's own errors stay torch's (an int

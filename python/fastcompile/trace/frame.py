@@ -47,8 +47,17 @@ def _cleanup_only(instrs, target):
 class Frame:
     def __init__(self, code, f_globals, f_builtins, parent, top=False):
         self.code, self.f_globals, self.f_builtins, self.parent, self.top = code, f_globals, f_builtins, parent, top
-        self.instrs = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+        every = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+        self.instrs = [i for i in every if i.opname != "EXTENDED_ARG"]
         self.index_of = {ins.offset: k for k, ins in enumerate(self.instrs)}
+        # a jump to an instruction with EXTENDED_ARG prefixes targets the first prefix
+        prefixes = []
+        for ins in every:
+            if ins.opname == "EXTENDED_ARG":
+                prefixes.append(ins.offset)
+            else:
+                self.index_of.update((p, self.index_of[ins.offset]) for p in prefixes)
+                prefixes = []
         self.protected = protected_offsets(code)
         self.locals = {}  # name -> Var (fast locals)
         self.cells = {}  # name -> CellVar (cellvars and freevars)
