@@ -71,6 +71,22 @@ import pytest
 import fastcompile
 from fastcompile.graph import Graph
 
+# every dtype the core holds as NumPy does, in the op table's order
+NP_DTYPES = [
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+]
+
 TOLERANCES = {
     # kind -> {dtype name -> (rtol, atol)}
     "exact": {},

@@ -18,25 +18,11 @@ import pytest
 
 import fastcompile
 from fastcompile import graph as fcg
-from conftest import run_threads, traced_growth
+from conftest import NP_DTYPES, run_threads, traced_growth
 from fastcompile.graph import Compiled, Graph, Value
 
 OPS_DEF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "csrc", "core", "ops.def")
 
-NP_DTYPES = [
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-]
 ALL_DTYPES = NP_DTYPES[:9] + ["float16", "bfloat16", "float32", "float64"]
 
 

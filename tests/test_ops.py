@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 from conftest import (
+    NP_DTYPES,
     TOLERANCES,
     assert_close_np,
     lay_contig,
@@ -52,20 +53,7 @@ from fastcompile.graph import Graph
 # dtypes and values
 # ---------------------------------------------------------------------------
 
-DTYPES = [
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-]
+DTYPES = NP_DTYPES
 INTS = [d for d in DTYPES if d.startswith(("int", "uint"))]
 FLOATS = ["float16", "float32", "float64"]
 
